@@ -1,0 +1,38 @@
+/* perfkernels: CPU feature detection (cpuid leaves 1 and 7 + xgetbv) and build information. */
+#ifndef PERFKERNELS_CPU_H
+#define PERFKERNELS_CPU_H
+
+#include "perfkernels/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pk_cpu_feature {
+    PK_CPU_SSE2 = 0,
+    PK_CPU_AVX,
+    PK_CPU_AVX2,
+    PK_CPU_FMA,
+    PK_CPU_F16C,
+    PK_CPU_AVX512F,
+    PK_CPU_AVX512BW,
+    PK_CPU_AVX512DQ,
+    PK_CPU_AVX512VL,
+    PK_CPU_AVX512_BF16,
+    PK_CPU_AVX512_FP16,
+    PK_CPU_OS_YMM, /* the OS saves YMM state (XCR0 bits 1, 2) */
+    PK_CPU_OS_ZMM, /* the OS saves opmask and ZMM state (XCR0 bits 5, 6, 7) */
+    PK_CPU_FEATURE_COUNT
+} pk_cpu_feature;
+
+/* Bit i of the result is feature i.  Zero on non-x86 machines. */
+uint64_t pk_cpu_detect(void);
+const char *pk_cpu_feature_name(int feature);
+/* 1 if this build contains the kernels of that level (the x86 levels only on x86-64). */
+int pk_isa_compiled(int isa);
+const char *pk_build_compiler(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,20 @@
+"""perfkernels: hand-vectorised CPU (scalar / AVX2 / AVX-512) and CUDA kernels for recommender and
+sequence models: embedding bags on float and row-wise quantized tables, fp16/bf16 conversion and the
+LSTM unit.  NumPy arrays in, NumPy arrays out; the best ISA level is chosen once at import.
+
+``perfkernels.show_runtime()`` says what was chosen; ``PERFKERNELS_ISA`` forces a level.
+"""
+__version__ = "0.1.0"
+
+from . import _dispatch
+
+_dispatch._init_from_environment()
+
+from ._dispatch import active_isa, available_isas, cpu_features, show_runtime, use_isa  # noqa: E402
+from ._convert import bfloat16_to_float, float_to_bfloat16, float_to_half, half_to_float  # noqa: E402
+# kernel families: one import line each (keep this marker for the families still to come)
+
+__all__ = [
+    "active_isa", "available_isas", "cpu_features", "show_runtime", "use_isa",
+    "float_to_half", "half_to_float", "float_to_bfloat16", "bfloat16_to_float",
+]

@@ -1,0 +1,67 @@
+# Shared argument handling for the family modules (textually included: `include "_arrays.pxi"`).
+#
+# Every Python-object step happens here, before `with nogil:`.  Inputs may be read-only, unaligned,
+# non-contiguous or byte-swapped: such arrays are copied to an aligned, contiguous, native array
+# (never misread).  `out=` is validated fully before any kernel runs; when it cannot be written
+# directly (non-contiguous, unaligned, overlapping an input) the kernel writes a temporary and the
+# result is copied into `out` only after the kernel succeeded, so `out` is never half-written.
+
+import numpy as np
+cimport numpy as cnp
+
+cnp.import_array()
+
+
+cdef inline str _dtype_name(cnp.ndarray a):
+    return str(a.dtype)
+
+
+cdef cnp.ndarray as_input(object x, str name, tuple typenums, str accepted):
+    """`x` as an aligned, C-contiguous, native-order ndarray whose type number is in `typenums`."""
+    cdef cnp.ndarray a
+    if cnp.PyArray_Check(x):
+        a = <cnp.ndarray>x
+    else:
+        try:
+            a = np.asarray(x)
+        except Exception as exc:  # e.g. a ragged list
+            raise TypeError(f"{name} must be an array of {accepted}; got {type(x).__name__}") from exc
+    if cnp.PyArray_TYPE(a) not in typenums:
+        raise TypeError(f"{name} must have dtype {accepted}; got {_dtype_name(a)}")
+    if not cnp.PyArray_ISNOTSWAPPED(a):
+        a = a.astype(a.dtype.newbyteorder("="))
+    if not (cnp.PyArray_IS_C_CONTIGUOUS(a) and cnp.PyArray_ISALIGNED(a)):
+        a = np.array(a, order="C", copy=True)
+    return a
+
+
+cdef cnp.ndarray check_out(object out, int typenum, str dtype_name, tuple shape, tuple inputs):
+    """Validate `out=` and return the array the kernel should write: `out` itself when it is
+    contiguous, aligned and shares no memory with `inputs`, otherwise a fresh temporary that the
+    caller copies into `out` with `finish_out` after the kernel succeeded."""
+    cdef cnp.ndarray o
+    if not cnp.PyArray_Check(out):
+        raise TypeError(f"out must be a numpy.ndarray; got {type(out).__name__}")
+    o = <cnp.ndarray>out
+    if cnp.PyArray_TYPE(o) != typenum:
+        raise TypeError(f"out must have dtype {dtype_name}; got {_dtype_name(o)}")
+    if (<object>o).shape != shape:
+        raise ValueError(f"out has shape {(<object>o).shape}; expected {shape}")
+    if not cnp.PyArray_ISWRITEABLE(o):
+        raise ValueError("out is read-only")
+    if not (cnp.PyArray_IS_C_CONTIGUOUS(o) and cnp.PyArray_ISALIGNED(o)
+            and cnp.PyArray_ISNOTSWAPPED(o)):
+        return np.empty(shape, dtype=o.dtype.newbyteorder("="))
+    for x in inputs:
+        if x is not None and np.may_share_memory(o, x):
+            return np.empty(shape, dtype=o.dtype)
+    return o
+
+
+cdef inline object finish_out(object out, cnp.ndarray dst):
+    """After a successful kernel: copy a temporary into the caller's `out` and return `out`."""
+    if out is None:
+        return dst
+    if dst is not out:
+        np.copyto(out, dst)
+    return out

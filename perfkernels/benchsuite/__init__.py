@@ -1,0 +1,89 @@
+"""The built-in benchmark suite behind ``python -m perfkernels bench`` (and reused by asv).
+
+Each kernel family adds one module here, ``perfkernels/benchsuite/<family>.py``, defining
+
+    def cases(quick: bool) -> list[Case]
+
+Every :class:`Case` names the bytes its kernel must touch (for GB/s), our call, and the calls a user
+would otherwise make (NumPy, PyTorch when installed), all on the same inputs.  The runner times our
+call once per available ISA level, side by side with the baselines, single-threaded, median of
+several repetitions after a warm-up (BENCHMARKS.md).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class Case:
+    family: str
+    name: str
+    nbytes: int                                   # bytes the kernel must read + write
+    ours: Callable[[], object]                    # timed under use_isa(level) for each level
+    baselines: dict[str, Callable[[], object]] = field(default_factory=dict)  # "numpy", "torch", ...
+    ours_gpu: bool = False                        # True: `ours` runs on the GPU (no ISA loop)
+
+
+def families() -> list[str]:
+    """Names of the families that have a benchmark module, in a stable order."""
+    order = ["convert", "embedding", "quantized", "lstm"]
+    found = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    return [f for f in order if f in found] + sorted(f for f in found if f not in order)
+
+
+def load_cases(family: str, quick: bool) -> list[Case]:
+    return importlib.import_module(f"{__name__}.{family}").cases(quick)
+
+
+def torch_or_none():
+    """PyTorch, single-threaded, or None when it is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    return torch
+
+
+def median_time(fn: Callable[[], object], *, repeat: int = 7, min_time: float = 0.02) -> float:
+    """Median seconds per call: one warm-up, then `repeat` samples of >= `min_time` each."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-9)
+    number = max(1, int(min_time / once))
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - t0) / number)
+    return float(np.median(samples))
+
+
+def copy_bandwidth(nbytes: int = 64 << 20, repeat: int = 5) -> float:
+    """The machine's streaming limit: GB/s (bytes read + written) of ``np.copyto`` on 64 MiB."""
+    src = np.ones(nbytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    t = median_time(lambda: np.copyto(dst, src), repeat=repeat, min_time=0.05)
+    return 2 * nbytes / t / 1e9
+
+
+def zipf_indices(rng: np.random.Generator, rows: int, n: int, a: float = 1.1,
+                 dtype=np.int64) -> np.ndarray:
+    """Power-law indices in [0, rows): a few hot rows, a long cold tail, hot rows scattered."""
+    ranks = rng.zipf(a, size=n) - 1
+    ranks = ranks[ranks < rows] if rows > 0 else ranks[:0]
+    while ranks.size < n:
+        more = rng.zipf(a, size=n) - 1
+        ranks = np.concatenate([ranks, more[more < rows]])
+    perm_seed = rng.integers(1 << 31)
+    hot = np.random.default_rng(perm_seed).permutation(min(rows, 1 << 20))
+    out = np.where(ranks[:n] < hot.size, hot[np.minimum(ranks[:n], hot.size - 1)], ranks[:n])
+    return out.astype(dtype)

@@ -1,0 +1,92 @@
+"""Build perfkernels: one Cython extension per kernel family.
+
+Each family ``perfkernels/_<family>.pyx`` is linked with ``perfkernels/csrc/<family>_*.c``.
+Only the ISA sources get ISA flags (``*_avx2.c``, ``*_avx512.c``), and only when the target is
+x86-64; the dispatcher and the Cython modules are built with the baseline flags of the target, so
+a wheel built here runs on any x86-64 (and the scalar C builds on aarch64).  Never -march=native.
+"""
+import os
+import platform
+import sysconfig
+from glob import glob
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+AVX2_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
+AVX512_FLAGS = AVX2_FLAGS + ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"]
+ISA_FLAGS = {"_avx2.c": AVX2_FLAGS, "_avx512.c": AVX512_FLAGS}
+BASE_FLAGS = ["-O3", "-std=c11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function"]
+
+
+def _target_is_x86_64() -> bool:
+    plat = (sysconfig.get_platform() + " " + platform.machine()).lower()
+    return "x86_64" in plat or "amd64" in plat
+
+
+class BuildExt(build_ext):
+    """Adds ISA flags per source file, the way NumPy's dispatchable sources are built."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
+
+    def build_extensions(self):
+        compiler = self.compiler
+        if compiler.compiler_type == "unix":
+            original = compiler._compile
+            x86 = _target_is_x86_64()
+
+            def _compile(obj, src, ext, cc_args, extra_postargs, pp_opts):
+                flags = list(extra_postargs)
+                if src.endswith(".c"):
+                    flags = [f for f in flags if f != "-std=c11"] + ["-std=c11"]
+                else:  # Cython output: C, but keep warnings from generated code quiet
+                    flags = [f for f in flags if f not in ("-std=c11", "-Wall")]
+                for suffix, isa_flags in ISA_FLAGS.items():
+                    if x86 and src.endswith(suffix):
+                        flags += isa_flags
+                return original(obj, src, ext, cc_args, flags, pp_opts)
+
+            compiler._compile = _compile
+        super().build_extensions()
+
+
+def _extensions():
+    macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+    include = ["include", "perfkernels/csrc", np.get_include()]
+    exts = []
+    for pyx in sorted(glob("perfkernels/_*.pyx")):
+        family = os.path.basename(pyx)[1:-4]
+        sources = [pyx] + sorted(glob(f"perfkernels/csrc/{family}_*.c"))
+        exts.append(
+            Extension(
+                f"perfkernels._{family}",
+                sources=sources,
+                include_dirs=include,
+                define_macros=macros,
+                extra_compile_args=BASE_FLAGS,
+                depends=sorted(glob("include/perfkernels/*.h") + glob("perfkernels/csrc/*.h")
+                               + glob("perfkernels/*.pxi")),
+            )
+        )
+    return exts
+
+
+setup(
+    ext_modules=cythonize(
+        _extensions(),
+        compiler_directives={
+            "language_level": "3",
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "initializedcheck": False,
+            "embedsignature": True,
+        },
+    ),
+    cmdclass={"build_ext": BuildExt},
+)

@@ -1,0 +1,56 @@
+"""Shared fixtures: every test that takes `isa` runs once per ISA level, on the forced level.
+
+Levels this CPU (or build) cannot run are skipped with the missing features as the reason, so a
+machine without AVX-512 still runs the scalar and AVX2 paths.
+"""
+import numpy as np
+import pytest
+
+import perfkernels
+from perfkernels import _dispatch
+
+ALL_ISAS = _dispatch.ISAS
+
+
+def _isa_param(isa):
+    available = perfkernels.available_isas()
+    if isa in available:
+        return pytest.param(isa, id=isa)
+    missing = _dispatch._missing(isa) or ["not in this build"]
+    return pytest.param(isa, id=isa, marks=pytest.mark.skip(
+        reason=f"{isa} cannot run here: missing {', '.join(missing)}"))
+
+
+ISA_PARAMS = [_isa_param(isa) for isa in ALL_ISAS]
+
+#: The awkward dimensions every kernel is tested on (DEVELOPERS.md).
+AWKWARD_DIMS = (1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000)
+
+
+@pytest.fixture(params=ISA_PARAMS)
+def isa(request):
+    """Run the test body with every kernel forced to this ISA level."""
+    with perfkernels.use_isa(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's name, so every test is reproducible on its own."""
+    import zlib
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def unaligned(a: np.ndarray) -> np.ndarray:
+    """A copy of `a` whose data pointer is misaligned by one byte (values unchanged)."""
+    raw = np.empty(a.nbytes + 1, dtype=np.uint8)
+    view = raw[1:].view(a.dtype).reshape(a.shape)
+    view[...] = a
+    assert not view.flags.aligned or a.itemsize == 1
+    return view
+
+
+def readonly(a: np.ndarray) -> np.ndarray:
+    b = a.copy()
+    b.flags.writeable = False
+    return b
