@@ -1,0 +1,129 @@
+"""Runtime dispatch: detection, the environment variables (in subprocesses), use_isa, show_runtime."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import perfkernels as pk
+from perfkernels import _dispatch
+
+
+def run_python(code, **env):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERFKERNELS_")}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full_env, cwd=os.path.dirname(os.path.dirname(pk.__file__)))
+
+
+def test_scalar_is_always_available_and_best_is_default():
+    assert pk.available_isas()[0] == "scalar"
+    proc = run_python("import perfkernels as pk; print(pk.active_isa())")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == pk.available_isas()[-1]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not os.path.exists("/proc/cpuinfo"),
+                    reason="/proc/cpuinfo is the independent oracle; Linux only")
+def test_detected_features_match_proc_cpuinfo():
+    flags = set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    detected = _dispatch._detected
+    for ours, linux in [("sse2", "sse2"), ("avx", "avx"), ("avx2", "avx2"), ("fma", "fma"),
+                        ("f16c", "f16c"), ("avx512f", "avx512f"), ("avx512bw", "avx512bw"),
+                        ("avx512dq", "avx512dq"), ("avx512vl", "avx512vl"),
+                        ("avx512_bf16", "avx512_bf16"), ("avx512_fp16", "avx512_fp16")]:
+        assert detected[ours] == (linux in flags), ours
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_forcing_each_level_in_a_subprocess(isa):
+    proc = run_python("import perfkernels as pk, numpy as np;"
+                      "x = np.linspace(-3, 3, 1001, dtype=np.float32);"
+                      "assert (pk.float_to_half(x) == x.astype(np.float16)).all();"
+                      "print(pk.active_isa())", PERFKERNELS_ISA=isa)
+    if isa in pk.available_isas():
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == isa
+    else:
+        assert proc.returncode != 0 and "cannot run on this CPU" in proc.stderr
+
+
+def test_unknown_isa_fails_at_import_with_the_choices():
+    proc = run_python("import perfkernels", PERFKERNELS_ISA="avx9000")
+    assert proc.returncode != 0
+    assert "PERFKERNELS_ISA='avx9000' is not an ISA level" in proc.stderr
+    assert "valid choices: scalar, avx2, avx512" in proc.stderr
+
+
+def test_level_the_cpu_lacks_fails_at_import_naming_the_missing_features():
+    proc = run_python("import perfkernels", PERFKERNELS_ISA="avx512",
+                      PERFKERNELS_DISABLE_CPU_FEATURES="avx512bw,f16c")
+    assert proc.returncode != 0
+    assert "PERFKERNELS_ISA='avx512' cannot run on this CPU: missing" in proc.stderr
+    assert "f16c" in proc.stderr and "avx512bw" in proc.stderr
+    assert "valid choices here: scalar" in proc.stderr
+
+
+def test_disabled_features_lower_the_default_level():
+    proc = run_python("import perfkernels as pk; print(pk.active_isa(), pk.available_isas())",
+                      PERFKERNELS_DISABLE_CPU_FEATURES="avx512f")
+    assert proc.returncode == 0, proc.stderr
+    expected = "avx2" if "avx2" in pk.available_isas() else "scalar"
+    assert proc.stdout.split()[0] == expected
+
+
+def test_unknown_disabled_feature_is_an_error():
+    proc = run_python("import perfkernels", PERFKERNELS_DISABLE_CPU_FEATURES="avx512f,sse9")
+    assert proc.returncode != 0 and "unknown feature(s) sse9" in proc.stderr
+
+
+def test_use_isa_switches_and_restores():
+    before = pk.active_isa()
+    for isa in pk.available_isas():
+        with pk.use_isa(isa) as name:
+            assert name == isa and pk.active_isa() == isa
+        assert pk.active_isa() == before
+    with pytest.raises(RuntimeError):
+        with pk.use_isa("scalar"):
+            raise RuntimeError("body fails")
+    assert pk.active_isa() == before
+
+
+def test_use_isa_rejects_bad_names():
+    with pytest.raises(ValueError, match="not an ISA level; valid choices: scalar, avx2, avx512"):
+        with pk.use_isa("sse"):
+            pass
+    with pytest.raises(ValueError):
+        with pk.use_isa(3):
+            pass
+
+
+def test_use_isa_rejects_a_level_the_cpu_lacks(monkeypatch):
+    monkeypatch.setitem(_dispatch._features, "avx512f", False)
+    with pytest.raises(RuntimeError, match="missing avx512f"):
+        with pk.use_isa("avx512"):
+            pass
+
+
+def test_show_runtime_and_queries(capsys):
+    pk.show_runtime()
+    text = capsys.readouterr().out
+    assert "active" in text and pk.active_isa() in text and "cpu features" in text
+    feats = pk.cpu_features()
+    assert isinstance(feats, dict) and "avx2" in feats
+    feats["avx2"] = "mutated"
+    assert pk.cpu_features()["avx2"] is not "mutated"
+
+
+def test_every_level_gives_the_same_conversions():
+    x = np.random.default_rng(0).standard_normal(10_000).astype(np.float32)
+    results = []
+    for isa in pk.available_isas():
+        with pk.use_isa(isa):
+            results.append(pk.float_to_half(x).view(np.uint16).copy())
+    assert all(np.array_equal(r, results[0]) for r in results)
