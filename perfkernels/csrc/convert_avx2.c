@@ -27,7 +27,7 @@ static inline size_t head_until_aligned(const void *dst, size_t elem, size_t ali
 void pk_float_to_half_avx2(const float *src, uint16_t *dst, size_t n, int clip)
 {
     const __m256 hi = _mm256_set1_ps(65504.0f), lo = _mm256_set1_ps(-65504.0f);
-    const int stream = n * 2 >= PK_STREAM_MIN_OUT_BYTES;
+    const int stream = PK_SHOULD_STREAM(n);
     size_t i = stream ? head_until_aligned(dst, 2, 16, n) : 0;
     pk_float_to_half_scalar(src, dst, i, clip);
     for (; i + 8 <= n; i += 8) {
@@ -53,7 +53,7 @@ void pk_float_to_half_avx2(const float *src, uint16_t *dst, size_t n, int clip)
 void pk_half_to_float_avx2(const uint16_t *src, float *dst, size_t n)
 {
     const __m128i abs_mask = _mm_set1_epi16(0x7fff), inf = _mm_set1_epi16(0x7c00);
-    const int stream = n * 4 >= PK_STREAM_MIN_OUT_BYTES;
+    const int stream = PK_SHOULD_STREAM(n);
     size_t i = stream ? head_until_aligned(dst, 4, 32, n) : 0;
     pk_half_to_float_scalar(src, dst, i);
     for (; i + 8 <= n; i += 8) {
@@ -87,7 +87,7 @@ static inline __m256i bf16_round8(__m256 x)
 
 void pk_float_to_bf16_avx2(const float *src, uint16_t *dst, size_t n)
 {
-    const int stream = n * 2 >= PK_STREAM_MIN_OUT_BYTES;
+    const int stream = PK_SHOULD_STREAM(n);
     size_t i = stream ? head_until_aligned(dst, 2, 32, n) : 0;
     pk_float_to_bf16_scalar(src, dst, i);
     for (; i + 16 <= n; i += 16) {
@@ -104,7 +104,7 @@ void pk_float_to_bf16_avx2(const float *src, uint16_t *dst, size_t n)
 
 void pk_bf16_to_float_avx2(const uint16_t *src, float *dst, size_t n)
 {
-    const int stream = n * 4 >= PK_STREAM_MIN_OUT_BYTES;
+    const int stream = PK_SHOULD_STREAM(n);
     size_t i = stream ? head_until_aligned(dst, 4, 32, n) : 0;
     pk_bf16_to_float_scalar(src, dst, i);
     for (; i + 8 <= n; i += 8) {

@@ -75,7 +75,7 @@ static inline __m512 bf16_to_f32_x16(__m256i h)
 /* Narrowing: 16 floats in (64 B), 16 x 16-bit out (32 B).  A masked head brings dst to 64-byte
  * alignment when streaming, then full vectors, then a masked tail. */
 #define NARROW_LOOP(CONVERT)                                                                   \
-    const int stream = n * 2 >= PK_STREAM_MIN_OUT_BYTES;                                       \
+    const int stream = PK_SHOULD_STREAM(n);                                      \
     size_t i = 0;                                                                              \
     if (stream) {                                                                              \
         size_t head = head_until_aligned(dst, 2, 32, n);                                       \
@@ -98,7 +98,7 @@ static inline __m512 bf16_to_f32_x16(__m256i h)
 
 /* Widening: 16 x 16-bit in (32 B), 16 floats out (64 B). */
 #define WIDEN_LOOP(CONVERT)                                                                    \
-    const int stream = n * 4 >= PK_STREAM_MIN_OUT_BYTES;                                       \
+    const int stream = PK_SHOULD_STREAM(n);                                      \
     size_t i = 0;                                                                              \
     if (stream) {                                                                              \
         size_t head = head_until_aligned(dst, 4, 64, n);                                          \

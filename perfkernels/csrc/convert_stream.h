@@ -1,7 +1,10 @@
-/* When the output is larger than this, the SIMD conversion kernels write it with non-temporal
- * stores: it would not stay in cache anyway, and streaming saves the read-for-ownership of every
- * destination line (about a third of the traffic of a float32 -> float16 pass). */
+/* The SIMD conversion kernels write their output with non-temporal stores when input + output
+ * (6 bytes per element for every conversion here) exceed this: such an output would not stay in
+ * cache anyway, and streaming saves the read-for-ownership of every destination line.  Below it
+ * (L2/L3-resident data, typical L3 is 16-32 MiB) ordinary stores are faster and leave the result
+ * in cache for whoever reads it next. */
 #ifndef PERFKERNELS_CONVERT_STREAM_H
 #define PERFKERNELS_CONVERT_STREAM_H
-#define PK_STREAM_MIN_OUT_BYTES ((size_t)4 << 20)
+#define PK_STREAM_MIN_BYTES ((size_t)24 << 20)
+#define PK_SHOULD_STREAM(n) ((n) * 6 >= PK_STREAM_MIN_BYTES)
 #endif

@@ -1,0 +1,210 @@
+"""Command line: ``python -m perfkernels info | bench | check``.
+
+info   print the build, the CPU features and the chosen ISA level (show_runtime)
+bench  time every kernel family on its default workload, for every ISA level this CPU runs,
+       side by side with NumPy and PyTorch (when installed), single-threaded; prints GB/s and ratios
+check  run each family's quick workload on every ISA level and compare with the NumPy baseline
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def _progress(done: int, total: int, label: str, start: float) -> None:
+    if not sys.stderr.isatty() and done not in (0, total):
+        return
+    width = 28
+    filled = int(width * done / max(total, 1))
+    elapsed = time.perf_counter() - start
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+                     f"{elapsed:5.1f}s {label[:40]:<40}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _fmt_gbs(v: float | None) -> str:
+    return "-" if v is None else f"{v:7.2f}"
+
+
+def _fmt_ratio(v: float | None) -> str:
+    return "-" if v is None else f"{v:6.2f}x"
+
+
+def _fmt_time(t: float) -> str:
+    return f"{t * 1e6:9.1f} us" if t < 1e-3 else f"{t * 1e3:9.3f} ms"
+
+
+def run_bench(families: list[str] | None, quick: bool, isas: list[str] | None, gpu: bool,
+              repeat: int) -> list[dict]:
+    import perfkernels as pk
+    from perfkernels import benchsuite
+
+    torch = benchsuite.torch_or_none()
+    chosen = families or benchsuite.families()
+    if gpu:
+        chosen = ["cuda"]
+    elif "cuda" in chosen and not families:
+        chosen = [f for f in chosen if f != "cuda"]
+    levels = isas or list(pk.available_isas())
+    cases = []
+    for fam in chosen:
+        cases.extend(benchsuite.load_cases(fam, quick))
+    if not cases:
+        print("no benchmark cases" + (" (no GPU available)" if gpu else ""))
+        return []
+    min_time = 0.01 if quick else 0.05
+    rows = []
+    total = sum((1 if c.ours_gpu else len(levels)) + len(c.baselines) for c in cases)
+    done, start = 0, time.perf_counter()
+    _progress(0, total, "", start)
+    for case in cases:
+        row = {"case": case, "ours": {}, "base": {}}
+        for level in ([None] if case.ours_gpu else levels):
+            _progress(done, total, f"{case.name} [{level or 'gpu'}]", start)
+            if level is None:
+                row["ours"]["gpu"] = benchsuite.median_time(case.ours, repeat=repeat, min_time=min_time)
+            else:
+                with pk.use_isa(level):
+                    row["ours"][level] = benchsuite.median_time(case.ours, repeat=repeat, min_time=min_time)
+            done += 1
+        for name, fn in case.baselines.items():
+            _progress(done, total, f"{case.name} [{name}]", start)
+            row["base"][name] = benchsuite.median_time(fn, repeat=repeat, min_time=min_time)
+            done += 1
+        rows.append(row)
+    _progress(total, total, "done", start)
+    return rows
+
+
+def print_table(rows: list[dict], copy_gbs: float | None) -> None:
+    if not rows:
+        return
+    levels = sorted({lv for r in rows for lv in r["ours"]}, key=lambda s: ("scalar", "avx2", "avx512", "gpu").index(s))
+    bases = sorted({b for r in rows for b in r["base"]})
+    head = (f"{'case':<34}" + "".join(f"{lv:>9}" for lv in levels) + "".join(f"{b:>9}" for b in bases)
+            + f"{'best time':>14}" + "".join(f"{'vs ' + b:>11}" for b in bases)
+            + ("  % copy" if copy_gbs else ""))
+    print("\nGB/s of the bytes each kernel must touch (single thread; median of repetitions)")
+    print(head)
+    print("-" * len(head))
+    family = None
+    for r in rows:
+        case = r["case"]
+        if case.family != family:
+            family = case.family
+            print(f"[{family}]")
+        gbs = {k: case.nbytes / t / 1e9 for k, t in r["ours"].items()}
+        best = min(r["ours"].values())
+        line = f"{case.name:<34}" + "".join(f"{_fmt_gbs(gbs.get(lv)):>9}" for lv in levels)
+        line += "".join(f"{_fmt_gbs(case.nbytes / r['base'][b] / 1e9 if b in r['base'] else None):>9}"
+                        for b in bases)
+        line += f"{_fmt_time(best):>14}"
+        line += "".join(f"{_fmt_ratio(r['base'][b] / best if b in r['base'] else None):>11}" for b in bases)
+        if copy_gbs:
+            line += f"  {100 * case.nbytes / best / 1e9 / copy_gbs:5.0f}%"
+        print(line)
+    if copy_gbs:
+        print(f"\ncopy bandwidth (np.copyto of 64 MiB, read + write): {copy_gbs:.2f} GB/s")
+    print("ratios: the baseline's time / our best ISA's time (higher is better for us)")
+
+
+def plot(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'perfkernels[bench]'")
+    names = [r["case"].name for r in rows]
+    bases = sorted({b for r in rows for b in r["base"]})
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.5))
+    y = np.arange(len(rows))
+    h = 0.8 / max(len(bases), 1)
+    for i, b in enumerate(bases):
+        vals = [r["base"][b] / min(r["ours"].values()) if b in r["base"] else 0 for r in rows]
+        ax.barh(y + i * h, vals, height=h, label=f"speed-up vs {b}")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yticks(y + h * (len(bases) - 1) / 2, names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("baseline time / perfkernels time (log scale)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"chart saved to {path}")
+
+
+def cmd_check(args) -> int:
+    import perfkernels as pk
+    from perfkernels import benchsuite
+
+    failures = 0
+    for fam in args.family or [f for f in benchsuite.families() if f != "cuda"]:
+        for case in benchsuite.load_cases(fam, quick=True):
+            ref_fn = case.baselines.get("numpy")
+            ref = np.asarray(ref_fn()) if ref_fn else None
+            for level in pk.available_isas():
+                with pk.use_isa(level):
+                    got = case.ours()
+                got = np.asarray(got[0] if isinstance(got, tuple) else got)
+                status, detail = "ok", ""
+                if ref is not None and ref.shape == got.shape:
+                    r64, g64 = ref.astype(np.float64), got.astype(np.float64)
+                    both_nan = np.isnan(r64) & np.isnan(g64)
+                    scale = max(float(np.nanmax(np.abs(r64), initial=0.0)), 1e-30)
+                    err = float(np.nanmax(np.where(both_nan, 0, np.abs(r64 - g64)), initial=0.0)) / scale
+                    detail = f"max |diff| / max |ref| = {err:.2e}"
+                    if not err <= 1e-3:
+                        status, failures = "FAIL", failures + 1
+                else:
+                    detail = "ran (no NumPy output of the same shape to compare)"
+                print(f"{status:<5} {case.family:<10} {case.name:<34} {level:<7} {detail}")
+    print("all checks passed" if not failures else f"{failures} check(s) FAILED")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m perfkernels", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="print the build, CPU features and chosen ISA level")
+    b = sub.add_parser("bench", help="benchmark against NumPy and PyTorch")
+    b.add_argument("--quick", action="store_true", help="small shapes, a few seconds per family")
+    b.add_argument("--family", action="append", help="only this family (repeatable)")
+    b.add_argument("--isa", action="append", help="only this ISA level (repeatable)")
+    b.add_argument("--gpu", action="store_true", help="the CUDA variant (needs a GPU and CuPy)")
+    b.add_argument("--repeat", type=int, default=7, help="timed samples per measurement (median)")
+    b.add_argument("--plot", metavar="FILE.png", help="save a chart of the speed-ups")
+    c = sub.add_parser("check", help="compare every ISA path with NumPy on small inputs")
+    c.add_argument("--family", action="append")
+    args = parser.parse_args(argv)
+
+    if args.command == "info":
+        import perfkernels
+        perfkernels.show_runtime()
+        return 0
+    if args.command == "check":
+        return cmd_check(args)
+
+    import perfkernels
+    from perfkernels import benchsuite
+    if os.environ.get("OMP_NUM_THREADS") is None:
+        os.environ["OMP_NUM_THREADS"] = "1"
+    print(f"perfkernels {perfkernels.__version__}: active ISA {perfkernels.active_isa()}, "
+          f"levels timed: {', '.join(args.isa or perfkernels.available_isas())}")
+    copy_gbs = None if args.gpu else benchsuite.copy_bandwidth(repeat=3 if args.quick else 5)
+    rows = run_bench(args.family, args.quick, args.isa, args.gpu, max(1, args.repeat if not args.quick else min(args.repeat, 3)))
+    print_table(rows, copy_gbs)
+    if args.plot and rows:
+        plot(rows, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

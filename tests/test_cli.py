@@ -1,0 +1,72 @@
+"""The command line (python -m perfkernels) and the asv suite, as a user runs them."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import perfkernels as pk
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args, timeout=600, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "perfkernels", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def test_info_prints_the_runtime():
+    proc = run("info")
+    assert proc.returncode == 0, proc.stderr
+    assert f"active        {pk.active_isa()}" in proc.stdout
+
+
+def test_bench_quick_prints_a_table_with_ratios():
+    proc = run("bench", "--quick", "--family", "convert", "--repeat", "1")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "float_to_half" in out and "vs numpy" in out and "copy bandwidth" in out
+    for isa in pk.available_isas():
+        assert isa in out.splitlines()[0] or isa in out
+
+
+def test_bench_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (the [bench] extra)")
+    png = tmp_path / "speedups.png"
+    proc = run("bench", "--quick", "--family", "convert", "--isa", "scalar", "--repeat", "1",
+               "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_check_compares_every_path_with_numpy():
+    proc = run("check", "--family", "convert")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all checks passed" in proc.stdout
+    for isa in pk.available_isas():
+        assert f" {isa} " in proc.stdout
+
+
+def test_bad_subcommand_is_a_usage_error():
+    proc = run("frobnicate")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def _installed_perfkernels_env():
+    """asv runs benchmarks in a clean subprocess: it needs perfkernels installed, not in-place."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = subprocess.run([sys.executable, "-c", "import perfkernels"], cwd="/", env=env,
+                           capture_output=True)
+    return env if probe.returncode == 0 else None
+
+
+@pytest.mark.skipif(shutil.which("asv") is None, reason="asv is not installed (the [test] extra has it)")
+def test_asv_suite_is_well_formed():
+    env = _installed_perfkernels_env()
+    if env is None:
+        pytest.skip("perfkernels is not installed in this Python (in-place build): asv cannot import it")
+    proc = subprocess.run(["asv", "check", "--python=same"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
