@@ -1,16 +1,10 @@
 """Row-wise quantized tables: quantize, dequantize and embedding-bag lookups (SPEC.md section 2)."""
 include "_arrays.pxi"
+include "_bags.pxi"
 
-from libc.stdint cimport uint8_t, uint16_t
+from libc.stdint cimport uint8_t, uint16_t, int64_t
 
 from . import _dispatch
-
-cdef extern from "perfkernels/common.h":
-    ctypedef enum pk_status:
-        PK_OK
-        PK_ERR_INDEX
-        PK_ERR_VALUE
-        PK_ERR_NONFINITE
 
 cdef extern from "perfkernels/quantized.h":
     size_t pk_quantized_row_bytes(int bits, size_t dim) noexcept nogil
@@ -19,6 +13,9 @@ cdef extern from "perfkernels/quantized.h":
                                       size_t dim, uint8_t *packed, size_t *bad_row) noexcept nogil
         void (*dequantize_rowwise)(int bits, const uint8_t *packed, size_t rows, size_t row_bytes,
                                    size_t dim, float *out) noexcept nogil
+        pk_status (*embedding_bag)(int bits, const pk_bags *bags, const uint8_t *packed,
+                                   int64_t rows, int64_t row_bytes, int64_t dim,
+                                   int64_t *bad_pos) noexcept nogil
     const pk_quantized_kernels *pk_quantized_table(int isa) noexcept nogil
 
 cdef const pk_quantized_kernels *_kernels = NULL
@@ -169,5 +166,94 @@ def dequantize_rowwise(packed, bits=8, dim=None):
     return out
 
 
-def embedding_bag_quantized(*args, **kwargs):
-    raise NotImplementedError("embedding_bag_quantized: waiting for the shared bag module")
+
+def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, lengths=None,
+                            per_sample_weights=None, mode="sum", include_last_offset=False,
+                            padding_idx=None, positional_weights=False, out=None):
+    """Embedding bags over a row-wise quantized table, dequantising rows on the fly.
+
+    ``out[b] = scale_b * sum(w_j * (q * scale + bias) of row indices[j], j in bag b)``, computed per
+    row as ``acc += (w*scale) * q + (w*bias)`` with the bag's output row held in registers
+    (FBGEMM's order); no dequantised copy of the table is made.  Same bag semantics, keywords and
+    errors as :func:`embedding_bag`; matches ``torch.ops.quantized.embedding_bag_byte_rowwise_offsets``
+    / ``embedding_bag_4bit_rowwise_offsets`` / ``embedding_bag_2bit_rowwise_offsets`` to float32
+    rounding.
+
+    Parameters
+    ----------
+    packed : array_like of uint8, shape (rows, row_bytes)
+        Rows from :func:`quantize_rowwise` (or PyTorch's prepack ops) with ``bits`` bits per code.
+    indices : array_like of int32 or int64
+        1-D with ``offsets`` or ``lengths``, or 2-D ``[B, L]``: B bags of L indices each.
+    offsets : array_like of int32 or int64, optional
+        PyTorch convention (see :func:`embedding_bag`).
+    bits : {8, 4, 2}
+    dim : int, optional
+        The embedding dimension D, needed for 4/2-bit rows whose D is not a multiple of
+        ``8 // bits``; checked against the row width when given.
+    lengths, per_sample_weights, mode, include_last_offset, padding_idx, positional_weights
+        As in :func:`embedding_bag`.  ``mode="mean"`` multiplies by ``1 / count`` (caffe2's order;
+        PyTorch divides), count excluding ``padding_idx`` entries; empty bags are zeros.
+    out : ndarray of float32, shape (num_bags, D), optional
+        Written in place and returned; left untouched if an error is raised.
+
+    Returns
+    -------
+    ndarray of float32, shape (num_bags, D)
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`embedding_bag`; ValueError also for a row width that does not fit ``bits``/``dim``.
+    IndexError
+        An index that is negative or ``>= rows``, naming its position and value.
+
+    Examples
+    --------
+    >>> import numpy as np, perfkernels
+    >>> w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    >>> p = perfkernels.quantize_rowwise(w, bits=8)
+    >>> perfkernels.embedding_bag_quantized(p, np.array([0, 2, 3]), np.array([0, 2]))
+    array([[ 6.,  8., 10.],
+           [ 9., 10., 11.]], dtype=float32)
+    """
+    cdef int b = _check_bits(bits)
+    cdef cnp.ndarray p = _as_packed(packed)
+    cdef int64_t d = _packed_dim(p.shape[1], b, dim)
+    cdef int64_t rows = p.shape[0], row_bytes = p.shape[1]
+    cdef pk_bags bags
+    cdef int64_t scratch[BAGS_SCRATCH]
+    cdef object keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
+                                    include_last_offset, padding_idx, positional_weights, rows,
+                                    scratch, BAGS_SCRATCH)
+    cdef cnp.npy_intp shape[2]
+    cdef cnp.ndarray dst
+    cdef int64_t bad = -1
+    shape[0] = <cnp.npy_intp>bags.num_bags
+    shape[1] = <cnp.npy_intp>d
+    if out is None:
+        dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
+    else:
+        dst = check_out(out, cnp.NPY_FLOAT32, "float32", (bags.num_bags, d), (p,) + keep)
+        if dst is out:
+            # the kernel writes out= directly: find a bad index before it starts (reads only the
+            # index array, which is then warm in cache for the kernel)
+            bad = pk_bags_first_bad_index(&bags, rows)
+            if bad >= 0:
+                raise_index_error(&bags, bad, rows)
+    bags.out = <float *>cnp.PyArray_DATA(dst)
+    bags.out_stride = d
+    cdef const uint8_t *data = <const uint8_t *>cnp.PyArray_DATA(p)
+    cdef const pk_quantized_kernels *k = _kernels
+    cdef pk_status status
+    if bags.num_bags * d + bags.n_indices < 4096:
+        # tiny calls: releasing and re-taking the GIL costs more than the kernel
+        status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
+    else:
+        with nogil:
+            status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
+    if status == PK_ERR_INDEX:
+        raise_index_error(&bags, bad, rows)
+    elif status != PK_OK:
+        raise RuntimeError(f"embedding_bag_quantized kernel failed with status {<int>status}")
+    return finish_out(out, dst)

@@ -11,6 +11,7 @@
 #define PERFKERNELS_QUANTIZED_H
 
 #include "perfkernels/common.h"
+#include "perfkernels/bags.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,9 +35,19 @@ typedef pk_status (*pk_quantize_rowwise_fn)(int bits, int half_input, const void
 typedef void (*pk_dequantize_rowwise_fn)(int bits, const uint8_t *packed, size_t rows,
                                          size_t row_bytes, size_t dim, float *out);
 
+/* Embedding bags over packed rows (SPEC.md sections 1 and 2), dequantising in the inner loop:
+ * out[b] += (w*scale) * q + (w*bias) per row.  packed: rows x row_bytes, row_bytes ==
+ * pk_quantized_row_bytes(bits, dim); bags->out holds num_bags x out_stride floats.  An index out of
+ * [0, rows) returns PK_ERR_INDEX with its position in *bad_pos before its row is read. */
+typedef pk_status (*pk_embedding_bag_quantized_fn)(int bits, const pk_bags *bags,
+                                                   const uint8_t *packed, int64_t rows,
+                                                   int64_t row_bytes, int64_t dim,
+                                                   int64_t *bad_pos);
+
 typedef struct pk_quantized_kernels {
     pk_quantize_rowwise_fn quantize_rowwise;
     pk_dequantize_rowwise_fn dequantize_rowwise;
+    pk_embedding_bag_quantized_fn embedding_bag;
 } pk_quantized_kernels;
 
 /* The kernels of one level, or NULL when this build does not contain that level. */
@@ -47,7 +58,10 @@ const pk_quantized_kernels *pk_quantized_table(int isa);
                                         size_t rows, size_t dim, uint8_t *packed,               \
                                         size_t *bad_row);                                       \
     void pk_dequantize_rowwise_##isa(int bits, const uint8_t *packed, size_t rows,              \
-                                     size_t row_bytes, size_t dim, float *out);
+                                     size_t row_bytes, size_t dim, float *out);                 \
+    pk_status pk_embedding_bag_quantized_##isa(int bits, const pk_bags *bags,                   \
+                                               const uint8_t *packed, int64_t rows,             \
+                                               int64_t row_bytes, int64_t dim, int64_t *bad_pos);
 
 PK_DECLARE_QUANTIZED(scalar)
 #if PK_X86_64

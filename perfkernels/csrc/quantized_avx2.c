@@ -148,4 +148,103 @@ void pk_dequantize_rowwise_avx2(int bits, const uint8_t *packed, size_t rows, si
     }
 }
 
+/* ---- embedding bags ------------------------------------------------------------------------ */
+
+#define PK_ALWAYS_INLINE static inline __attribute__((always_inline))
+#define BLOCK_VECS 8     /* output floats held in registers per pass: 8 x 8 */
+
+/* Sum one bag over output columns [d0, d0 + 8*nv + tail) with that slice of the output row in
+ * registers (nv and bits are compile-time constants after inlining).  Returns the number of
+ * non-padding entries, or -1 with *bad_pos set for an out-of-range index. */
+PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int tail,
+                                   const pk_bags *bags, int64_t begin, int64_t end,
+                                   const uint8_t *packed, int64_t rows, int64_t row_bytes,
+                                   int64_t codes_bytes, int64_t d0, int prefetch, float *out,
+                                   int64_t *bad_pos)
+{
+    __m256 acc[BLOCK_VECS];
+    float tacc[8] = {0};
+    for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
+    const int64_t n = bags->n_indices, padding = bags->padding_idx;
+    int64_t count = 0;
+    for (int64_t j = begin; j < end; j++) {
+        const int64_t idx = pk_bags_index(bags, j);
+        if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return -1; }
+        if (prefetch && j + PK_BAGS_PREFETCH_DISTANCE < n) {
+            const uint64_t ahead = (uint64_t)pk_bags_index(bags, j + PK_BAGS_PREFETCH_DISTANCE);
+            if (ahead < (uint64_t)rows) {
+                const char *p = (const char *)packed + ahead * (uint64_t)row_bytes;
+                for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+                _mm_prefetch(p + row_bytes - 1, _MM_HINT_T0);
+            }
+        }
+        if (idx == padding) continue;
+        count++;
+        const float w = bags->weights ? bags->weights[bags->positional ? j - begin : j] : 1.0f;
+        const uint8_t *row = packed + (uint64_t)idx * (uint64_t)row_bytes;
+        float scale, bias;
+        pk_q_read_trailer(bits, row, (size_t)codes_bytes, &scale, &bias);
+        const __m256 ws = _mm256_set1_ps(w * scale), wb = _mm256_set1_ps(w * bias);
+        for (int v = 0; v < nv; v++)
+            acc[v] = _mm256_fmadd_ps(codes8_ps(bits, row, (size_t)d0 + 8 * v), ws, _mm256_add_ps(acc[v], wb));
+        for (int t = 0; t < tail; t++)
+            tacc[t] = fmaf(code_at(bits, row, (size_t)d0 + 8 * nv + t), w * scale, tacc[t] + w * bias);
+    }
+    const __m256 norm = _mm256_set1_ps(bags->mean && count > 0 ? 1.0f / (float)count : 1.0f);
+    for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + d0 + 8 * v, _mm256_mul_ps(acc[v], norm));
+    for (int t = 0; t < tail; t++) out[d0 + 8 * nv + t] = tacc[t] * _mm256_cvtss_f32(norm);
+    return count;
+}
+
+/* One bag, all columns: full passes of BLOCK_VECS vectors, then the rest (nv < 8 vectors + tail). */
+PK_ALWAYS_INLINE int bag_all(const int bits, const pk_bags *bags, int64_t b, const uint8_t *packed,
+                             int64_t rows, int64_t row_bytes, int64_t dim, int64_t *bad_pos)
+{
+    const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
+    const int64_t codes_bytes = bits == 8 ? dim : (int64_t)pk_q_codes_bytes(bits, (size_t)dim);
+    float *out = bags->out + b * bags->out_stride;
+    int64_t d0 = 0;
+    int prefetch = 1;
+    for (; d0 + 8 * BLOCK_VECS <= dim; d0 += 8 * BLOCK_VECS, prefetch = 0)
+        if (bag_block(bits, BLOCK_VECS, 0, bags, begin, end, packed, rows, row_bytes, codes_bytes,
+                      d0, prefetch, out, bad_pos) < 0) return -1;
+    const int64_t rest = dim - d0;
+    if (rest == 0) return 0;
+    const int nv = (int)(rest / 8), tail = (int)(rest % 8);
+#define REST_CASE(NV)                                                                             \
+    case NV:                                                                                      \
+        return bag_block(bits, NV, tail, bags, begin, end, packed, rows, row_bytes, codes_bytes, \
+                         d0, prefetch, out, bad_pos) < 0 ? -1 : 0;
+    switch (nv) {
+        REST_CASE(0) REST_CASE(1) REST_CASE(2) REST_CASE(3)
+        REST_CASE(4) REST_CASE(5) REST_CASE(6) REST_CASE(7)
+    }
+#undef REST_CASE
+    return 0;
+}
+
+PK_ALWAYS_INLINE pk_status bags_bits(const int bits, const pk_bags *bags, const uint8_t *packed,
+                                     int64_t rows, int64_t row_bytes, int64_t dim, int64_t *bad_pos)
+{
+    for (int64_t b = 0; b < bags->num_bags; b++)
+        if (bag_all(bits, bags, b, packed, rows, row_bytes, dim, bad_pos) < 0) return PK_ERR_INDEX;
+    return PK_OK;
+}
+
+static pk_status bags_8bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
+{ return bags_bits(8, g, p, r, rb, d, bad); }
+static pk_status bags_4bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
+{ return bags_bits(4, g, p, r, rb, d, bad); }
+static pk_status bags_2bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
+{ return bags_bits(2, g, p, r, rb, d, bad); }
+
+pk_status pk_embedding_bag_quantized_avx2(int bits, const pk_bags *bags, const uint8_t *packed,
+                                          int64_t rows, int64_t row_bytes, int64_t dim,
+                                          int64_t *bad_pos)
+{
+    if (bits == 8) return bags_8bit(bags, packed, rows, row_bytes, dim, bad_pos);
+    if (bits == 4) return bags_4bit(bags, packed, rows, row_bytes, dim, bad_pos);
+    return bags_2bit(bags, packed, rows, row_bytes, dim, bad_pos);
+}
+
 #endif /* PK_X86_64 */

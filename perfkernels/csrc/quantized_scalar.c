@@ -57,3 +57,37 @@ void pk_dequantize_rowwise_scalar(int bits, const uint8_t *packed, size_t rows, 
         }
     }
 }
+
+pk_status pk_embedding_bag_quantized_scalar(int bits, const pk_bags *bags, const uint8_t *packed,
+                                            int64_t rows, int64_t row_bytes, int64_t dim,
+                                            int64_t *bad_pos)
+{
+    const size_t codes_bytes = bits == 8 ? (size_t)dim : pk_q_codes_bytes(bits, (size_t)dim);
+    const unsigned per = 8u / (unsigned)bits, mask = (1u << bits) - 1u;
+    for (int64_t b = 0; b < bags->num_bags; b++) {
+        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
+        float *out = bags->out + b * bags->out_stride;
+        int64_t count = 0;
+        for (int64_t d = 0; d < dim; d++) out[d] = 0.0f;
+        for (int64_t j = begin; j < end; j++) {
+            const int64_t idx = pk_bags_index(bags, j);
+            if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return PK_ERR_INDEX; }
+            if (idx == bags->padding_idx) continue;
+            count++;
+            const float w = bags->weights ? bags->weights[bags->positional ? j - begin : j] : 1.0f;
+            const uint8_t *row = packed + (size_t)idx * (size_t)row_bytes;
+            float scale, bias;
+            pk_q_read_trailer(bits, row, codes_bytes, &scale, &bias);
+            const float ws = w * scale, wb = w * bias;
+            for (int64_t d = 0; d < dim; d++) {
+                unsigned q = (row[d / per] >> ((d % per) * (unsigned)bits)) & mask;
+                out[d] = (float)q * ws + (out[d] + wb);
+            }
+        }
+        if (bags->mean && count > 0) {
+            const float inv = 1.0f / (float)count;
+            for (int64_t d = 0; d < dim; d++) out[d] *= inv;
+        }
+    }
+    return PK_OK;
+}
