@@ -164,6 +164,7 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int tail,
 {
     __m256 acc[BLOCK_VECS];
     float tacc[8] = {0};
+    float bias_sum = 0.0f;   /* sum of w*bias, added once per bag instead of once per row */
     for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
     const int64_t n = bags->n_indices, padding = bags->padding_idx;
     int64_t count = 0;
@@ -184,15 +185,38 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int tail,
         const uint8_t *row = packed + (uint64_t)idx * (uint64_t)row_bytes;
         float scale, bias;
         pk_q_read_trailer(bits, row, (size_t)codes_bytes, &scale, &bias);
-        const __m256 ws = _mm256_set1_ps(w * scale), wb = _mm256_set1_ps(w * bias);
-        for (int v = 0; v < nv; v++)
-            acc[v] = _mm256_fmadd_ps(codes8_ps(bits, row, (size_t)d0 + 8 * v), ws, _mm256_add_ps(acc[v], wb));
+        const __m256 ws = _mm256_set1_ps(w * scale);
+        bias_sum += w * bias;
+        if (bits == 4 && nv % 2 == 0) {
+            /* 16 codes from 8 bytes: low nibbles (even columns) and high nibbles (odd columns)
+             * go to two accumulators, interleaved once at the store */
+            for (int v = 0; v < nv; v += 2) {
+                __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + (d0 + 8 * v) / 2)));
+                __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
+                __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+                acc[v] = _mm256_fmadd_ps(lo, ws, acc[v]);
+                acc[v + 1] = _mm256_fmadd_ps(hi, ws, acc[v + 1]);
+            }
+        } else {
+            for (int v = 0; v < nv; v++)
+                acc[v] = _mm256_fmadd_ps(codes8_ps(bits, row, (size_t)d0 + 8 * v), ws, acc[v]);
+        }
         for (int t = 0; t < tail; t++)
-            tacc[t] = fmaf(code_at(bits, row, (size_t)d0 + 8 * nv + t), w * scale, tacc[t] + w * bias);
+            tacc[t] = fmaf(code_at(bits, row, (size_t)d0 + 8 * nv + t), w * scale, tacc[t]);
     }
-    const __m256 norm = _mm256_set1_ps(bags->mean && count > 0 ? 1.0f / (float)count : 1.0f);
-    for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + d0 + 8 * v, _mm256_mul_ps(acc[v], norm));
-    for (int t = 0; t < tail; t++) out[d0 + 8 * nv + t] = tacc[t] * _mm256_cvtss_f32(norm);
+    if (bits == 4 && nv % 2 == 0) {
+        for (int v = 0; v < nv; v += 2) {
+            __m256 a = _mm256_unpacklo_ps(acc[v], acc[v + 1]);   /* l0 h0 l1 h1 | l4 h4 l5 h5 */
+            __m256 b = _mm256_unpackhi_ps(acc[v], acc[v + 1]);   /* l2 h2 l3 h3 | l6 h6 l7 h7 */
+            acc[v] = _mm256_permute2f128_ps(a, b, 0x20);
+            acc[v + 1] = _mm256_permute2f128_ps(a, b, 0x31);
+        }
+    }
+    const float norm_s = bags->mean && count > 0 ? 1.0f / (float)count : 1.0f;
+    const __m256 norm = _mm256_set1_ps(norm_s), vbias = _mm256_set1_ps(bias_sum);
+    for (int v = 0; v < nv; v++)
+        _mm256_storeu_ps(out + d0 + 8 * v, _mm256_mul_ps(_mm256_add_ps(acc[v], vbias), norm));
+    for (int t = 0; t < tail; t++) out[d0 + 8 * nv + t] = (tacc[t] + bias_sum) * norm_s;
     return count;
 }
 

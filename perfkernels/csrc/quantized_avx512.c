@@ -52,8 +52,15 @@ static pk_status quantize_row_avx512(int bits, int half_input, const void *row, 
     __m512 vmn = _mm512_set1_ps(FLT_MAX), vmx = _mm512_set1_ps(-FLT_MAX);
     __mmask16 bad = 0;
     size_t c;
-    for (c = 0; c < dim; c += 16) {
-        __mmask16 m = dim - c >= 16 ? (__mmask16)0xffff : tail_mask(dim - c);
+    for (c = 0; c + 16 <= dim; c += 16) {
+        __m512 x = half_input ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + c)))
+                              : _mm512_loadu_ps((const float *)row + c);
+        vmn = _mm512_min_ps(vmn, x);
+        vmx = _mm512_max_ps(vmx, x);
+        bad |= _mm512_fpclass_ps_mask(x, NONFINITE_CLASSES);
+    }
+    if (c < dim) {
+        __mmask16 m = tail_mask(dim - c);
         __m512 x = load16(row, half_input, c, m);
         vmn = _mm512_mask_min_ps(vmn, m, vmn, x);
         vmx = _mm512_mask_max_ps(vmx, m, vmx, x);
@@ -68,9 +75,14 @@ static pk_status quantize_row_avx512(int bits, int half_input, const void *row, 
     const __m512 sub = _mm512_set1_ps(p.sub), inv = _mm512_set1_ps(p.inv);
     const __m512i qmax = _mm512_set1_epi32((1 << bits) - 1);
     size_t per = (size_t)(8 / bits);
-    for (c = 0; c < dim; c += 16) {
-        size_t n = dim - c >= 16 ? 16 : dim - c;
-        __mmask16 m = tail_mask(n) | (n == 16 ? (__mmask16)0xffff : 0);
+    for (c = 0; c + 16 <= dim; c += 16) {
+        __m128i q = codes16(row, half_input, c, (__mmask16)0xffff, sub, inv, qmax);
+        if (bits == 8) _mm_storeu_si128((__m128i *)(out + c), q);
+        else pack16(bits, q, out + c / per, 16 / per);
+    }
+    if (c < dim) {
+        size_t n = dim - c;
+        __mmask16 m = tail_mask(n);
         __m128i q = codes16(row, half_input, c, m, sub, inv, qmax);
         if (bits == 8) _mm_mask_storeu_epi8(out + c, m, q);
         else pack16(bits, _mm_maskz_mov_epi8(m, q), out + c / per, (n + per - 1) / per);
@@ -142,6 +154,7 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, __mmask16 last,
                                    int64_t *bad_pos)
 {
     __m512 acc[BLOCK_VECS];
+    float bias_sum = 0.0f;   /* sum of w*bias, added once per bag instead of once per row */
     for (int v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
     const int64_t n = bags->n_indices, padding = bags->padding_idx;
     int64_t count = 0;
@@ -162,17 +175,40 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, __mmask16 last,
         const uint8_t *row = packed + (uint64_t)idx * (uint64_t)row_bytes;
         float scale, bias;
         pk_q_read_trailer(bits, row, (size_t)codes_bytes, &scale, &bias);
-        const __m512 ws = _mm512_set1_ps(w * scale), wb = _mm512_set1_ps(w * bias);
-        for (int v = 0; v < nv; v++) {
-            const __mmask16 m = v == nv - 1 ? last : (__mmask16)0xffff;
-            acc[v] = _mm512_fmadd_ps(codes16_ps(bits, row, (size_t)d0 + 16 * v, m), ws,
-                                     _mm512_add_ps(acc[v], wb));
+        const __m512 ws = _mm512_set1_ps(w * scale);
+        bias_sum += w * bias;
+        if (bits == 4 && nv % 2 == 0 && last == (__mmask16)0xffff) {
+            /* 32 codes from 16 bytes: low nibbles (even columns) and high nibbles (odd columns)
+             * go to two accumulators, interleaved once at the store */
+            for (int v = 0; v < nv; v += 2) {
+                __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + (d0 + 16 * v) / 2)));
+                __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
+                __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+                acc[v] = _mm512_fmadd_ps(lo, ws, acc[v]);
+                acc[v + 1] = _mm512_fmadd_ps(hi, ws, acc[v + 1]);
+            }
+        } else {
+            for (int v = 0; v < nv; v++) {
+                const __mmask16 m = v == nv - 1 ? last : (__mmask16)0xffff;
+                acc[v] = _mm512_fmadd_ps(codes16_ps(bits, row, (size_t)d0 + 16 * v, m), ws, acc[v]);
+            }
         }
     }
-    const __m512 norm = _mm512_set1_ps(bags->mean && count > 0 ? 1.0f / (float)count : 1.0f);
+    if (bits == 4 && nv % 2 == 0 && last == (__mmask16)0xffff) {
+        const __m512i even = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        const __m512i odd = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        for (int v = 0; v < nv; v += 2) {
+            __m512 a = _mm512_permutex2var_ps(acc[v], even, acc[v + 1]);
+            __m512 b = _mm512_permutex2var_ps(acc[v], odd, acc[v + 1]);
+            acc[v] = a;
+            acc[v + 1] = b;
+        }
+    }
+    const float norm_s = bags->mean && count > 0 ? 1.0f / (float)count : 1.0f;
+    const __m512 norm = _mm512_set1_ps(norm_s), vbias = _mm512_set1_ps(bias_sum);
     for (int v = 0; v < nv; v++) {
         const __mmask16 m = v == nv - 1 ? last : (__mmask16)0xffff;
-        _mm512_mask_storeu_ps(out + d0 + 16 * v, m, _mm512_mul_ps(acc[v], norm));
+        _mm512_mask_storeu_ps(out + d0 + 16 * v, m, _mm512_mul_ps(_mm512_add_ps(acc[v], vbias), norm));
     }
     return count;
 }
