@@ -13,8 +13,12 @@ _dispatch._init_from_environment()
 from ._dispatch import active_isa, available_isas, cpu_features, show_runtime, use_isa  # noqa: E402
 from ._convert import bfloat16_to_float, float_to_bfloat16, float_to_half, half_to_float  # noqa: E402
 # kernel families: one import line each (keep this marker for the families still to come)
+from ._embedding import embedding_bag  # noqa: E402
+from ._quantized import dequantize_rowwise, embedding_bag_quantized, quantize_rowwise  # noqa: E402
 
 __all__ = [
     "active_isa", "available_isas", "cpu_features", "show_runtime", "use_isa",
     "float_to_half", "half_to_float", "float_to_bfloat16", "bfloat16_to_float",
+    "embedding_bag",
+    "quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized",
 ]

@@ -1,0 +1,79 @@
+/* perfkernels: the bag layout shared by every embedding-bag family (float tables, quantized tables).
+ *
+ * `perfkernels/_bags.pxi` validates the Python arguments and fills a pk_bags; a kernel then reads
+ * the table rows named by the bags and writes one float32 row per bag.  Everything a kernel may
+ * rely on is established by the wrapper before the call:
+ *
+ *   - offsets has num_bags + 1 entries, offsets[0] == 0, non-decreasing, offsets[num_bags] ==
+ *     n_indices: bag b is indices[offsets[b] : offsets[b + 1]] (lengths, 2-D indices and PyTorch's
+ *     include_last_offset=False are all normalised to this form);
+ *   - weights is NULL, or holds n_indices floats (per sample: w_j = weights[j]), or, when
+ *     positional, at least max-bag-length floats (w_j = weights[j - offsets[b]]);
+ *   - padding_idx is -1 (none) or in [0, rows); such entries are skipped and not counted by mean;
+ *   - out holds num_bags rows of out_stride floats, of which the first D are written.
+ *
+ * What the wrapper does NOT establish is that indices are in range: a kernel checks every index
+ * with one unsigned compare, `(uint64_t)idx >= rows` (negatives included), before its row is
+ * touched, and on failure returns PK_ERR_INDEX with *bad_pos = the position j in the flattened
+ * index list (out may then be partly written; the wrapper keeps a caller's out= safe).
+ */
+#ifndef PERFKERNELS_BAGS_H
+#define PERFKERNELS_BAGS_H
+
+#include "perfkernels/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pk_bags {
+    const void *indices;     /* n_indices entries: int64_t if index_64, else int32_t */
+    int64_t n_indices;
+    int index_64;
+    const int64_t *offsets;  /* num_bags + 1 entries, validated (see above) */
+    int64_t num_bags;
+    const float *weights;    /* NULL: every w_j = 1 */
+    int positional;          /* weights indexed by the position inside the bag */
+    int mean;                /* scale each bag by 1 / (number of non-padding entries) */
+    int64_t padding_idx;     /* -1: none */
+    float *out;              /* num_bags x out_stride floats */
+    int64_t out_stride;
+} pk_bags;
+
+/* Prefetch the row this many indices ahead (FBGEMM's distance), one prefetch per 64-byte line. */
+#define PK_BAGS_PREFETCH_DISTANCE 16
+
+static inline int64_t pk_bags_index(const pk_bags *bags, int64_t j)
+{
+    return bags->index_64 ? ((const int64_t *)bags->indices)[j]
+                          : (int64_t)((const int32_t *)bags->indices)[j];
+}
+
+/* First position j whose index is out of [0, rows), or -1.  The cheap pre-scan a wrapper runs when
+ * it must not let a kernel start writing a caller's out= (the branch-free OR lets the compiler
+ * vectorise it with baseline flags). */
+static inline int64_t pk_bags_first_bad_index(const pk_bags *bags, int64_t rows)
+{
+    const int64_t n = bags->n_indices, block = 1024;
+    const uint64_t r = (uint64_t)rows;
+    for (int64_t start = 0; start < n; start += block) {
+        int64_t stop = start + block < n ? start + block : n;
+        int bad = 0;
+        if (bags->index_64) {
+            const int64_t *ix = (const int64_t *)bags->indices;
+            for (int64_t j = start; j < stop; j++) bad |= (uint64_t)ix[j] >= r;
+        } else {
+            const int32_t *ix = (const int32_t *)bags->indices;
+            for (int64_t j = start; j < stop; j++) bad |= (uint64_t)(int64_t)ix[j] >= r;
+        }
+        if (bad)
+            for (int64_t j = start; j < stop; j++)
+                if ((uint64_t)pk_bags_index(bags, j) >= r) return j;
+    }
+    return -1;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,295 @@
+# Bag handling shared by the embedding-bag families (float tables here, quantized tables in
+# _quantized.pyx).  Textually included after "_arrays.pxi":
+#
+#     include "_arrays.pxi"
+#     include "_bags.pxi"
+#
+#     cdef pk_bags bags
+#     cdef int64_t scratch[BAGS_SCRATCH]
+#     keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
+#                         include_last_offset, padding_idx, positional_weights, rows,
+#                         scratch, BAGS_SCRATCH)
+#     ... allocate out [bags.num_bags, D], set bags.out / bags.out_stride, call the kernel ...
+#     if status == PK_ERR_INDEX: raise_index_error(&bags, bad_pos, rows)
+#
+# `keep` holds the arrays the pointers in `bags` point into: keep it alive until the kernel
+# returns.  `scratch` (caller's stack) holds the normalised offsets of small calls, so a call with
+# a few bags allocates nothing here.  Every check below raises the documented exception
+# (SPEC.md section 1) with the offending values; afterwards the kernel may rely on everything
+# bags.h lists, and reads no memory outside the arrays whatever the input.
+
+from libc.stdint cimport int32_t, int64_t, uint64_t
+import operator
+
+cdef extern from "perfkernels/common.h":
+    ctypedef enum pk_status:
+        PK_OK
+        PK_ERR_INDEX
+        PK_ERR_VALUE
+        PK_ERR_NONFINITE
+
+cdef extern from "perfkernels/bags.h":
+    ctypedef struct pk_bags:
+        const void *indices
+        int64_t n_indices
+        int index_64
+        const int64_t *offsets
+        int64_t num_bags
+        const float *weights
+        int positional
+        int mean
+        int64_t padding_idx
+        float *out
+        int64_t out_stride
+    int64_t pk_bags_index(const pk_bags *bags, int64_t j) noexcept nogil
+    int64_t pk_bags_first_bad_index(const pk_bags *bags, int64_t rows) noexcept nogil
+
+cdef enum:
+    BAGS_SCRATCH = 64   # normalised offsets of calls with < 64 bags live on the caller's stack
+
+cdef tuple _INDEX_TYPES = (cnp.NPY_INT32, cnp.NPY_INT64, cnp.NPY_LONGLONG, cnp.NPY_INT, cnp.NPY_LONG)
+cdef tuple _FLOAT32_TYPES = (cnp.NPY_FLOAT32,)
+
+
+cdef inline bint _is_ready_int(object x):
+    """True when x is already an aligned, contiguous, native int32/int64 ndarray (the fast path)."""
+    cdef cnp.ndarray a
+    cdef int itemsize
+    if not cnp.PyArray_Check(x):
+        return False
+    a = <cnp.ndarray>x
+    if not cnp.PyTypeNum_ISINTEGER(cnp.PyArray_TYPE(a)) or not cnp.PyTypeNum_ISSIGNED(cnp.PyArray_TYPE(a)):
+        return False
+    itemsize = cnp.PyArray_ITEMSIZE(a)
+    return ((itemsize == 4 or itemsize == 8) and cnp.PyArray_IS_C_CONTIGUOUS(a)
+            and cnp.PyArray_ISALIGNED(a) and cnp.PyArray_ISNOTSWAPPED(a))
+
+
+cdef cnp.ndarray _as_int_array(object x, str name):
+    """x as an aligned contiguous native int32 or int64 array; TypeError for any other dtype."""
+    if _is_ready_int(x):
+        return <cnp.ndarray>x
+    return as_input(x, name, _INDEX_TYPES, "int32 or int64")
+
+
+cdef inline int64_t _get_int(const void *p, bint is64, Py_ssize_t i) noexcept nogil:
+    return (<const int64_t *>p)[i] if is64 else <int64_t>(<const int32_t *>p)[i]
+
+
+cdef int64_t _normalise_offsets(const void *p, bint is64, Py_ssize_t count, bint include_last,
+                                int64_t n, int64_t *dst, int64_t *max_len) except -1:
+    """Validate PyTorch-style offsets (count entries) and write the num_bags + 1 normalised offsets
+    into dst (dst may be NULL when p is already int64 with include_last).  Returns num_bags."""
+    cdef Py_ssize_t i, num_bags
+    cdef int64_t v, prev, longest = 0
+    if include_last:
+        if count == 0:
+            raise ValueError("offsets is empty: with include_last_offset=True it needs at least "
+                             "one entry (the end of the last bag, len(indices))")
+        num_bags = count - 1
+    else:
+        num_bags = count
+        if count == 0:
+            if n != 0:
+                raise ValueError(f"offsets is empty (no bags) but there are {n} indices")
+            if dst != NULL:
+                dst[0] = 0
+            max_len[0] = 0
+            return 0
+    prev = _get_int(p, is64, 0)
+    if prev != 0:
+        raise ValueError(f"offsets[0] = {prev}: the first offset must be 0")
+    if dst != NULL:
+        dst[0] = 0
+    for i in range(1, count):
+        v = _get_int(p, is64, i)
+        if v < prev:
+            raise ValueError(f"offsets[{i}] = {v} < offsets[{i - 1}] = {prev}: "
+                             "offsets must be non-decreasing")
+        if v - prev > longest:
+            longest = v - prev
+        if dst != NULL:
+            dst[i] = v
+        prev = v
+    if include_last:
+        if prev != n:
+            raise ValueError(f"offsets[{count - 1}] = {prev} != len(indices) = {n}: with "
+                             "include_last_offset=True the last offset must equal len(indices)")
+    else:
+        if prev > n:
+            raise ValueError(f"offsets[{count - 1}] = {prev} > len(indices) = {n}: "
+                             "offsets must not exceed the number of indices")
+        if n - prev > longest:
+            longest = n - prev
+        if dst != NULL:
+            dst[count] = n
+    max_len[0] = longest
+    return num_bags
+
+
+cdef int64_t _lengths_to_offsets(const void *p, bint is64, Py_ssize_t count, int64_t n,
+                                 int64_t *dst, int64_t *max_len) except -1:
+    """Validate caffe2-style lengths and write the count + 1 offsets into dst.  Returns count."""
+    cdef Py_ssize_t i
+    cdef int64_t v, longest = 0
+    cdef uint64_t total = 0   # each term < 2**63 and total <= n before adding: no overflow
+    dst[0] = 0
+    for i in range(count):
+        v = _get_int(p, is64, i)
+        if v < 0:
+            raise ValueError(f"lengths[{i}] = {v} is negative: lengths must be >= 0")
+        total += <uint64_t>v
+        if total > <uint64_t>n:
+            raise ValueError(f"lengths[:{i + 1}] sum to {total} > len(indices) = {n}: "
+                             "sum(lengths) must equal len(indices)")
+        if v > longest:
+            longest = v
+        dst[i + 1] = <int64_t>total
+    if total != <uint64_t>n:
+        raise ValueError(f"sum(lengths) = {total} != len(indices) = {n}: "
+                         "sum(lengths) must equal len(indices)")
+    max_len[0] = longest
+    return count
+
+
+cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object lengths,
+                         object per_sample_weights, object mode, bint include_last_offset,
+                         object padding_idx, bint positional_weights, int64_t rows,
+                         int64_t *scratch, Py_ssize_t scratch_len):
+    """Validate and normalise the bag arguments into *bags (all but out / out_stride).
+
+    Raises TypeError (dtypes), ValueError (shapes, offsets, lengths, weights, mode, padding_idx).
+    Indices are not range-checked here: the kernels check each one (bags.h).  Returns the tuple of
+    arrays that must stay alive while the kernel runs.
+    """
+    cdef cnp.ndarray ix, off = None, lens, w = None, norm = None
+    cdef int64_t n, max_len = 0, num_bags, L, b, pad
+    cdef Py_ssize_t count
+    cdef int64_t *dst
+
+    # mode
+    if mode == "sum":
+        bags.mean = 0
+    elif mode == "mean":
+        bags.mean = 1
+    else:
+        raise ValueError(f"mode must be 'sum' or 'mean'; got {mode!r}")
+
+    # indices
+    ix = _as_int_array(indices, "indices")
+    n = cnp.PyArray_SIZE(ix)
+    bags.indices = cnp.PyArray_DATA(ix)
+    bags.n_indices = n
+    bags.index_64 = cnp.PyArray_ITEMSIZE(ix) == 8
+
+    # bag boundaries -> offsets[num_bags + 1]
+    if cnp.PyArray_NDIM(ix) == 2:
+        if offsets is not None or lengths is not None:
+            raise ValueError(f"indices is 2-D {(<object>ix).shape} (one bag per row): "
+                             "offsets and lengths must be None")
+        num_bags = cnp.PyArray_DIM(ix, 0)
+        L = cnp.PyArray_DIM(ix, 1)
+        if num_bags + 1 <= scratch_len:
+            dst = scratch
+        else:
+            norm = np.empty(num_bags + 1, dtype=np.int64)
+            dst = <int64_t *>cnp.PyArray_DATA(norm)
+        for b in range(num_bags + 1):
+            dst[b] = b * L
+        max_len = L if num_bags > 0 else 0
+        bags.offsets = dst
+    elif cnp.PyArray_NDIM(ix) == 1:
+        if offsets is not None and lengths is not None:
+            raise ValueError("give either offsets (PyTorch convention) or lengths (caffe2 "
+                             "convention), not both")
+        if offsets is None and lengths is None:
+            raise ValueError("1-D indices need offsets or lengths to say where the bags are "
+                             "(or pass 2-D indices [num_bags, bag_length])")
+        if offsets is not None:
+            off = _as_int_array(offsets, "offsets")
+            if cnp.PyArray_NDIM(off) != 1:
+                raise ValueError(f"offsets must be 1-D; got shape {(<object>off).shape}")
+            count = cnp.PyArray_DIM(off, 0)
+            if include_last_offset and cnp.PyArray_ITEMSIZE(off) == 8:
+                # already in the normalised form: validate only, no copy
+                num_bags = _normalise_offsets(cnp.PyArray_DATA(off), True, count, True, n,
+                                              NULL, &max_len)
+                bags.offsets = <const int64_t *>cnp.PyArray_DATA(off)
+            else:
+                num_bags = count - 1 if include_last_offset else count
+                if num_bags < 0:
+                    num_bags = 0
+                if num_bags + 1 <= scratch_len:
+                    dst = scratch
+                else:
+                    norm = np.empty(num_bags + 1, dtype=np.int64)
+                    dst = <int64_t *>cnp.PyArray_DATA(norm)
+                num_bags = _normalise_offsets(cnp.PyArray_DATA(off), cnp.PyArray_ITEMSIZE(off) == 8,
+                                              count, include_last_offset, n, dst, &max_len)
+                bags.offsets = dst
+        else:
+            lens = _as_int_array(lengths, "lengths")
+            off = lens
+            if cnp.PyArray_NDIM(lens) != 1:
+                raise ValueError(f"lengths must be 1-D; got shape {(<object>lens).shape}")
+            count = cnp.PyArray_DIM(lens, 0)
+            if count + 1 <= scratch_len:
+                dst = scratch
+            else:
+                norm = np.empty(count + 1, dtype=np.int64)
+                dst = <int64_t *>cnp.PyArray_DATA(norm)
+            num_bags = _lengths_to_offsets(cnp.PyArray_DATA(lens), cnp.PyArray_ITEMSIZE(lens) == 8,
+                                           count, n, dst, &max_len)
+            bags.offsets = dst
+    else:
+        raise ValueError(f"indices must be 1-D (with offsets or lengths) or 2-D [num_bags, "
+                         f"bag_length]; got shape {(<object>ix).shape}")
+    bags.num_bags = num_bags
+
+    # weights
+    bags.positional = 1 if positional_weights else 0
+    if per_sample_weights is None:
+        if positional_weights:
+            raise ValueError("positional_weights=True needs per_sample_weights (one weight per "
+                             "position inside a bag)")
+        bags.weights = NULL
+    else:
+        w = as_input(per_sample_weights, "per_sample_weights", _FLOAT32_TYPES, "float32")
+        if positional_weights:
+            if cnp.PyArray_NDIM(w) != 1:
+                raise ValueError(f"positional per_sample_weights must be 1-D; got shape "
+                                 f"{(<object>w).shape}")
+            if cnp.PyArray_DIM(w, 0) < max_len:
+                raise ValueError(f"positional per_sample_weights has {cnp.PyArray_DIM(w, 0)} "
+                                 f"entries but the longest bag has {max_len}: it needs one per "
+                                 "position")
+        elif (<object>w).shape != (<object>ix).shape:
+            raise ValueError(f"per_sample_weights has shape {(<object>w).shape}; it needs one "
+                             f"weight per index, shape {(<object>ix).shape}")
+        bags.weights = <const float *>cnp.PyArray_DATA(w)
+
+    # padding_idx (PyTorch: in [-rows, rows), negative counts from the end)
+    if padding_idx is None:
+        bags.padding_idx = -1
+    else:
+        try:
+            pad_obj = operator.index(padding_idx)
+        except TypeError as exc:
+            raise TypeError(f"padding_idx must be an integer or None; got "
+                            f"{type(padding_idx).__name__}") from exc
+        if pad_obj < -rows or pad_obj >= rows:
+            raise ValueError(f"padding_idx = {pad_obj} is out of range for a table of {rows} rows "
+                             f"(valid: -{rows} <= padding_idx < {rows})")
+        pad = pad_obj
+        bags.padding_idx = pad + rows if pad < 0 else pad
+
+    bags.out = NULL
+    bags.out_stride = 0
+    return (ix, off, w, norm)
+
+
+cdef int raise_index_error(const pk_bags *bags, int64_t pos, int64_t rows) except -1:
+    """The IndexError for the index at flattened position pos (reported by a kernel or the
+    pre-scan)."""
+    cdef int64_t value = pk_bags_index(bags, pos)
+    raise IndexError(f"indices[{pos}] = {value} is out of range for a table of {rows} rows")

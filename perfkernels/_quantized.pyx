@@ -1,0 +1,259 @@
+"""Row-wise quantized tables: quantize, dequantize and embedding-bag lookups (SPEC.md section 2)."""
+include "_arrays.pxi"
+include "_bags.pxi"
+
+from libc.stdint cimport uint8_t, uint16_t, int64_t
+
+from . import _dispatch
+
+cdef extern from "perfkernels/quantized.h":
+    size_t pk_quantized_row_bytes(int bits, size_t dim) noexcept nogil
+    ctypedef struct pk_quantized_kernels:
+        pk_status (*quantize_rowwise)(int bits, int half_input, const void *weight, size_t rows,
+                                      size_t dim, uint8_t *packed, size_t *bad_row) noexcept nogil
+        void (*dequantize_rowwise)(int bits, const uint8_t *packed, size_t rows, size_t row_bytes,
+                                   size_t dim, float *out) noexcept nogil
+        pk_status (*embedding_bag)(int bits, const pk_bags *bags, const uint8_t *packed,
+                                   int64_t rows, int64_t row_bytes, int64_t dim,
+                                   int64_t *bad_pos) noexcept nogil
+    const pk_quantized_kernels *pk_quantized_table(int isa) noexcept nogil
+
+cdef const pk_quantized_kernels *_kernels = NULL
+
+
+def _set_isa(int level):
+    global _kernels
+    cdef const pk_quantized_kernels *table = pk_quantized_table(level)
+    if table == NULL:
+        raise RuntimeError(f"quantized-table kernels for ISA level {level} are not in this build")
+    _kernels = table
+
+
+_dispatch.register(_set_isa)
+
+cdef tuple WEIGHT_TYPES = (cnp.NPY_FLOAT32, cnp.NPY_FLOAT16)
+cdef tuple PACKED_TYPES = (cnp.NPY_UINT8,)
+
+
+cdef int _check_bits(object bits) except -1:
+    if isinstance(bits, bool) or bits not in (8, 4, 2):
+        raise ValueError(f"bits must be 8, 4 or 2; got {bits!r}")
+    return <int>bits
+
+
+cdef Py_ssize_t _packed_dim(Py_ssize_t width, int bits, object dim) except -1:
+    """The embedding dimension of packed rows `width` bytes wide (validated against `dim=`)."""
+    cdef Py_ssize_t per = 8 // bits, trailer = 8 if bits == 8 else 4, d
+    layout = ("D uint8 codes + float32 scale + float32 bias" if bits == 8 else
+              f"ceil(D/{per}) bytes of {bits}-bit codes + float16 scale + float16 bias")
+    if width <= trailer:
+        raise ValueError(f"packed rows of {width} bytes are too short for {bits}-bit rows ({layout})")
+    if dim is None:
+        return (width - trailer) * per
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        raise ValueError(f"dim must be a positive integer; got {dim!r}")
+    d = <Py_ssize_t>dim
+    if <Py_ssize_t>pk_quantized_row_bytes(bits, <size_t>d) != width:
+        raise ValueError(f"packed rows of {width} bytes do not hold dim={d} with bits={bits} "
+                         f"(expected {pk_quantized_row_bytes(bits, <size_t>d)} bytes: {layout})")
+    return d
+
+
+cdef cnp.ndarray _as_packed(object packed):
+    cdef cnp.ndarray p = as_input(packed, "packed", PACKED_TYPES, "uint8")
+    if p.ndim != 2:
+        raise ValueError(f"packed must be 2-D (rows x row bytes); got {p.ndim}-D with shape {(<object>p).shape}")
+    return p
+
+
+def quantize_rowwise(weight, bits=8):
+    """Quantize a table row by row to 8, 4 or 2 bits (caffe2/FBGEMM "fused rowwise" layout).
+
+    Bit-exact with ``torch.ops.quantized.embedding_bag_byte_prepack`` (``bits=8``) and
+    ``embedding_bag_4bit_prepack`` / ``embedding_bag_2bit_prepack`` (``bits=4``/``2``, default
+    arguments).  Each packed row is
+
+    * ``bits=8``: ``D`` uint8 codes, float32 scale, float32 bias (``D + 8`` bytes);
+    * ``bits=4, 2``: ``ceil(D / (8 // bits))`` bytes of codes, low bits first (a partial last byte
+      is padded with zero codes), float16 scale, float16 bias (``+ 4`` bytes).
+
+    PyTorch requires ``D`` to be a multiple of ``8 // bits``; here any ``D >= 1`` is accepted
+    (pass ``dim=D`` to :func:`dequantize_rowwise` / :func:`embedding_bag_quantized` when padded).
+
+    Parameters
+    ----------
+    weight : array_like of float32 or float16, shape (rows, D)
+    bits : {8, 4, 2}
+
+    Returns
+    -------
+    ndarray of uint8, shape (rows, row_bytes)
+
+    Raises
+    ------
+    ValueError
+        If a row holds NaN or inf (the message names the row), or for a bad shape or ``bits``.
+
+    Examples
+    --------
+    >>> import numpy as np, perfkernels
+    >>> w = np.array([[0.0, 1.0, 2.0, 3.0]], np.float32)
+    >>> p = perfkernels.quantize_rowwise(w, bits=8)
+    >>> p.shape, p[0, :4]
+    ((1, 12), array([  0,  85, 170, 255], dtype=uint8))
+    >>> perfkernels.dequantize_rowwise(p)
+    array([[0., 1., 2., 3.]], dtype=float32)
+    """
+    cdef int b = _check_bits(bits)
+    cdef cnp.ndarray w = as_input(weight, "weight", WEIGHT_TYPES, "float32 or float16")
+    if w.ndim != 2:
+        raise ValueError(f"weight must be 2-D (rows x D); got {w.ndim}-D with shape {(<object>w).shape}")
+    cdef size_t rows = <size_t>w.shape[0], dim = <size_t>w.shape[1]
+    if dim == 0:
+        raise ValueError(f"weight must have at least one column; got shape {(<object>w).shape}")
+    cdef size_t row_bytes = pk_quantized_row_bytes(b, dim)
+    cdef cnp.ndarray out = np.empty((rows, row_bytes), dtype=np.uint8)
+    cdef int half = 1 if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT16 else 0
+    cdef const void *src = cnp.PyArray_DATA(w)
+    cdef uint8_t *dst = <uint8_t *>cnp.PyArray_DATA(out)
+    cdef size_t bad_row = 0
+    cdef pk_status status
+    cdef const pk_quantized_kernels *k = _kernels
+    with nogil:
+        status = k.quantize_rowwise(b, half, src, rows, dim, dst, &bad_row)
+    if status == PK_ERR_NONFINITE:
+        raise ValueError(f"weight row {bad_row} contains NaN or inf; row-wise quantization needs "
+                         f"finite values")
+    if status != PK_OK:
+        raise RuntimeError(f"quantize_rowwise kernel failed with status {<int>status}")
+    return out
+
+
+def dequantize_rowwise(packed, bits=8, dim=None):
+    """Expand row-wise quantized rows back to float32: ``x = code * scale + bias``.
+
+    Parameters
+    ----------
+    packed : array_like of uint8, shape (rows, row_bytes)
+        Rows as produced by :func:`quantize_rowwise` (or PyTorch's prepack ops).
+    bits : {8, 4, 2}
+    dim : int, optional
+        The embedding dimension D.  Needed for 4/2-bit rows whose D is not a multiple of
+        ``8 // bits`` (otherwise D is ``(row_bytes - 4) * (8 // bits)``); checked against the
+        row width when given.
+
+    Returns
+    -------
+    ndarray of float32, shape (rows, D)
+
+    Examples
+    --------
+    >>> import numpy as np, perfkernels
+    >>> p = perfkernels.quantize_rowwise(np.array([[1.0, 2.0, 3.0]], np.float32), bits=4)
+    >>> perfkernels.dequantize_rowwise(p, bits=4, dim=3)
+    array([[1., 2., 3.]], dtype=float32)
+    """
+    cdef int b = _check_bits(bits)
+    cdef cnp.ndarray p = _as_packed(packed)
+    cdef Py_ssize_t d = _packed_dim(p.shape[1], b, dim)
+    cdef size_t rows = <size_t>p.shape[0], row_bytes = <size_t>p.shape[1]
+    cdef cnp.ndarray out = np.empty((rows, d), dtype=np.float32)
+    cdef const uint8_t *src = <const uint8_t *>cnp.PyArray_DATA(p)
+    cdef float *dst = <float *>cnp.PyArray_DATA(out)
+    cdef const pk_quantized_kernels *k = _kernels
+    with nogil:
+        k.dequantize_rowwise(b, src, rows, row_bytes, <size_t>d, dst)
+    return out
+
+
+
+def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, lengths=None,
+                            per_sample_weights=None, mode="sum", include_last_offset=False,
+                            padding_idx=None, positional_weights=False, out=None):
+    """Embedding bags over a row-wise quantized table, dequantising rows on the fly.
+
+    ``out[b] = scale_b * sum(w_j * (q * scale + bias) of row indices[j], j in bag b)``, computed per
+    row as ``acc += (w*scale) * q + (w*bias)`` with the bag's output row held in registers
+    (FBGEMM's order); no dequantised copy of the table is made.  Same bag semantics, keywords and
+    errors as :func:`embedding_bag`; matches ``torch.ops.quantized.embedding_bag_byte_rowwise_offsets``
+    / ``embedding_bag_4bit_rowwise_offsets`` / ``embedding_bag_2bit_rowwise_offsets`` to float32
+    rounding.
+
+    Parameters
+    ----------
+    packed : array_like of uint8, shape (rows, row_bytes)
+        Rows from :func:`quantize_rowwise` (or PyTorch's prepack ops) with ``bits`` bits per code.
+    indices : array_like of int32 or int64
+        1-D with ``offsets`` or ``lengths``, or 2-D ``[B, L]``: B bags of L indices each.
+    offsets : array_like of int32 or int64, optional
+        PyTorch convention (see :func:`embedding_bag`).
+    bits : {8, 4, 2}
+    dim : int, optional
+        The embedding dimension D, needed for 4/2-bit rows whose D is not a multiple of
+        ``8 // bits``; checked against the row width when given.
+    lengths, per_sample_weights, mode, include_last_offset, padding_idx, positional_weights
+        As in :func:`embedding_bag`.  ``mode="mean"`` multiplies by ``1 / count`` (caffe2's order;
+        PyTorch divides), count excluding ``padding_idx`` entries; empty bags are zeros.
+    out : ndarray of float32, shape (num_bags, D), optional
+        Written in place and returned; left untouched if an error is raised.
+
+    Returns
+    -------
+    ndarray of float32, shape (num_bags, D)
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`embedding_bag`; ValueError also for a row width that does not fit ``bits``/``dim``.
+    IndexError
+        An index that is negative or ``>= rows``, naming its position and value.
+
+    Examples
+    --------
+    >>> import numpy as np, perfkernels
+    >>> w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    >>> p = perfkernels.quantize_rowwise(w, bits=8)
+    >>> perfkernels.embedding_bag_quantized(p, np.array([0, 2, 3]), np.array([0, 2]))
+    array([[ 6.,  8., 10.],
+           [ 9., 10., 11.]], dtype=float32)
+    """
+    cdef int b = _check_bits(bits)
+    cdef cnp.ndarray p = _as_packed(packed)
+    cdef int64_t d = _packed_dim(p.shape[1], b, dim)
+    cdef int64_t rows = p.shape[0], row_bytes = p.shape[1]
+    cdef pk_bags bags
+    cdef int64_t scratch[BAGS_SCRATCH]
+    cdef object keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
+                                    include_last_offset, padding_idx, positional_weights, rows,
+                                    scratch, BAGS_SCRATCH)
+    cdef cnp.npy_intp shape[2]
+    cdef cnp.ndarray dst
+    cdef int64_t bad = -1
+    shape[0] = <cnp.npy_intp>bags.num_bags
+    shape[1] = <cnp.npy_intp>d
+    if out is None:
+        dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
+    else:
+        dst = check_out(out, cnp.NPY_FLOAT32, "float32", (bags.num_bags, d), (p,) + keep)
+        if dst is out:
+            # the kernel writes out= directly: find a bad index before it starts (reads only the
+            # index array, which is then warm in cache for the kernel)
+            bad = pk_bags_first_bad_index(&bags, rows)
+            if bad >= 0:
+                raise_index_error(&bags, bad, rows)
+    bags.out = <float *>cnp.PyArray_DATA(dst)
+    bags.out_stride = d
+    cdef const uint8_t *data = <const uint8_t *>cnp.PyArray_DATA(p)
+    cdef const pk_quantized_kernels *k = _kernels
+    cdef pk_status status
+    if bags.num_bags * d + bags.n_indices < 4096:
+        # tiny calls: releasing and re-taking the GIL costs more than the kernel
+        status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
+    else:
+        with nogil:
+            status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
+    if status == PK_ERR_INDEX:
+        raise_index_error(&bags, bad, rows)
+    elif status != PK_OK:
+        raise RuntimeError(f"embedding_bag_quantized kernel failed with status {<int>status}")
+    return finish_out(out, dst)

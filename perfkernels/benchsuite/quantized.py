@@ -1,0 +1,96 @@
+"""Benchmarks of the row-wise quantized family beside PyTorch's quantized ops (FBGEMM).
+
+Lookups: BENCHMARKS.md's embedding shapes with 8-bit and 4-bit tables, uniform and Zipf indices,
+against ``torch.ops.quantized.embedding_bag_{byte,4bit}_rowwise_offsets``.  Quantize: a
+200,000 x 128 float32 table against ``embedding_bag_byte_prepack``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import Case, torch_or_none, zipf_indices
+
+#: (name, rows, D, bags, mean bag length)
+LOOKUP_SHAPES = [
+    ("fbgemm 4M x 32", 4_000_000, 32, 10, 100),
+    ("fbgemm 4M x 64", 4_000_000, 64, 10, 100),
+    ("fbgemm 4M x 128", 4_000_000, 128, 10, 100),
+    ("fbgemm 4M x 256", 4_000_000, 256, 10, 100),
+    ("dlrm 1M x 64", 1_000_000, 64, 2048, 100),
+    ("cache 20k x 128", 20_000, 128, 512, 40),
+    ("tiny 1k x 64", 1_000, 64, 1, 1),
+]
+QUICK_LOOKUP_SHAPES = [
+    ("cache 20k x 128", 20_000, 128, 512, 40),
+    ("small 100k x 64", 100_000, 64, 256, 40),
+    ("tiny 1k x 64", 1_000, 64, 1, 1),
+]
+QUANTIZE_SHAPE = (200_000, 128)
+QUICK_QUANTIZE_SHAPE = (20_000, 128)
+
+_TORCH_LOOKUP = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit_rowwise_offsets",
+                 2: "embedding_bag_2bit_rowwise_offsets"}
+
+
+def packed_table(rng: np.random.Generator, rows: int, dim: int, bits: int) -> np.ndarray:
+    """A random packed table, built in chunks (a 4M x 256 float32 table would need 4 GiB)."""
+    import perfkernels as pk
+    chunks = []
+    for start in range(0, rows, 250_000):
+        n = min(250_000, rows - start)
+        chunks.append(pk.quantize_rowwise(rng.standard_normal((n, dim), dtype=np.float32), bits=bits))
+    return np.concatenate(chunks)
+
+
+def lookup_case(rng, name, rows, dim, num_bags, bag_len, bits, dist="uniform") -> Case:
+    import perfkernels as pk
+    packed = packed_table(rng, rows, dim, bits)
+    n = num_bags * bag_len
+    if dist == "zipf":
+        indices = zipf_indices(rng, rows, n)
+    else:
+        indices = rng.integers(0, rows, n, dtype=np.int64)
+    offsets = np.arange(num_bags, dtype=np.int64) * bag_len
+    out = np.empty((num_bags, dim), np.float32)
+    row_bytes = packed.shape[1]
+    nbytes = n * row_bytes + indices.nbytes + offsets.nbytes + out.nbytes
+    baselines = {}
+    torch = torch_or_none()
+    if torch is not None:
+        op = getattr(torch.ops.quantized, _TORCH_LOOKUP[bits])
+        tp, ti, to = (torch.from_numpy(a) for a in (packed, indices, offsets))
+        baselines["torch"] = lambda: op(tp, ti, to, mode=0, include_last_offset=False)
+    return Case("quantized", f"bag {bits}-bit {name} B={num_bags} L={bag_len} {dist}", nbytes,
+                lambda: pk.embedding_bag_quantized(packed, indices, offsets, bits=bits, out=out),
+                baselines)
+
+
+def quantize_case(rng, rows, dim, bits=8) -> Case:
+    import perfkernels as pk
+    weight = rng.standard_normal((rows, dim), dtype=np.float32)
+    nbytes = weight.nbytes + rows * (dim + 8)
+    baselines = {}
+    torch = torch_or_none()
+    if torch is not None:
+        prepack = {8: torch.ops.quantized.embedding_bag_byte_prepack,
+                   4: torch.ops.quantized.embedding_bag_4bit_prepack}[bits]
+        tw = torch.from_numpy(weight)
+        baselines["torch"] = lambda: prepack(tw)
+    return Case("quantized", f"quantize {bits}-bit {rows} x {dim} float32", nbytes,
+                lambda: pk.quantize_rowwise(weight, bits=bits), baselines)
+
+
+def cases(quick: bool) -> list[Case]:
+    rng = np.random.default_rng(2026)
+    shapes = QUICK_LOOKUP_SHAPES if quick else LOOKUP_SHAPES
+    out = []
+    for bits in (8, 4):
+        for name, rows, dim, num_bags, bag_len in shapes:
+            out.append(lookup_case(rng, name, rows, dim, num_bags, bag_len, bits))
+        if not quick:
+            name, rows, dim, num_bags, bag_len = LOOKUP_SHAPES[4]
+            out.append(lookup_case(rng, name, rows, dim, num_bags, bag_len, bits, "zipf"))
+    rows, dim = QUICK_QUANTIZE_SHAPE if quick else QUANTIZE_SHAPE
+    out.append(quantize_case(rng, rows, dim, 8))
+    out.append(quantize_case(rng, rows, dim, 4))
+    return out

@@ -1,0 +1,274 @@
+/* Row-wise quantized tables for AVX2 + FMA + F16C.  Compiled with -mavx2 -mfma -mf16c (setup.py,
+ * this file only).  The min/max reduction is FBGEMM's own (8 lanes of minps, folded in lane order),
+ * so the bytes match PyTorch's prepack without a fallback. */
+#include "perfkernels/quantized.h"
+
+#if PK_X86_64
+#if !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#error "quantized_avx2.c must be compiled with -mavx2 -mfma -mf16c"
+#endif
+#include <immintrin.h>
+#include <math.h>
+#include "quantized_rows.h"
+
+static inline __m256 load8(const void *row, int half_input, size_t c)
+{
+    if (half_input) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + c)));
+    return _mm256_loadu_ps((const float *)row + c);
+}
+
+/* 32 codes round_even((x - sub) * inv), saturated to [0, 255] (NaN -> 0), in order. */
+static inline __m256i codes32(const void *row, int half_input, size_t c, __m256 sub, __m256 inv)
+{
+    __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(load8(row, half_input, c), sub), inv));
+    __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(load8(row, half_input, c + 8), sub), inv));
+    __m256i d = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(load8(row, half_input, c + 16), sub), inv));
+    __m256i e = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(load8(row, half_input, c + 24), sub), inv));
+    __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(d, e));
+    return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* 32 codes (< 16 / < 4) packed to 16 / 8 bytes, low bits first. */
+static inline void pack32(int bits, __m256i codes, uint8_t *dst)
+{
+    if (bits == 4) {
+        __m256i pairs = _mm256_maddubs_epi16(codes, _mm256_set1_epi16(0x1001));
+        __m128i out = _mm_packus_epi16(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+        _mm_storeu_si128((__m128i *)dst, out);
+    } else {
+        __m256i pairs = _mm256_maddubs_epi16(codes, _mm256_set1_epi16(0x0401));
+        __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi32(0x00100001));
+        __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(quads), _mm256_extracti128_si256(quads, 1));
+        _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(w, w));
+    }
+}
+
+static pk_status quantize_row_avx2(int bits, int half_input, const void *row, size_t dim, uint8_t *out)
+{
+    __m256 vmn = _mm256_set1_ps(FLT_MAX), vmx = _mm256_set1_ps(-FLT_MAX);
+    __m256 bad = _mm256_setzero_ps();    /* x - x: stays 0 unless some x is NaN or inf */
+    size_t body = dim / 8 * 8, c;
+    for (c = 0; c < body; c += 8) {
+        __m256 x = load8(row, half_input, c);
+        vmn = _mm256_min_ps(vmn, x);
+        vmx = _mm256_max_ps(vmx, x);
+        bad = _mm256_add_ps(bad, _mm256_sub_ps(x, x));
+    }
+    int nonfinite = _mm256_movemask_ps(_mm256_cmp_ps(bad, bad, _CMP_UNORD_Q));
+    float mnl[8], mxl[8], mn = FLT_MAX, mx = -FLT_MAX;
+    _mm256_storeu_ps(mnl, vmn);
+    _mm256_storeu_ps(mxl, vmx);
+    for (int l = 0; l < 8; l++) {
+        mn = mnl[l] < mn ? mnl[l] : mn;
+        mx = mx < mxl[l] ? mxl[l] : mx;
+    }
+    for (; c < dim; c++) {
+        float x = pk_q_load(row, half_input, c);
+        nonfinite |= pk_q_nonfinite(x);
+        mn = x < mn ? x : mn;
+        mx = mx < x ? x : mx;
+    }
+    if (nonfinite) return PK_ERR_NONFINITE;
+
+    size_t codes_bytes = bits == 8 ? dim : pk_q_codes_bytes(bits, dim);
+    pk_q_params p = pk_q_params_for(bits, mn, mx, out, codes_bytes);
+    const __m256 sub = _mm256_set1_ps(p.sub), inv = _mm256_set1_ps(p.inv);
+    int qmax = (1 << bits) - 1;
+    size_t per = (size_t)(8 / bits);
+    for (c = 0; c + 32 <= dim; c += 32) {
+        __m256i q = codes32(row, half_input, c, sub, inv);
+        if (bits == 8) {
+            _mm256_storeu_si256((__m256i *)(out + c), q);
+        } else {
+            pack32(bits, _mm256_min_epu8(q, _mm256_set1_epi8((char)qmax)), out + c / per);
+        }
+    }
+    uint8_t codes[32];
+    size_t n = dim - c;
+    for (size_t k = 0; k < n; k++)
+        codes[k] = pk_q_code((pk_q_load(row, half_input, c + k) - p.sub) * p.inv, qmax);
+    if (bits == 8) memcpy(out + c, codes, n);
+    else pk_q_pack(bits, codes, n, out + c / per);
+    return PK_OK;
+}
+
+pk_status pk_quantize_rowwise_avx2(int bits, int half_input, const void *weight, size_t rows,
+                                   size_t dim, uint8_t *packed, size_t *bad_row)
+{
+    size_t row_bytes = pk_quantized_row_bytes(bits, dim);
+    size_t in_row = dim * (half_input ? 2 : 4);
+    for (size_t r = 0; r < rows; r++) {
+        pk_status s = quantize_row_avx2(bits, half_input, (const char *)weight + r * in_row, dim,
+                                        packed + r * row_bytes);
+        if (s != PK_OK) { *bad_row = r; return s; }
+    }
+    return PK_OK;
+}
+
+/* Codes c .. c+7 of a row (c a multiple of 8) as floats; reads only the bytes holding them. */
+static inline __m256 codes8_ps(int bits, const uint8_t *codes, size_t c)
+{
+    if (bits == 8) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + c))));
+    }
+    if (bits == 4) {
+        int32_t b;
+        memcpy(&b, codes + c / 2, 4);
+        __m128i rep = _mm_shuffle_epi8(_mm_cvtsi32_si128(b), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0));
+        __m256i q = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(rep), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+        return _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(15)));
+    }
+    uint16_t b;
+    memcpy(&b, codes + c / 4, 2);
+    __m128i rep = _mm_shuffle_epi8(_mm_cvtsi32_si128(b), _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0));
+    __m256i q = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(rep), _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(3)));
+}
+
+static inline float code_at(int bits, const uint8_t *codes, size_t c)
+{
+    unsigned per = 8u / (unsigned)bits;
+    return (float)((codes[c / per] >> ((c % per) * (unsigned)bits)) & ((1u << bits) - 1u));
+}
+
+void pk_dequantize_rowwise_avx2(int bits, const uint8_t *packed, size_t rows, size_t row_bytes,
+                                size_t dim, float *out)
+{
+    size_t codes_bytes = bits == 8 ? dim : pk_q_codes_bytes(bits, dim);
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = packed + r * row_bytes;
+        float *o = out + r * dim;
+        float scale, bias;
+        pk_q_read_trailer(bits, row, codes_bytes, &scale, &bias);
+        const __m256 vs = _mm256_set1_ps(scale), vb = _mm256_set1_ps(bias);
+        size_t c;
+        for (c = 0; c + 8 <= dim; c += 8)
+            _mm256_storeu_ps(o + c, _mm256_fmadd_ps(codes8_ps(bits, row, c), vs, vb));
+        for (; c < dim; c++) o[c] = fmaf(code_at(bits, row, c), scale, bias);
+    }
+}
+
+/* ---- embedding bags ------------------------------------------------------------------------ */
+
+#define PK_ALWAYS_INLINE static inline __attribute__((always_inline))
+#define BLOCK_VECS 8     /* output floats held in registers per pass: 8 x 8 */
+
+/* Sum one bag over output columns [d0, d0 + 8*nv + tail) with that slice of the output row in
+ * registers (nv and bits are compile-time constants after inlining).  Returns the number of
+ * non-padding entries, or -1 with *bad_pos set for an out-of-range index. */
+PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int tail,
+                                   const pk_bags *bags, int64_t begin, int64_t end,
+                                   const uint8_t *packed, int64_t rows, int64_t row_bytes,
+                                   int64_t codes_bytes, int64_t d0, int prefetch, float *out,
+                                   int64_t *bad_pos)
+{
+    __m256 acc[BLOCK_VECS];
+    float tacc[8] = {0};
+    float bias_sum = 0.0f;   /* sum of w*bias, added once per bag instead of once per row */
+    for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
+    const int64_t n = bags->n_indices, padding = bags->padding_idx;
+    int64_t count = 0;
+    for (int64_t j = begin; j < end; j++) {
+        const int64_t idx = pk_bags_index(bags, j);
+        if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return -1; }
+        if (prefetch && j + PK_BAGS_PREFETCH_DISTANCE < n) {
+            const uint64_t ahead = (uint64_t)pk_bags_index(bags, j + PK_BAGS_PREFETCH_DISTANCE);
+            if (ahead < (uint64_t)rows) {
+                const char *p = (const char *)packed + ahead * (uint64_t)row_bytes;
+                for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+                _mm_prefetch(p + row_bytes - 1, _MM_HINT_T0);
+            }
+        }
+        if (idx == padding) continue;
+        count++;
+        const float w = bags->weights ? bags->weights[bags->positional ? j - begin : j] : 1.0f;
+        const uint8_t *row = packed + (uint64_t)idx * (uint64_t)row_bytes;
+        float scale, bias;
+        pk_q_read_trailer(bits, row, (size_t)codes_bytes, &scale, &bias);
+        const __m256 ws = _mm256_set1_ps(w * scale);
+        bias_sum += w * bias;
+        if (bits == 4 && nv % 2 == 0) {
+            /* 16 codes from 8 bytes: low nibbles (even columns) and high nibbles (odd columns)
+             * go to two accumulators, interleaved once at the store */
+            for (int v = 0; v < nv; v += 2) {
+                __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + (d0 + 8 * v) / 2)));
+                __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
+                __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+                acc[v] = _mm256_fmadd_ps(lo, ws, acc[v]);
+                acc[v + 1] = _mm256_fmadd_ps(hi, ws, acc[v + 1]);
+            }
+        } else {
+            for (int v = 0; v < nv; v++)
+                acc[v] = _mm256_fmadd_ps(codes8_ps(bits, row, (size_t)d0 + 8 * v), ws, acc[v]);
+        }
+        for (int t = 0; t < tail; t++)
+            tacc[t] = fmaf(code_at(bits, row, (size_t)d0 + 8 * nv + t), w * scale, tacc[t]);
+    }
+    if (bits == 4 && nv % 2 == 0) {
+        for (int v = 0; v < nv; v += 2) {
+            __m256 a = _mm256_unpacklo_ps(acc[v], acc[v + 1]);   /* l0 h0 l1 h1 | l4 h4 l5 h5 */
+            __m256 b = _mm256_unpackhi_ps(acc[v], acc[v + 1]);   /* l2 h2 l3 h3 | l6 h6 l7 h7 */
+            acc[v] = _mm256_permute2f128_ps(a, b, 0x20);
+            acc[v + 1] = _mm256_permute2f128_ps(a, b, 0x31);
+        }
+    }
+    const float norm_s = bags->mean && count > 0 ? 1.0f / (float)count : 1.0f;
+    const __m256 norm = _mm256_set1_ps(norm_s), vbias = _mm256_set1_ps(bias_sum);
+    for (int v = 0; v < nv; v++)
+        _mm256_storeu_ps(out + d0 + 8 * v, _mm256_mul_ps(_mm256_add_ps(acc[v], vbias), norm));
+    for (int t = 0; t < tail; t++) out[d0 + 8 * nv + t] = (tacc[t] + bias_sum) * norm_s;
+    return count;
+}
+
+/* One bag, all columns: full passes of BLOCK_VECS vectors, then the rest (nv < 8 vectors + tail). */
+PK_ALWAYS_INLINE int bag_all(const int bits, const pk_bags *bags, int64_t b, const uint8_t *packed,
+                             int64_t rows, int64_t row_bytes, int64_t dim, int64_t *bad_pos)
+{
+    const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
+    const int64_t codes_bytes = bits == 8 ? dim : (int64_t)pk_q_codes_bytes(bits, (size_t)dim);
+    float *out = bags->out + b * bags->out_stride;
+    int64_t d0 = 0;
+    int prefetch = 1;
+    for (; d0 + 8 * BLOCK_VECS <= dim; d0 += 8 * BLOCK_VECS, prefetch = 0)
+        if (bag_block(bits, BLOCK_VECS, 0, bags, begin, end, packed, rows, row_bytes, codes_bytes,
+                      d0, prefetch, out, bad_pos) < 0) return -1;
+    const int64_t rest = dim - d0;
+    if (rest == 0) return 0;
+    const int nv = (int)(rest / 8), tail = (int)(rest % 8);
+#define REST_CASE(NV)                                                                             \
+    case NV:                                                                                      \
+        return bag_block(bits, NV, tail, bags, begin, end, packed, rows, row_bytes, codes_bytes, \
+                         d0, prefetch, out, bad_pos) < 0 ? -1 : 0;
+    switch (nv) {
+        REST_CASE(0) REST_CASE(1) REST_CASE(2) REST_CASE(3)
+        REST_CASE(4) REST_CASE(5) REST_CASE(6) REST_CASE(7)
+    }
+#undef REST_CASE
+    return 0;
+}
+
+PK_ALWAYS_INLINE pk_status bags_bits(const int bits, const pk_bags *bags, const uint8_t *packed,
+                                     int64_t rows, int64_t row_bytes, int64_t dim, int64_t *bad_pos)
+{
+    for (int64_t b = 0; b < bags->num_bags; b++)
+        if (bag_all(bits, bags, b, packed, rows, row_bytes, dim, bad_pos) < 0) return PK_ERR_INDEX;
+    return PK_OK;
+}
+
+static pk_status bags_8bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
+{ return bags_bits(8, g, p, r, rb, d, bad); }
+static pk_status bags_4bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
+{ return bags_bits(4, g, p, r, rb, d, bad); }
+static pk_status bags_2bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
+{ return bags_bits(2, g, p, r, rb, d, bad); }
+
+pk_status pk_embedding_bag_quantized_avx2(int bits, const pk_bags *bags, const uint8_t *packed,
+                                          int64_t rows, int64_t row_bytes, int64_t dim,
+                                          int64_t *bad_pos)
+{
+    if (bits == 8) return bags_8bit(bags, packed, rows, row_bytes, dim, bad_pos);
+    if (bits == 4) return bags_4bit(bags, packed, rows, row_bytes, dim, bad_pos);
+    return bags_2bit(bags, packed, rows, row_bytes, dim, bad_pos);
+}
+
+#endif /* PK_X86_64 */

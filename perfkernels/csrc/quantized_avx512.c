@@ -1,0 +1,268 @@
+/* Row-wise quantized tables for AVX-512 F/BW/DQ/VL.  Compiled with the AVX-512 flags (setup.py,
+ * this file only).  Min/max run on 16 lanes; only when the result is a zero, whose sign depends on
+ * FBGEMM's 8-lane order, is the row's min/max redone by pk_q_minmax_exact. */
+#include "perfkernels/quantized.h"
+
+#if PK_X86_64
+#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__))
+#error "quantized_avx512.c must be compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl"
+#endif
+#include <immintrin.h>
+#include <math.h>
+#include "quantized_rows.h"
+
+#define NONFINITE_CLASSES 0x99   /* fpclass: QNaN | SNaN | +inf | -inf */
+
+static inline __mmask16 tail_mask(size_t n) { return (__mmask16)((1u << n) - 1u); }
+
+static inline __m512 load16(const void *row, int half_input, size_t c, __mmask16 m)
+{
+    if (half_input)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + c));
+    return _mm512_maskz_loadu_ps(m, (const float *)row + c);
+}
+
+/* 16 codes round_even((x - sub) * inv) clamped to [0, qmax] (NaN -> 0), as bytes. */
+static inline __m128i codes16(const void *row, int half_input, size_t c, __mmask16 m,
+                              __m512 sub, __m512 inv, __m512i qmax)
+{
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(load16(row, half_input, c, m), sub), inv));
+    q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), qmax);
+    return _mm512_cvtepi32_epi8(q);
+}
+
+/* 16 codes (< 16 / < 4) packed to 8 / 4 bytes, low bits first; `nbytes` of them stored. */
+static inline void pack16(int bits, __m128i codes, uint8_t *dst, size_t nbytes)
+{
+    __m128i packed;
+    if (bits == 4) {
+        __m128i pairs = _mm_maddubs_epi16(codes, _mm_set1_epi16(0x1001));
+        packed = _mm_packus_epi16(pairs, pairs);
+    } else {
+        __m128i pairs = _mm_maddubs_epi16(codes, _mm_set1_epi16(0x0401));
+        __m128i quads = _mm_madd_epi16(pairs, _mm_set1_epi32(0x00100001));
+        __m128i w = _mm_packs_epi32(quads, quads);
+        packed = _mm_packus_epi16(w, w);
+    }
+    _mm_mask_storeu_epi8(dst, (__mmask16)((1u << nbytes) - 1u), packed);
+}
+
+static pk_status quantize_row_avx512(int bits, int half_input, const void *row, size_t dim, uint8_t *out)
+{
+    __m512 vmn = _mm512_set1_ps(FLT_MAX), vmx = _mm512_set1_ps(-FLT_MAX);
+    __mmask16 bad = 0;
+    size_t c;
+    for (c = 0; c + 16 <= dim; c += 16) {
+        __m512 x = half_input ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + c)))
+                              : _mm512_loadu_ps((const float *)row + c);
+        vmn = _mm512_min_ps(vmn, x);
+        vmx = _mm512_max_ps(vmx, x);
+        bad |= _mm512_fpclass_ps_mask(x, NONFINITE_CLASSES);
+    }
+    if (c < dim) {
+        __mmask16 m = tail_mask(dim - c);
+        __m512 x = load16(row, half_input, c, m);
+        vmn = _mm512_mask_min_ps(vmn, m, vmn, x);
+        vmx = _mm512_mask_max_ps(vmx, m, vmx, x);
+        bad |= _mm512_mask_fpclass_ps_mask(m, x, NONFINITE_CLASSES);
+    }
+    if (bad) return PK_ERR_NONFINITE;
+    float mn = _mm512_reduce_min_ps(vmn), mx = _mm512_reduce_max_ps(vmx);
+    if (mn == 0.0f || mx == 0.0f) pk_q_minmax_exact(row, half_input, dim, &mn, &mx);
+
+    size_t codes_bytes = bits == 8 ? dim : pk_q_codes_bytes(bits, dim);
+    pk_q_params p = pk_q_params_for(bits, mn, mx, out, codes_bytes);
+    const __m512 sub = _mm512_set1_ps(p.sub), inv = _mm512_set1_ps(p.inv);
+    const __m512i qmax = _mm512_set1_epi32((1 << bits) - 1);
+    size_t per = (size_t)(8 / bits);
+    for (c = 0; c + 16 <= dim; c += 16) {
+        __m128i q = codes16(row, half_input, c, (__mmask16)0xffff, sub, inv, qmax);
+        if (bits == 8) _mm_storeu_si128((__m128i *)(out + c), q);
+        else pack16(bits, q, out + c / per, 16 / per);
+    }
+    if (c < dim) {
+        size_t n = dim - c;
+        __mmask16 m = tail_mask(n);
+        __m128i q = codes16(row, half_input, c, m, sub, inv, qmax);
+        if (bits == 8) _mm_mask_storeu_epi8(out + c, m, q);
+        else pack16(bits, _mm_maskz_mov_epi8(m, q), out + c / per, (n + per - 1) / per);
+    }
+    return PK_OK;
+}
+
+pk_status pk_quantize_rowwise_avx512(int bits, int half_input, const void *weight, size_t rows,
+                                     size_t dim, uint8_t *packed, size_t *bad_row)
+{
+    size_t row_bytes = pk_quantized_row_bytes(bits, dim);
+    size_t in_row = dim * (half_input ? 2 : 4);
+    for (size_t r = 0; r < rows; r++) {
+        pk_status s = quantize_row_avx512(bits, half_input, (const char *)weight + r * in_row, dim,
+                                          packed + r * row_bytes);
+        if (s != PK_OK) { *bad_row = r; return s; }
+    }
+    return PK_OK;
+}
+
+/* Codes c .. c+15 of a row (c a multiple of 16; lanes outside m are 0) as floats; reads only the
+ * bytes holding the codes in m. */
+static inline __m512 codes16_ps(int bits, const uint8_t *codes, size_t c, __mmask16 m)
+{
+    if (bits == 8) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, codes + c)));
+    if (bits == 4) {
+        __mmask16 bm = (__mmask16)((1u << ((__builtin_popcount(m) + 1) / 2)) - 1u);
+        __m128i b = _mm_maskz_loadu_epi8(bm, codes + c / 2);
+        __m512i rep = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(b, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)));
+        __m512i q = _mm512_srlv_epi32(rep, _mm512_set4_epi32(4, 0, 4, 0));
+        return _mm512_cvtepi32_ps(_mm512_maskz_and_epi32(m, q, _mm512_set1_epi32(15)));
+    }
+    __mmask16 bm = (__mmask16)((1u << ((__builtin_popcount(m) + 3) / 4)) - 1u);
+    __m128i b = _mm_maskz_loadu_epi8(bm, codes + c / 4);
+    __m512i rep = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(b, _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)));
+    __m512i q = _mm512_srlv_epi32(rep, _mm512_set4_epi32(6, 4, 2, 0));
+    return _mm512_cvtepi32_ps(_mm512_maskz_and_epi32(m, q, _mm512_set1_epi32(3)));
+}
+
+void pk_dequantize_rowwise_avx512(int bits, const uint8_t *packed, size_t rows, size_t row_bytes,
+                                  size_t dim, float *out)
+{
+    size_t codes_bytes = bits == 8 ? dim : pk_q_codes_bytes(bits, dim);
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = packed + r * row_bytes;
+        float *o = out + r * dim;
+        float scale, bias;
+        pk_q_read_trailer(bits, row, codes_bytes, &scale, &bias);
+        const __m512 vs = _mm512_set1_ps(scale), vb = _mm512_set1_ps(bias);
+        for (size_t c = 0; c < dim; c += 16) {
+            __mmask16 m = dim - c >= 16 ? (__mmask16)0xffff : tail_mask(dim - c);
+            _mm512_mask_storeu_ps(o + c, m, _mm512_fmadd_ps(codes16_ps(bits, row, c, m), vs, vb));
+        }
+    }
+}
+
+/* ---- embedding bags ------------------------------------------------------------------------ */
+
+#define PK_ALWAYS_INLINE static inline __attribute__((always_inline))
+#define BLOCK_VECS 8     /* output floats held in registers per pass: 8 x 16 */
+
+/* Sum one bag over output columns [d0, d0 + 16*nv) (the last vector limited by `last`) with that
+ * slice of the output row in registers (nv and bits are compile-time constants after inlining).
+ * Returns the number of non-padding entries, or -1 with *bad_pos set for an out-of-range index. */
+PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, __mmask16 last,
+                                   const pk_bags *bags, int64_t begin, int64_t end,
+                                   const uint8_t *packed, int64_t rows, int64_t row_bytes,
+                                   int64_t codes_bytes, int64_t d0, int prefetch, float *out,
+                                   int64_t *bad_pos)
+{
+    __m512 acc[BLOCK_VECS];
+    float bias_sum = 0.0f;   /* sum of w*bias, added once per bag instead of once per row */
+    for (int v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
+    const int64_t n = bags->n_indices, padding = bags->padding_idx;
+    int64_t count = 0;
+    for (int64_t j = begin; j < end; j++) {
+        const int64_t idx = pk_bags_index(bags, j);
+        if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return -1; }
+        if (prefetch && j + PK_BAGS_PREFETCH_DISTANCE < n) {
+            const uint64_t ahead = (uint64_t)pk_bags_index(bags, j + PK_BAGS_PREFETCH_DISTANCE);
+            if (ahead < (uint64_t)rows) {
+                const char *p = (const char *)packed + ahead * (uint64_t)row_bytes;
+                for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+                _mm_prefetch(p + row_bytes - 1, _MM_HINT_T0);
+            }
+        }
+        if (idx == padding) continue;
+        count++;
+        const float w = bags->weights ? bags->weights[bags->positional ? j - begin : j] : 1.0f;
+        const uint8_t *row = packed + (uint64_t)idx * (uint64_t)row_bytes;
+        float scale, bias;
+        pk_q_read_trailer(bits, row, (size_t)codes_bytes, &scale, &bias);
+        const __m512 ws = _mm512_set1_ps(w * scale);
+        bias_sum += w * bias;
+        if (bits == 4 && nv % 2 == 0 && last == (__mmask16)0xffff) {
+            /* 32 codes from 16 bytes: low nibbles (even columns) and high nibbles (odd columns)
+             * go to two accumulators, interleaved once at the store */
+            for (int v = 0; v < nv; v += 2) {
+                __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + (d0 + 16 * v) / 2)));
+                __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
+                __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+                acc[v] = _mm512_fmadd_ps(lo, ws, acc[v]);
+                acc[v + 1] = _mm512_fmadd_ps(hi, ws, acc[v + 1]);
+            }
+        } else {
+            for (int v = 0; v < nv; v++) {
+                const __mmask16 m = v == nv - 1 ? last : (__mmask16)0xffff;
+                acc[v] = _mm512_fmadd_ps(codes16_ps(bits, row, (size_t)d0 + 16 * v, m), ws, acc[v]);
+            }
+        }
+    }
+    if (bits == 4 && nv % 2 == 0 && last == (__mmask16)0xffff) {
+        const __m512i even = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        const __m512i odd = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        for (int v = 0; v < nv; v += 2) {
+            __m512 a = _mm512_permutex2var_ps(acc[v], even, acc[v + 1]);
+            __m512 b = _mm512_permutex2var_ps(acc[v], odd, acc[v + 1]);
+            acc[v] = a;
+            acc[v + 1] = b;
+        }
+    }
+    const float norm_s = bags->mean && count > 0 ? 1.0f / (float)count : 1.0f;
+    const __m512 norm = _mm512_set1_ps(norm_s), vbias = _mm512_set1_ps(bias_sum);
+    for (int v = 0; v < nv; v++) {
+        const __mmask16 m = v == nv - 1 ? last : (__mmask16)0xffff;
+        _mm512_mask_storeu_ps(out + d0 + 16 * v, m, _mm512_mul_ps(_mm512_add_ps(acc[v], vbias), norm));
+    }
+    return count;
+}
+
+/* One bag, all columns: full passes of BLOCK_VECS vectors, then the rest (up to 8 vectors, the
+ * last one masked). */
+PK_ALWAYS_INLINE int bag_all(const int bits, const pk_bags *bags, int64_t b, const uint8_t *packed,
+                             int64_t rows, int64_t row_bytes, int64_t dim, int64_t *bad_pos)
+{
+    const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
+    const int64_t codes_bytes = bits == 8 ? dim : (int64_t)pk_q_codes_bytes(bits, (size_t)dim);
+    float *out = bags->out + b * bags->out_stride;
+    int64_t d0 = 0;
+    int prefetch = 1;
+    for (; dim - d0 > 16 * BLOCK_VECS; d0 += 16 * BLOCK_VECS, prefetch = 0)
+        if (bag_block(bits, BLOCK_VECS, 0xffff, bags, begin, end, packed, rows, row_bytes,
+                      codes_bytes, d0, prefetch, out, bad_pos) < 0) return -1;
+    const int64_t rest = dim - d0;                     /* 1 .. 128 */
+    const int nv = (int)((rest + 15) / 16);
+    const __mmask16 last = rest % 16 ? tail_mask((size_t)(rest % 16)) : (__mmask16)0xffff;
+#define REST_CASE(NV)                                                                             \
+    case NV:                                                                                      \
+        return bag_block(bits, NV, last, bags, begin, end, packed, rows, row_bytes, codes_bytes, \
+                         d0, prefetch, out, bad_pos) < 0 ? -1 : 0;
+    switch (nv) {
+        REST_CASE(1) REST_CASE(2) REST_CASE(3) REST_CASE(4)
+        REST_CASE(5) REST_CASE(6) REST_CASE(7) REST_CASE(8)
+    }
+#undef REST_CASE
+    return 0;
+}
+
+PK_ALWAYS_INLINE pk_status bags_bits(const int bits, const pk_bags *bags, const uint8_t *packed,
+                                     int64_t rows, int64_t row_bytes, int64_t dim, int64_t *bad_pos)
+{
+    for (int64_t b = 0; b < bags->num_bags; b++)
+        if (bag_all(bits, bags, b, packed, rows, row_bytes, dim, bad_pos) < 0) return PK_ERR_INDEX;
+    return PK_OK;
+}
+
+static pk_status bags_8bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
+{ return bags_bits(8, g, p, r, rb, d, bad); }
+static pk_status bags_4bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
+{ return bags_bits(4, g, p, r, rb, d, bad); }
+static pk_status bags_2bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
+{ return bags_bits(2, g, p, r, rb, d, bad); }
+
+pk_status pk_embedding_bag_quantized_avx512(int bits, const pk_bags *bags, const uint8_t *packed,
+                                            int64_t rows, int64_t row_bytes, int64_t dim,
+                                            int64_t *bad_pos)
+{
+    if (bits == 8) return bags_8bit(bags, packed, rows, row_bytes, dim, bad_pos);
+    if (bits == 4) return bags_4bit(bags, packed, rows, row_bytes, dim, bad_pos);
+    return bags_2bit(bags, packed, rows, row_bytes, dim, bad_pos);
+}
+
+#endif /* PK_X86_64 */

@@ -1,0 +1,339 @@
+"""Row-wise quantized tables (SPEC.md section 2): quantize_rowwise, dequantize_rowwise,
+embedding_bag_quantized on every ISA path, against float64 NumPy references written from the spec
+and against PyTorch's quantized ops (bit-exact prepack, lookups to float32 rounding)."""
+import numpy as np
+import pytest
+
+import perfkernels as pk
+from conftest import AWKWARD_DIMS, readonly, unaligned
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+
+BITS = (8, 4, 2)
+PREPACK = {8: torch.ops.quantized.embedding_bag_byte_prepack,
+           4: torch.ops.quantized.embedding_bag_4bit_prepack,
+           2: torch.ops.quantized.embedding_bag_2bit_prepack}
+LOOKUP = {8: torch.ops.quantized.embedding_bag_byte_rowwise_offsets,
+          4: torch.ops.quantized.embedding_bag_4bit_rowwise_offsets,
+          2: torch.ops.quantized.embedding_bag_2bit_rowwise_offsets}
+
+
+def torch_defined(bits, dim):
+    return bits == 8 or dim % (8 // bits) == 0
+
+
+# ---- float64 references written from SPEC.md ------------------------------------------------
+
+def ref_dequantize(packed, bits, dim):
+    """x = q * scale + bias, in float64, from the SPEC layout."""
+    packed = np.asarray(packed)
+    if bits == 8:
+        codes = packed[:, :dim].astype(np.float64)
+        sb = packed[:, dim:dim + 8].copy().view(np.float32).astype(np.float64)
+    else:
+        per = 8 // bits
+        nbytes = -(-dim // per)
+        c = np.arange(dim)
+        codes = ((packed[:, c // per] >> ((c % per) * bits)) & ((1 << bits) - 1)).astype(np.float64)
+        sb = packed[:, nbytes:nbytes + 4].copy().view(np.float16).astype(np.float64)
+    return codes * sb[:, :1] + sb[:, 1:2]
+
+
+def ref_bags(table, indices, offsets, weights=None, mode="sum", padding_idx=None):
+    """float64 bags over an already-dequantised table; returns (out, sum of |terms| per bag)."""
+    n = len(indices)
+    bounds = list(offsets) + [n]
+    out = np.zeros((len(offsets), table.shape[1]))
+    mag = np.zeros_like(out)
+    for b in range(len(offsets)):
+        count = 0
+        for j in range(bounds[b], bounds[b + 1]):
+            if padding_idx is not None and indices[j] == padding_idx:
+                continue
+            w = 1.0 if weights is None else float(weights[j])
+            out[b] += w * table[indices[j]]
+            mag[b] += np.abs(w * table[indices[j]])
+            count += 1
+        if mode == "mean" and count:
+            out[b] /= count
+            mag[b] /= count
+    return out, mag
+
+
+def assert_close_bags(got, ref, mag):
+    tol = 1e-5 * (mag + 1.0) + 1e-6
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= tol), np.abs(got - ref).max()
+
+
+def random_table(rng, rows, dim, dtype=np.float32):
+    return (rng.standard_normal((rows, dim)) * rng.uniform(0.01, 10.0, (rows, 1))).astype(dtype)
+
+
+def adversarial_tables(rng, dim):
+    """Rows that stress min/max (signed zeros), constant rows, tiny and huge values."""
+    yield rng.choice(np.array([0.0, -0.0, 1.0, -1.0], np.float32), size=(64, dim))
+    yield rng.choice(np.array([0.0, -0.0], np.float32), size=(32, dim))
+    yield np.full((4, dim), 3.25, np.float32)
+    yield (rng.standard_normal((32, dim)) * 10.0 ** rng.integers(-30, 30, (32, dim))).astype(np.float32)
+    yield rng.uniform(-3e38, 3e38, (8, dim)).astype(np.float32)
+    t = rng.uniform(-1e6, 1e6, (8, dim)).astype(np.float32)
+    t[:, 0] = 1e-30
+    yield t
+    yield (rng.uniform(0, 1, (8, dim)) * 70000 + 65500).astype(np.float32)
+
+
+# ---- quantize / dequantize --------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_quantize_bit_exact_with_torch(isa, rng, bits, dtype):
+    for dim in AWKWARD_DIMS + (32, 256):
+        if not torch_defined(bits, dim):
+            continue
+        tables = [random_table(rng, 37, dim)] + list(adversarial_tables(rng, dim))
+        for t in tables:
+            with np.errstate(over="ignore"):
+                t = t.astype(dtype)
+            if not np.isfinite(t).all():
+                continue
+            expected = PREPACK[bits](torch.from_numpy(t)).numpy()
+            got = pk.quantize_rowwise(t, bits=bits)
+            assert got.dtype == np.uint8 and got.shape == expected.shape
+            np.testing.assert_array_equal(got, expected, err_msg=f"dim={dim}")
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_quantize_matches_scalar_for_any_dim(isa, rng, bits):
+    """Any D is accepted (zero-padded last byte); every ISA writes the scalar path's bytes."""
+    for dim in AWKWARD_DIMS:
+        t = random_table(rng, 9, dim)
+        got = pk.quantize_rowwise(t, bits=bits)
+        with pk.use_isa("scalar"):
+            ref = pk.quantize_rowwise(t, bits=bits)
+        np.testing.assert_array_equal(got, ref)
+        if bits != 8 and dim % (8 // bits):
+            per = 8 // bits
+            last = got[:, dim // per]
+            assert np.all(last >> ((dim % per) * bits) == 0)  # padding codes are zero
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_dequantize_reference(isa, rng, bits):
+    for dim in AWKWARD_DIMS:
+        t = random_table(rng, 11, dim)
+        p = pk.quantize_rowwise(t, bits=bits)
+        got = pk.dequantize_rowwise(p, bits=bits, dim=dim)
+        assert got.dtype == np.float32 and got.shape == (11, dim)
+        ref = ref_dequantize(p, bits, dim)
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+        # quantization error is at most half a step (plus fp16 rounding of scale/bias)
+        step = (t.max(1) - t.min(1)) / ((1 << bits) - 1)
+        err = np.abs(got - t).max(1)
+        assert np.all(err <= step * (0.5 if bits == 8 else 1.0) + 1e-3 * np.abs(t).max(1) + 1e-6)
+
+
+def test_dequantize_default_dim_and_checks(rng):
+    t = random_table(rng, 3, 16)
+    p4 = pk.quantize_rowwise(t, bits=4)
+    assert pk.dequantize_rowwise(p4, bits=4).shape == (3, 16)
+    assert pk.dequantize_rowwise(pk.quantize_rowwise(t[:, :15], bits=4), bits=4, dim=15).shape == (3, 15)
+    with pytest.raises(ValueError, match="dim=17"):
+        pk.dequantize_rowwise(p4, bits=4, dim=17)
+    with pytest.raises(ValueError, match="bits"):
+        pk.dequantize_rowwise(p4, bits=3)
+    with pytest.raises(TypeError, match="packed"):
+        pk.dequantize_rowwise(p4.astype(np.int16), bits=4)
+    with pytest.raises(ValueError, match="too short"):
+        pk.dequantize_rowwise(np.zeros((2, 4), np.uint8), bits=4)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("bits", BITS)
+def test_quantize_nonfinite_row(isa, rng, bad, bits):
+    for dim in (1, 7, 16, 33):
+        t = random_table(rng, 6, dim)
+        t[4, dim // 2] = bad
+        with pytest.raises(ValueError, match="row 4"):
+            pk.quantize_rowwise(t, bits=bits)
+        with pytest.raises(ValueError, match="row 4"):
+            pk.quantize_rowwise(t.astype(np.float16), bits=bits)
+
+
+def test_quantize_argument_errors(rng):
+    with pytest.raises(TypeError, match="weight"):
+        pk.quantize_rowwise(np.zeros((2, 3), np.float64))
+    with pytest.raises(ValueError, match="2-D"):
+        pk.quantize_rowwise(np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="bits"):
+        pk.quantize_rowwise(np.zeros((2, 3), np.float32), bits=1)
+    assert pk.quantize_rowwise(np.zeros((0, 5), np.float32)).shape == (0, 13)
+
+
+def test_quantize_unaligned_readonly_noncontiguous(isa, rng):
+    t = random_table(rng, 20, 33)
+    ref = pk.quantize_rowwise(t)
+    np.testing.assert_array_equal(pk.quantize_rowwise(unaligned(t)), ref)
+    np.testing.assert_array_equal(pk.quantize_rowwise(readonly(t)), ref)
+    wide = random_table(rng, 20, 66)
+    np.testing.assert_array_equal(pk.quantize_rowwise(wide[:, ::2]),
+                                  pk.quantize_rowwise(np.ascontiguousarray(wide[:, ::2])))
+    p = pk.quantize_rowwise(t, bits=4)
+    np.testing.assert_array_equal(pk.dequantize_rowwise(unaligned(p), bits=4, dim=33),
+                                  pk.dequantize_rowwise(p, bits=4, dim=33))
+
+
+# ---- lookups ----------------------------------------------------------------------------------
+
+def random_bags(rng, rows, num_bags, max_len, dtype=np.int64):
+    lengths = rng.integers(0, max_len + 1, num_bags)
+    if num_bags > 2:
+        lengths[1] = 0  # an empty bag
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(dtype)
+    indices = rng.integers(0, rows, int(lengths.sum())).astype(dtype)
+    return indices, offsets
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_lookup_reference(isa, rng, bits, mode):
+    rows = 50
+    for dim in AWKWARD_DIMS:
+        p = pk.quantize_rowwise(random_table(rng, rows, dim), bits=bits)
+        table = ref_dequantize(p, bits, dim)
+        for weighted in (False, True):
+            indices, offsets = random_bags(rng, rows, 7, 30)
+            w = rng.uniform(-2, 2, len(indices)).astype(np.float32) if weighted else None
+            got = pk.embedding_bag_quantized(p, indices, offsets, bits=bits, dim=dim, mode=mode,
+                                             per_sample_weights=w)
+            assert got.shape == (7, dim) and got.dtype == np.float32
+            ref, mag = ref_bags(table, indices, offsets, w, mode)
+            assert_close_bags(got, ref, mag)
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_lookup_matches_torch(isa, rng, bits):
+    rows = 200
+    for dim in (8, 16, 32, 64, 128, 256, 1000):
+        t = random_table(rng, rows, dim)
+        p = PREPACK[bits](torch.from_numpy(t)).numpy()
+        for index_dtype in (np.int32, np.int64):
+            indices, offsets = random_bags(rng, rows, 13, 40, index_dtype)
+            w = rng.uniform(0, 2, len(indices)).astype(np.float32)
+            for weights in (None, w):
+                expected = LOOKUP[bits](
+                    torch.from_numpy(p), torch.from_numpy(indices), torch.from_numpy(offsets),
+                    mode=0, per_sample_weights=None if weights is None else torch.from_numpy(weights),
+                    include_last_offset=False).numpy()
+                got = pk.embedding_bag_quantized(p, indices, offsets, bits=bits,
+                                                 per_sample_weights=weights)
+                table = ref_dequantize(p, bits, dim)
+                _, mag = ref_bags(table, indices, offsets, weights)
+                assert np.all(np.abs(got - expected) <= 2e-5 * (mag + 1.0)), dim
+
+
+@pytest.mark.parametrize("bits", (8, 4))
+def test_lookup_keywords(isa, rng, bits):
+    rows, dim = 40, 24
+    p = pk.quantize_rowwise(random_table(rng, rows, dim), bits=bits)
+    table = ref_dequantize(p, bits, dim)
+    indices, offsets = random_bags(rng, rows, 6, 10)
+    n = len(indices)
+    ref, mag = ref_bags(table, indices, offsets)
+    # lengths, include_last_offset, 2-D indices
+    lengths = np.diff(np.append(offsets, n))
+    assert_close_bags(pk.embedding_bag_quantized(p, indices, lengths=lengths, bits=bits), ref, mag)
+    assert_close_bags(pk.embedding_bag_quantized(p, indices, np.append(offsets, n), bits=bits,
+                                                 include_last_offset=True), ref, mag)
+    two_d = rng.integers(0, rows, (5, 3))
+    r2, m2 = ref_bags(table, two_d.ravel(), np.arange(5) * 3)
+    assert_close_bags(pk.embedding_bag_quantized(p, two_d, bits=bits), r2, m2)
+    # padding_idx (skipped, not counted by mean)
+    pad = int(indices[0]) if n else 0
+    for mode in ("sum", "mean"):
+        r, m = ref_bags(table, indices, offsets, mode=mode, padding_idx=pad)
+        assert_close_bags(pk.embedding_bag_quantized(p, indices, offsets, bits=bits, mode=mode,
+                                                     padding_idx=pad), r, m)
+    # positional weights: w indexed by the position inside the bag
+    pw = rng.uniform(-1, 1, 10).astype(np.float32)
+    bounds = np.append(offsets, n)
+    per_sample = np.concatenate([pw[:bounds[b + 1] - bounds[b]] for b in range(6)]).astype(np.float32)
+    r, m = ref_bags(table, indices, offsets, per_sample)
+    assert_close_bags(pk.embedding_bag_quantized(p, indices, offsets, bits=bits,
+                                                 per_sample_weights=pw, positional_weights=True), r, m)
+    # out= written in place and returned
+    out = np.full((6, dim), 7.0, np.float32)
+    assert pk.embedding_bag_quantized(p, indices, offsets, bits=bits, out=out) is out
+    assert_close_bags(out, ref, mag)
+
+
+def test_lookup_padded_dim_needs_dim(rng):
+    t = random_table(rng, 10, 7)
+    p = pk.quantize_rowwise(t, bits=4)
+    got = pk.embedding_bag_quantized(p, np.array([1, 2]), np.array([0]), bits=4, dim=7)
+    ref, mag = ref_bags(ref_dequantize(p, 4, 7), [1, 2], [0])
+    assert_close_bags(got, ref, mag)
+    assert pk.embedding_bag_quantized(p, np.array([1, 2]), np.array([0]), bits=4).shape == (1, 8)
+    with pytest.raises(ValueError, match="dim=9"):
+        pk.embedding_bag_quantized(p, np.array([1]), np.array([0]), bits=4, dim=9)
+
+
+def test_lookup_empty(isa, rng):
+    p = pk.quantize_rowwise(random_table(rng, 5, 16))
+    out = pk.embedding_bag_quantized(p, np.array([], np.int64), np.array([0, 0, 0]))
+    np.testing.assert_array_equal(out, np.zeros((3, 16), np.float32))
+    assert pk.embedding_bag_quantized(p, np.array([], np.int32), np.array([], np.int64)).shape == (0, 16)
+    for mode in ("sum", "mean"):
+        out = pk.embedding_bag_quantized(p, np.array([1, 2], np.int32), np.array([0, 0, 2]), mode=mode)
+        assert np.all(out[0] == 0) and np.all(out[2] == 0) and np.any(out[1] != 0)
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_lookup_bad_index_leaves_out_untouched(isa, rng, bits):
+    rows = 30
+    p = pk.quantize_rowwise(random_table(rng, rows, 40), bits=bits)
+    for bad in (rows, -1, 10**12):
+        indices = rng.integers(0, rows, 50)
+        indices[17] = bad
+        out = np.full((5, 40), 3.0, np.float32)
+        with pytest.raises(IndexError, match=rf"indices\[17\] = {bad} is out of range for a table of {rows} rows"):
+            pk.embedding_bag_quantized(p, indices, np.arange(5) * 10, bits=bits, out=out)
+        assert np.all(out == 3.0)
+        with pytest.raises(IndexError, match=r"indices\[17\]"):
+            pk.embedding_bag_quantized(p, indices, np.arange(5) * 10, bits=bits)
+        strided = np.full((5, 80), 3.0, np.float32)[:, ::2]   # out= through a temporary
+        with pytest.raises(IndexError):
+            pk.embedding_bag_quantized(p, indices, np.arange(5) * 10, bits=bits, out=strided)
+        assert np.all(strided == 3.0)
+
+
+def test_lookup_argument_errors_match_embedding_bag(rng):
+    t = random_table(rng, 10, 8)
+    p = pk.quantize_rowwise(t)
+    cases = [
+        dict(indices=np.array([1, 2]), offsets=np.array([1])),
+        dict(indices=np.array([1, 2]), offsets=np.array([0, 3]), include_last_offset=True),
+        dict(indices=np.array([1, 2]), lengths=np.array([1, 2])),
+        dict(indices=np.array([1, 2]), offsets=np.array([0]), mode="max"),
+        dict(indices=np.array([1, 2]), offsets=np.array([0]), per_sample_weights=np.ones(3, np.float32)),
+        dict(indices=np.array([1.0, 2.0]), offsets=np.array([0])),
+        dict(indices=np.array([1, 2]), offsets=np.array([0]), padding_idx=10),
+    ]
+    for kw in cases:
+        with pytest.raises(Exception) as ours:
+            pk.embedding_bag_quantized(p, **kw)
+        with pytest.raises(Exception) as theirs:
+            pk.embedding_bag(t, **kw)
+        assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+    with pytest.raises(ValueError, match="bits"):
+        pk.embedding_bag_quantized(p, np.array([1]), np.array([0]), bits=5)
+
+
+def test_lookup_unaligned_readonly_inputs(isa, rng):
+    p = pk.quantize_rowwise(random_table(rng, 20, 33), bits=8)
+    indices, offsets = random_bags(rng, 20, 4, 9)
+    w = rng.random(len(indices)).astype(np.float32)
+    ref = pk.embedding_bag_quantized(p, indices, offsets, per_sample_weights=w)
+    got = pk.embedding_bag_quantized(unaligned(p), readonly(indices), unaligned(offsets),
+                                     per_sample_weights=unaligned(w))
+    np.testing.assert_array_equal(got, ref)
