@@ -259,7 +259,88 @@ def ref_lstm_backward(c_prev, gates, c, dh, dc, seq_lengths, t, forget_bias, dro
     v = valid[:, None]
     keep = (np.zeros_like(dh), np.zeros_like(dc)) if drop_states else (dh, dc)
     return (np.where(v, 0.0, keep[0]), np.where(v, dct * f, keep[1]),
-            np.where(np.repeat(v, 4, axis=1) if d else v, dgates, 0.0))
+            np.where(v, dgates, 0.0))
+
+
+# ---- the references themselves, checked against PyTorch on the CPU (no GPU needed) ---------------
+
+def _torch_cpu():
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("d", [8, 16, 64, 128, 136])
+def test_reference_quantize_matches_torch_prepack(rng, bits, d):
+    torch = _torch_cpu()
+    x = (rng.standard_normal((97, d), dtype=np.float32) * rng.uniform(0.01, 100, (97, 1))).astype(np.float32)
+    x[0] = 0.5                                                                # a constant row
+    prepack = {8: torch.ops.quantized.embedding_bag_byte_prepack,
+               4: torch.ops.quantized.embedding_bag_4bit_prepack,
+               2: torch.ops.quantized.embedding_bag_2bit_prepack}[bits]
+    np.testing.assert_array_equal(ref_quantize(x, bits), prepack(torch.from_numpy(x)).numpy())
+    cpu = getattr(perfkernels, "quantize_rowwise", None)
+    if cpu is not None:
+        np.testing.assert_array_equal(ref_quantize(x, bits), cpu(x, bits=bits))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_reference_dequantize_matches_torch(rng, bits):
+    torch = _torch_cpu()
+    x = rng.standard_normal((31, 64), dtype=np.float32)
+    packed = ref_quantize(x, bits)
+    unpack = {8: torch.ops.quantized.embedding_bag_byte_unpack,
+              4: torch.ops.quantized.embedding_bag_4bit_unpack}[bits]
+    np.testing.assert_allclose(ref_dequantize(packed, bits, 64),
+                               unpack(torch.from_numpy(packed)).numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_reference_embedding_bag_matches_torch(rng, mode):
+    torch = _torch_cpu()
+    w = rng.standard_normal((50, 12), dtype=np.float32)
+    indices, offsets, lengths = random_bags(rng, 50, 15, 4, np.int64)
+    psw = rng.standard_normal(indices.size, dtype=np.float32) if mode == "sum" else None
+    ref, mag = ref_embedding_bag(w.astype(np.float64), indices, bags_of(offsets, None, indices, False),
+                                 psw, mode=mode, padding_idx=7)
+    t = torch.nn.functional.embedding_bag(
+        torch.from_numpy(indices), torch.from_numpy(w), torch.from_numpy(offsets), mode=mode,
+        per_sample_weights=None if psw is None else torch.from_numpy(psw), padding_idx=7)
+    assert_bags_close(t.numpy(), ref, mag)
+    assert bags_of(None, lengths, indices, False) == bags_of(offsets, None, indices, False)
+
+
+@pytest.mark.parametrize("gate_order", ["ifog", "ifgo"])
+def test_reference_lstm_matches_torch_autograd(rng, gate_order):
+    torch = _torch_cpu()
+    n, d = 5, 7
+    h_prev = rng.standard_normal((n, d), dtype=np.float32)
+    c_prev = rng.standard_normal((n, d), dtype=np.float32)
+    gates = rng.standard_normal((n, 4 * d), dtype=np.float32) * 3
+    tc_prev = torch.from_numpy(c_prev).double().requires_grad_()
+    tg = torch.from_numpy(gates).double().requires_grad_()
+    blocks = tg.chunk(4, dim=1)
+    i, f = torch.sigmoid(blocks[0]), torch.sigmoid(blocks[1] + 0.25)
+    o, g = ((torch.sigmoid(blocks[2]), torch.tanh(blocks[3])) if gate_order == "ifog"
+            else (torch.sigmoid(blocks[3]), torch.tanh(blocks[2])))
+    c = f * tc_prev + i * g
+    h = o * torch.tanh(c)
+    kw = dict(t=0, forget_bias=0.25, drop_states=False, gate_order=gate_order)
+    rh, rc, _ = ref_lstm(h_prev, c_prev, gates, None, **kw)
+    np.testing.assert_allclose(rh, h.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(rc, c.detach().numpy(), rtol=1e-12)
+    dh, dc = rng.standard_normal((n, d)), rng.standard_normal((n, d))
+    torch.autograd.backward([h, c], [torch.from_numpy(dh), torch.from_numpy(dc)])
+    dh_prev, dc_prev, dgates = ref_lstm_backward(c_prev, gates, rc, dh, dc, None, **kw)
+    assert not dh_prev.any()
+    np.testing.assert_allclose(dc_prev, tc_prev.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dgates, tg.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
+def test_reference_special_floats_round_trip():
+    x = special_floats(np.random.default_rng(0), 1000)
+    np.testing.assert_array_equal(perfkernels.float_to_half(x).view(np.uint16),
+                                  x.astype(np.float16).view(np.uint16))
 
 
 # ---- on a GPU -------------------------------------------------------------------------------------
@@ -285,6 +366,7 @@ def special_floats(rng, n):
     return np.concatenate([edges, bits, halfway]).view(np.float32)
 
 
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
 @pytest.mark.parametrize("offset", [0, 1])          # 1: misaligned, the scalar path
 @pytest.mark.parametrize("clip", [False, True])
 def test_float_to_half_bit_exact(cp, rng, offset, clip):
@@ -309,6 +391,7 @@ def test_half_to_float_all_patterns(cp, offset):
     np.testing.assert_array_equal(got.view(np.uint32), perfkernels.half_to_float(h).view(np.uint32))
 
 
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
 @pytest.mark.parametrize("offset", [0, 1])
 def test_bfloat16_bit_exact(cp, rng, offset):
     x = special_floats(rng, 100_003)
@@ -348,8 +431,20 @@ def test_conversions_accept_torch_tensors(cp, rng):
     np.testing.assert_array_equal(pkc.float_to_bfloat16(x).view(cp.uint16).get(),
                                   b.view(torch.int16).cpu().numpy().view(np.uint16))
     h = x.half()
-    dl = pkc.half_to_float(h.__dlpack__())  if False else pkc.half_to_float(h)
-    np.testing.assert_array_equal(dl.get(), h.float().cpu().numpy())
+
+    class DLPackOnly:                       # neither CuPy nor __cuda_array_interface__
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, **kw):
+            return self.t.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    got = pkc.half_to_float(DLPackOnly(h))
+    np.testing.assert_array_equal(got.get(), h.float().cpu().numpy())
+    assert h.data_ptr() == cp.from_dlpack(DLPackOnly(h)).data.ptr          # no copy
 
 
 def test_honours_current_stream(cp, rng):
