@@ -59,6 +59,8 @@ def _explain_offsets(offsets_host: np.ndarray, n: int, include_last_offset: bool
     """The ValueError the CPU API raises for these offsets (or lengths); called only after the
     device found them invalid, so it re-scans on the host to name the values."""
     o = offsets_host.astype(np.int64)
+    if o.size == 0 and not lengths:
+        return ValueError(f"offsets is empty (no bags) but indices has {n} entries")
     if lengths:
         neg = np.flatnonzero(o < 0)
         if neg.size:

@@ -38,16 +38,16 @@ def narrow(x, out, op: int, clip: bool = False):
     else:
         dtype = rt.cupy_bfloat16_dtype() or np.uint16
         text = "bfloat16 (ml_dtypes.bfloat16)" if dtype is not np.uint16 else "uint16 (bfloat16 bits)"
+    returned = out
     if out is not None and op == FLOAT_TO_BF16:
         og = rt.as_gpu(out, "out")
         if og.bf16 or og.a.dtype == np.uint16:   # either spelling of bfloat16 is accepted
             out = og.a
             dtype, text = np.uint16, "bfloat16"
     dst, user = rt.check_out(out, tuple(src.shape), dtype, text, (src,))
-    bits = dst.view(cp.uint16)
-    args = (np.int32(1 if clip else 0),)
-    _launch(op, src, bits, *args)
-    return rt.finish_out(dst, user)
+    _launch(op, src, dst.view(cp.uint16), np.int32(1 if clip else 0))
+    result = rt.finish_out(dst, user)
+    return returned if isinstance(returned, cp.ndarray) else result
 
 
 def widen(h, out, op: int):

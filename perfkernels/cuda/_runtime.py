@@ -124,7 +124,7 @@ def _sm_count(cp) -> int:
 
 def error_slots(cp, n: int = 3):
     """A fresh device array of n error slots, all 'nothing found' (on the current stream)."""
-    return cp.full(n, _PK_NONE, dtype=cp.uint64)
+    return cp.full(n, np.uint64(_PK_NONE), dtype=cp.uint64)
 
 
 def found(slot) -> bool:
@@ -175,6 +175,8 @@ def as_gpu(x, name: str) -> GpuArray:
         if BFLOAT16 is not None and x.dtype == BFLOAT16:
             return GpuArray(x.view(cp.uint16), bf16=True)
         return GpuArray(x)
+    if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
+        x = x.detach()       # a tensor that requires grad refuses __cuda_array_interface__
     if type(x).__module__.startswith("torch") and str(getattr(x, "dtype", "")) == "torch.bfloat16":
         if not getattr(x, "is_cuda", False):
             raise TypeError(f"{name} is a PyTorch CPU tensor; perfkernels.cuda takes GPU arrays "
