@@ -87,6 +87,41 @@ def test_without_gpu_is_unavailable_and_kernels_raise():
             call()
 
 
+FAKE_CUPY = {
+    "import-error": "raise ImportError('libcudart.so.13: cannot open shared object file')",
+    "no-driver": ("class CUDARuntimeError(RuntimeError): pass\n"
+                  "class _R:\n"
+                  "    @staticmethod\n"
+                  "    def getDeviceCount():\n"
+                  "        raise CUDARuntimeError('cudaErrorInsufficientDriver')\n"
+                  "class cuda:\n    runtime = _R\n"),
+    "zero-devices": ("class _R:\n    @staticmethod\n    def getDeviceCount():\n        return 0\n"
+                     "class cuda:\n    runtime = _R\n"),
+}
+
+
+@pytest.mark.parametrize("kind,expected", [("import-error", "CuPy is not usable (ImportError"),
+                                           ("no-driver", "CuPy sees no CUDA device (CUDARuntimeError"),
+                                           ("zero-devices", "device count is 0")])
+def test_unavailable_reasons(tmp_path, kind, expected):
+    """A broken CuPy, a missing driver and zero devices all give is_available() False (never an
+    exception) and a RuntimeError naming the reason when a kernel is called."""
+    (tmp_path / "cupy").mkdir()
+    (tmp_path / "cupy" / "__init__.py").write_text(FAKE_CUPY[kind])
+    code = ("import numpy as np, perfkernels.cuda as c\n"
+            "assert c.is_available() is False\n"
+            "print(c.unavailable_reason())\n"
+            "try:\n    c.float_to_half(np.ones(2, np.float32))\n"
+            "except RuntimeError as e:\n    print('RuntimeError:', e)\n")
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(perfkernels.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert expected in out.stdout
+    assert "RuntimeError: perfkernels.cuda cannot run" in out.stdout
+
+
 @pytest.mark.parametrize("file", _runtime.SOURCES)
 def test_nvcc_compiles(file):
     """Every .cu file, with the template instantiations the runtime uses, compiles with nvcc for
@@ -246,7 +281,6 @@ def ref_lstm(h_prev, c_prev, gates, seq_lengths, t, forget_bias, drop_states, ga
 
 def ref_lstm_backward(c_prev, gates, c, dh, dc, seq_lengths, t, forget_bias, drop_states,
                       gate_order):
-    d = c_prev.shape[1]
     _, _, (i, f, o, g, valid) = ref_lstm(c_prev, c_prev, gates, seq_lengths, t, forget_bias,
                                          drop_states, gate_order)
     c, dh, dc, c_prev = (a.astype(np.float64) for a in (c, dh, dc, c_prev))
