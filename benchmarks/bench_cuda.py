@@ -1,0 +1,93 @@
+"""asv benchmarks of perfkernels.cuda (GPU).  Without a usable GPU every ``setup`` raises
+NotImplementedError, which asv reports as skipped.
+
+Each benchmark times ``REPS`` calls and one device synchronisation (``time_*``, wall clock), and
+reports device throughput measured with CUDA events (``track_*_gbps``), the fraction of the
+device-to-device copy bandwidth (``track_*_copy_fraction``) and, where PyTorch CUDA has the op,
+the speed ratio to it (``track_*_vs_torch``), so the published history shows all three.
+The cases are those of ``perfkernels.benchsuite.cuda`` (fbgemm_gpu-like per-table shape, the large
+10M-row shape, conversions of 16 Mi elements, quantized lookups, the LSTM unit).
+"""
+
+
+def _gpu_work():
+    try:
+        from perfkernels.benchsuite import cuda as suite
+    except ImportError as exc:
+        raise NotImplementedError(f"perfkernels.benchsuite.cuda unavailable: {exc}")
+    items = suite.work(quick=False)
+    if not items:
+        from perfkernels import cuda
+        raise NotImplementedError(f"no GPU: {cuda.unavailable_reason()}")
+    return suite, {w.name: w for w in items}
+
+
+_CACHE = {}
+
+
+def _names():
+    # Parameter names must be known without a GPU: build them from the suite's shapes.
+    from perfkernels.benchsuite import cuda as suite
+    names = [f"{op} 16Mi" for op in ("float_to_half", "half_to_float", "float_to_bfloat16",
+                                     "bfloat16_to_float")]
+    for shape, (rows, d, b, l) in suite.BAG_SHAPES.items():
+        for t in ("float32", "float16", "float32 zipf"):
+            names.append(f"embedding_bag {t} {shape} ({rows}x{d}, B {b}, L {l})")
+        for bits in (8, 4):
+            names.append(f"embedding_bag_quantized {bits}-bit {shape} ({rows}x{d}, B {b}, L {l})")
+    names += ["lstm_unit N 256 D 1024", "lstm_unit N 64 D 256"]
+    return names
+
+
+class GpuKernels:
+    params = [_names()]
+    param_names = ["case"]
+    timeout = 600
+
+    def setup(self, *args):
+        case = args[-1]
+        if "suite" not in _CACHE:
+            _CACHE["suite"], _CACHE["work"] = _gpu_work()
+            import cupy
+            _CACHE["copy"] = _CACHE["suite"].copy_bandwidth_gpu(cupy)
+        if case not in _CACHE["work"]:
+            raise NotImplementedError(f"{case} is not in this suite")
+        import cupy
+        self.cp = cupy
+        self.suite = _CACHE["suite"]
+        self.work = _CACHE["work"][case]
+
+    def time_ours(self, *args):
+        for _ in range(self.suite.REPS):
+            self.work.ours()
+        self.cp.cuda.get_current_stream().synchronize()
+
+    def track_gbps(self, *args):
+        return self.work.nbytes / self.suite.event_time(self.cp, self.work.ours) / 1e9
+    track_gbps.unit = "GB/s"
+
+    def track_copy_fraction(self, *args):
+        return self.track_gbps() / _CACHE["copy"]
+    track_copy_fraction.unit = "fraction of copy bandwidth"
+
+    def track_vs_torch(self, *args):
+        if self.work.torch is None:
+            raise NotImplementedError("PyTorch CUDA has no such op here")
+        ours = self.suite.event_time(self.cp, self.work.ours)
+        return self.suite.event_time(self.cp, self.work.torch) / ours
+    track_vs_torch.unit = "x PyTorch CUDA"
+
+
+class GpuCopyBandwidth:
+    def setup(self):
+        from perfkernels import cuda
+        if not cuda.is_available():
+            raise NotImplementedError(f"no GPU: {cuda.unavailable_reason()}")
+        import cupy
+        self.cp = cupy
+        from perfkernels.benchsuite import cuda as suite
+        self.suite = suite
+
+    def track_copy_gbps(self):
+        return self.suite.copy_bandwidth_gpu(self.cp)
+    track_copy_gbps.unit = "GB/s"
