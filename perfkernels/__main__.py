@@ -45,7 +45,7 @@ def run_bench(families: list[str] | None, quick: bool, isas: list[str] | None, g
     import perfkernels as pk
     from perfkernels import benchsuite
 
-    torch = benchsuite.torch_or_none()
+    benchsuite.torch_or_none()  # PyTorch baselines on one thread
     chosen = families or benchsuite.families()
     if gpu:
         chosen = ["cuda"]

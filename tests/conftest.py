@@ -3,6 +3,11 @@
 Levels this CPU (or build) cannot run are skipped with the missing features as the reason, so a
 machine without AVX-512 still runs the scalar and AVX2 paths.
 """
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -39,6 +44,23 @@ def rng(request):
     """A generator seeded from the test's name, so every test is reproducible on its own."""
     import zlib
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+#: The directory holding the perfkernels that this test run imports (site-packages when it is
+#: installed, the checkout when it is built in place).  Subprocesses run from here, so that
+#: `python -c` / `python -m` import the same package and never an uncompiled source tree.
+PACKAGE_PARENT = str(Path(perfkernels.__file__).resolve().parents[1])
+
+
+def run_python(args, *, env=None, timeout=600, check=False, **kwargs):
+    """Run `python <args>` in a subprocess that imports the same perfkernels as the tests.
+
+    `env` replaces the environment (minus any PERFKERNELS_* variables unless given explicitly)."""
+    base = {k: v for k, v in (os.environ if env is None else env).items()}
+    if env is None:
+        base = {k: v for k, v in base.items() if not k.startswith("PERFKERNELS_")}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=base,
+                          cwd=PACKAGE_PARENT, timeout=timeout, check=check, **kwargs)
 
 
 def unaligned(a: np.ndarray) -> np.ndarray:

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 import perfkernels as pk
+from conftest import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args, timeout=600, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", "perfkernels", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=env)
+def run(*args, timeout=600):
+    return run_python(["-m", "perfkernels", *args], timeout=timeout)
 
 
 def test_info_prints_the_runtime():

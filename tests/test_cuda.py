@@ -8,8 +8,6 @@ its compiler is absent.  Everything else needs a device and skips with the reaso
 On a GPU every function is compared with a float64 NumPy reference written from SPEC.md, with the
 CPU package where that family exists, and with PyTorch CUDA where PyTorch has the op.
 """
-import subprocess
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -17,6 +15,7 @@ import pytest
 
 import perfkernels
 import perfkernels.cuda as pkc
+from conftest import run_python
 from perfkernels.cuda import _compile_check, _runtime
 
 GPU = pkc.is_available()
@@ -50,7 +49,7 @@ def cpu_function(name):
 
 def test_import_does_not_import_cupy():
     code = "import perfkernels.cuda, sys; print('cupy' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = run_python(["-c", code], check=True)
     assert out.stdout.strip() == "False"
 
 
@@ -116,7 +115,7 @@ def test_unavailable_reasons(tmp_path, kind, expected):
     import os
     root = os.path.dirname(os.path.dirname(os.path.abspath(perfkernels.__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    out = run_python(["-c", code], env=env)
     assert out.returncode == 0, out.stderr
     assert expected in out.stdout
     assert "RuntimeError: perfkernels.cuda cannot run" in out.stdout

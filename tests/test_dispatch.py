@@ -1,11 +1,11 @@
 """Runtime dispatch: detection, the environment variables (in subprocesses), use_isa, show_runtime."""
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import conftest
 import perfkernels as pk
 from perfkernels import _dispatch
 
@@ -13,8 +13,7 @@ from perfkernels import _dispatch
 def run_python(code, **env):
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERFKERNELS_")}
     full_env.update(env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=full_env, cwd=os.path.dirname(os.path.dirname(pk.__file__)))
+    return conftest.run_python(["-c", code], env=full_env)
 
 
 def test_scalar_is_always_available_and_best_is_default():
@@ -117,7 +116,7 @@ def test_show_runtime_and_queries(capsys):
     feats = pk.cpu_features()
     assert isinstance(feats, dict) and "avx2" in feats
     feats["avx2"] = "mutated"
-    assert pk.cpu_features()["avx2"] is not "mutated"
+    assert pk.cpu_features()["avx2"] != "mutated"
 
 
 def test_every_level_gives_the_same_conversions():
