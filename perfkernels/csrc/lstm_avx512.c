@@ -1,0 +1,46 @@
+/* LSTM unit kernels for AVX-512 F (+ DQ/VL).  Compiled with -mavx512f -mavx512bw -mavx512dq
+ * -mavx512vl (setup.py, this file only).  Tails use masked loads and stores. */
+#include "perfkernels/lstm.h"
+
+#if PK_X86_64
+#if !(defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && defined(__FMA__))
+#error "lstm_avx512.c must be compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma"
+#endif
+#include <immintrin.h>
+
+typedef __m512 vf;
+#define VW 16
+
+static inline vf v_set1(float a) { return _mm512_set1_ps(a); }
+static inline vf v_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf v_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf v_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf v_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf v_fnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
+static inline vf v_min(vf a, vf b) { return _mm512_min_ps(a, b); }
+static inline vf v_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf v_round(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf v_abs(vf a) { return _mm512_abs_ps(a); }
+static inline vf v_copysign(vf mag, vf sign)
+{
+    return _mm512_or_ps(mag, _mm512_and_ps(_mm512_set1_ps(-0.0f), sign));
+}
+typedef __mmask16 vm;
+static inline vm v_lt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+static inline vf v_select(vm mask, vf t, vf f) { return _mm512_mask_blend_ps(mask, f, t); }
+static inline vf v_rcp_estimate(vf d) { return _mm512_rcp14_ps(d); }
+/* p * 2^n in one instruction; vscalefps handles overflow to inf and gradual underflow itself. */
+static inline vf v_ldexp(vf p, vf n) { return _mm512_scalef_ps(p, n); }
+
+static inline vf v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void v_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline __mmask16 lanes_below(size_t m) { return (__mmask16)((1u << m) - 1u); }
+static inline vf v_load_n(const float *p, size_t m) { return _mm512_maskz_loadu_ps(lanes_below(m), p); }
+static inline void v_store_n(float *p, vf v, size_t m) { _mm512_mask_storeu_ps(p, lanes_below(m), v); }
+
+#define LSTM_ISA avx512
+#include "lstm_body.h"
+
+void pk_lstm_math_avx512(int fn, const float *x, float *y, size_t n) { lstm_math(fn, x, y, n); }
+
+#endif /* PK_X86_64 */
