@@ -59,18 +59,20 @@ static inline vf v_recip(vf d)
 }
 
 /* 1 / (1 + e^-x): no cancellation on either side (for x < 0 the quotient keeps e^x's relative
- * accuracy); x < -88 gives 0 (the true value is below FLT_MIN), e^-x < 2^-25 gives exactly 1. */
+ * accuracy); e^-x < 2^-25 gives exactly 1, and x < -88 gives exactly 0 (the true value is below
+ * 6.1e-39 < FLT_MIN; the reciprocal estimate would otherwise leave a constant subnormal there). */
 static inline vf v_sigmoid(vf x)
 {
     const vf e = v_exp_clamped(v_clamp(v_sub(v_set1(0.0f), x), PK_EXP_LO, PK_EXP_HI_FINITE));
-    return v_recip(v_add(v_set1(1.0f), e));
+    const vf s = v_recip(v_add(v_set1(1.0f), e));
+    return v_select(v_lt(x, v_set1(-PK_EXP_HI_FINITE)), v_set1(0.0f), s);
 }
 
 #define PK_TANH_SMALL 0.625f
 
 /* |x| < 0.625: |x| + |x|^3 P(x^2), an odd near-minimax polynomial fitted for relative error (so
  * tanh keeps relative accuracy down to the smallest subnormal).  Otherwise 1 - 2 / (e^{2|x|} + 1):
- * there e^{2|x|} >= 3.49, the subtraction loses less than one bit, and |x| >= 9 gives exactly 1.
+ * there e^{2|x|} >= 3.49, the subtraction loses less than one bit, and |x| >= 9.1 gives exactly 1.
  * x's sign is put back last, so tanh is odd and -0 stays -0. */
 static inline vf v_tanh(vf x)
 {
