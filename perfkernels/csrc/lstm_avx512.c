@@ -25,12 +25,14 @@ static inline vf v_copysign(vf mag, vf sign)
 {
     return _mm512_or_ps(mag, _mm512_and_ps(_mm512_set1_ps(-0.0f), sign));
 }
-typedef __mmask16 vm;
-static inline vm v_lt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
-static inline vf v_select(vm mask, vf t, vf f) { return _mm512_mask_blend_ps(mask, f, t); }
-static inline vf v_rcp_estimate(vf d) { return _mm512_rcp14_ps(d); }
+/* 1/d, correctly rounded.  On the AMD EPYC (Zen 4) machines we measure on, vdivps is as fast here
+ * as vrcp14ps + one Newton step; on Intel parts with a slower divider the estimate may win. */
+static inline vf v_recip(vf d) { return _mm512_div_ps(_mm512_set1_ps(1.0f), d); }
 /* p * 2^n in one instruction; vscalefps handles overflow to inf and gradual underflow itself. */
 static inline vf v_ldexp(vf p, vf n) { return _mm512_scalef_ps(p, n); }
+
+/* 2^n for integral n in [-126, 128] (128 gives +inf). */
+static inline vf v_pow2(vf n) { return _mm512_scalef_ps(_mm512_set1_ps(1.0f), n); }
 
 static inline vf v_load(const float *p) { return _mm512_loadu_ps(p); }
 static inline void v_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
