@@ -9,19 +9,44 @@
 
 typedef struct lstm_fwd_out { vf h, c; } lstm_fwd_out;
 
+/* The forward step in two stages: the gates give o and c, then h = o * tanh(c).  tanh(c) depends
+ * on everything before it, so one vector at a time is a ~100-cycle latency chain; the row loop
+ * below runs stage 1 for LSTM_FWD_BLOCK vectors before stage 2 so that the chains overlap. */
+static inline void lstm_forward_gates(vf xi, vf xf, vf xo, vf xg, vf c_prev, vf fb, vf *o, vf *c)
+{
+    const vf i = v_sigmoid(xi), f = v_sigmoid(v_add(xf, fb)), g = v_tanh(xg);
+    *o = v_sigmoid(xo);
+    *c = v_fmadd(f, c_prev, v_mul(i, g));
+}
+
 static inline lstm_fwd_out lstm_forward_vec(vf xi, vf xf, vf xo, vf xg, vf c_prev, vf fb)
 {
-    const vf i = v_sigmoid(xi), f = v_sigmoid(v_add(xf, fb)), o = v_sigmoid(xo), g = v_tanh(xg);
     lstm_fwd_out r;
-    r.c = v_fmadd(f, c_prev, v_mul(i, g));
+    vf o;
+    lstm_forward_gates(xi, xf, xo, xg, c_prev, fb, &o, &r.c);
     r.h = v_mul(o, v_tanh(r.c));
     return r;
 }
+
+#ifndef LSTM_FWD_BLOCK
+#define LSTM_FWD_BLOCK 4
+#endif
 
 static void forward_row(const lstm_row *r, float forget_bias, size_t d)
 {
     const vf fb = v_set1(forget_bias);
     size_t k = 0;
+    for (; k + LSTM_FWD_BLOCK * VW <= d; k += LSTM_FWD_BLOCK * VW) {
+        vf o[LSTM_FWD_BLOCK], c[LSTM_FWD_BLOCK];
+        for (int u = 0; u < LSTM_FWD_BLOCK; u++) {
+            const size_t j = k + (size_t)u * VW;
+            lstm_forward_gates(v_load(r->xi + j), v_load(r->xf + j), v_load(r->xo + j),
+                               v_load(r->xg + j), v_load(r->c_prev + j), fb, &o[u], &c[u]);
+            v_store(r->c + j, c[u]);
+        }
+        for (int u = 0; u < LSTM_FWD_BLOCK; u++)
+            v_store(r->h + k + (size_t)u * VW, v_mul(o[u], v_tanh(c[u])));
+    }
     for (; k + VW <= d; k += VW) {
         lstm_fwd_out y = lstm_forward_vec(v_load(r->xi + k), v_load(r->xf + k), v_load(r->xo + k),
                                           v_load(r->xg + k), v_load(r->c_prev + k), fb);

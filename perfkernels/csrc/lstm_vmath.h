@@ -12,7 +12,7 @@
  * sigmoid and tanh <= 3e-7), identical on AVX2 and AVX-512:
  *   exp      8.2e-8  (where the result is a normal float; below, the error is < FLT_MIN absolute)
  *   sigmoid  1.5e-7
- *   tanh     2.0e-7  (also near 0: tanh(x) = x exactly for |x| < 2^-12 or so, subnormals included)
+ *   tanh     2.0e-7  (also near 0: tanh(x) = x exactly for |x| below about 1e-4, subnormals included)
  * Saturation: exp -> +inf above ln(FLT_MAX), gradual underflow to 0 below; sigmoid -> exactly 0
  * (x < -88.7) and 1 (x > 17.4); tanh -> exactly +-1 (|x| > 9.1).  No NaN for any finite or
  * infinite input; NaN in gives NaN out.
