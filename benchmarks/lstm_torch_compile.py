@@ -2,7 +2,7 @@
 function, single thread.  Not an asv benchmark (nothing runs on import; torch.compile needs a C++
 compiler and takes a while); run it by hand:
 
-    python benchmarks/lstm_torch_compile.py [N D]
+    PYTHONPATH=. python benchmarks/lstm_torch_compile.py [N D]     (from the repository root)
 """
 
 
