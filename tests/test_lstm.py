@@ -398,3 +398,33 @@ def test_many_threads(isa, rng):
     for th in threads:
         th.join()
     assert not errors, errors[0]
+
+
+def test_backward_out_errors_leave_out_untouched(rng):
+    h_prev, c_prev, gates, dh, dc = make_inputs(rng, 3, 5)
+    outs = (np.full_like(dh, 7.0), np.full_like(dc, 7.0), np.full_like(gates, 7.0))
+    for exc, msg, kw in [
+        (ValueError, r"out\[2\] \(dgates\) has shape", dict(out=(outs[0], outs[1], outs[2][:, :4]))),
+        (ValueError, r"seq_lengths must have shape", dict(out=outs, seq_lengths=[1, 2])),
+        (ValueError, "t must be >= 0", dict(out=outs, t=-3)),
+        (ValueError, r"out\[2\] \(dgates\) is read-only", dict(out=(outs[0], outs[1], readonly(outs[2])))),
+        (TypeError, "out must be a tuple of 3 arrays", dict(out=outs[:2])),
+    ]:
+        with pytest.raises(exc, match=msg):
+            perfkernels.lstm_unit_backward(c_prev, gates, c_prev, dh, dc, **kw)
+        assert all((o == 7).all() for o in outs), msg
+
+
+def test_seq_lengths_forms(isa, rng):
+    """Lists, strided and read-only seq_lengths, and t far beyond int32, all mean the same rows."""
+    n, d = 6, 9
+    h_prev, c_prev, gates, _, _ = make_inputs(rng, n, d)
+    lens = np.array([0, 3, 1, 5, 2, 4], np.int64)
+    want = ref_forward(h_prev, c_prev, gates, seq_lengths=lens, t=2)
+    strided = np.zeros(2 * n, np.int32)
+    strided[::2] = lens
+    for form in (lens.tolist(), strided[::2], readonly(lens.astype(np.int32)), unaligned(lens)):
+        for got, ref in zip(perfkernels.lstm_unit(h_prev, c_prev, gates, seq_lengths=form, t=2), want):
+            _close(got, ref)
+    h, c = perfkernels.lstm_unit(h_prev, c_prev, gates, seq_lengths=lens, t=np.int64(1) << 40)
+    assert np.array_equal(h, h_prev) and np.array_equal(c, c_prev)
