@@ -1,50 +1,55 @@
-/* LSTM unit kernels, portable C (any architecture).  sigmoid and tanh come from libm. */
+/* LSTM unit kernels, portable C (any architecture, baseline flags).
+ *
+ * The same exp / sigmoid / tanh algorithm as the vector files (lstm_vmath.h), instantiated on plain
+ * floats: libm's expf/tanhf made this path ~10x slower than NumPy, and one algorithm on every level
+ * means one set of measured error bounds.  No fmaf (a slow library call without hardware FMA):
+ * a*b+c is rounded twice here, which the error bounds in lstm_vmath.h already cover. */
 #include <math.h>
+#include <string.h>
 #include "perfkernels/lstm.h"
 
+typedef float vf;
+#define VW 1
+
+static inline vf v_set1(float a) { return a; }
+static inline vf v_add(vf a, vf b) { return a + b; }
+static inline vf v_sub(vf a, vf b) { return a - b; }
+static inline vf v_mul(vf a, vf b) { return a * b; }
+static inline vf v_fmadd(vf a, vf b, vf c) { return a * b + c; }
+static inline vf v_fnmadd(vf a, vf b, vf c) { return c - a * b; }
+/* the operand order of x86's minps/maxps: the second operand when either is NaN */
+static inline vf v_min(vf a, vf b) { return a < b ? a : b; }
+static inline vf v_max(vf a, vf b) { return a > b ? a : b; }
+/* round to nearest even for |a| < 2^22 (inputs here are clamped far below), no libm call; the
+ * build has no -ffast-math, so the compiler keeps the rounding add */
+static inline vf v_round(vf a) { return (a + 12582912.0f) - 12582912.0f; }
+static inline vf v_abs(vf a) { return fabsf(a); }
+static inline vf v_copysign(vf mag, vf sign) { return copysignf(mag, sign); }
+static inline vf v_recip(vf d) { return 1.0f / d; }
+
+static inline vf v_pow2(vf n) /* 2^n for integral n in [-126, 128] (128 gives +inf) */
+{
+    n = n == n ? n : 0.0f; /* no undefined NaN -> int conversion; the NaN is in p already */
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float r;
+    memcpy(&r, &bits, sizeof r);
+    return r;
+}
+
+static inline vf v_ldexp(vf p, vf n) /* p * 2^n for integral n in [-150, 129], in two exact steps */
+{
+    n = n == n ? n : 0.0f;
+    const int32_t ni = (int32_t)n, n1 = ni >> 1;
+    return p * v_pow2((float)n1) * v_pow2((float)(ni - n1));
+}
+
+static inline vf v_load(const float *p) { return *p; }
+static inline void v_store(float *p, vf v) { *p = v; }
+static inline vf v_load_n(const float *p, size_t m) { (void)m; return *p; }
+static inline void v_store_n(float *p, vf v, size_t m) { (void)m; *p = v; }
+
+#define LSTM_FWD_BLOCK 4
 #define LSTM_ISA scalar
-#include "lstm_rows.h"
+#include "lstm_body.h"
 
-static inline float sigmoid_scalar(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-static void forward_row(const lstm_row *r, float forget_bias, size_t d)
-{
-    for (size_t k = 0; k < d; k++) {
-        const float i = sigmoid_scalar(r->xi[k]);
-        const float f = sigmoid_scalar(r->xf[k] + forget_bias);
-        const float o = sigmoid_scalar(r->xo[k]);
-        const float g = tanhf(r->xg[k]);
-        const float c = f * r->c_prev[k] + i * g;
-        r->c[k] = c;
-        r->h[k] = o * tanhf(c);
-    }
-}
-
-static void backward_row(const lstm_row *r, float forget_bias, size_t d)
-{
-    for (size_t k = 0; k < d; k++) {
-        const float i = sigmoid_scalar(r->xi[k]);
-        const float f = sigmoid_scalar(r->xf[k] + forget_bias);
-        const float o = sigmoid_scalar(r->xo[k]);
-        const float g = tanhf(r->xg[k]);
-        const float tc = tanhf(r->c_out[k]);
-        const float dh = r->dh[k];
-        const float dct = r->dc[k] + dh * o * (1.0f - tc * tc);
-        r->dc_prev[k] = dct * f;
-        r->di[k] = dct * g * i * (1.0f - i);
-        r->df[k] = dct * r->c_prev[k] * f * (1.0f - f);
-        r->do_[k] = dh * tc * o * (1.0f - o);
-        r->dg[k] = dct * i * (1.0f - g * g);
-    }
-}
-
-void pk_lstm_math_scalar(int fn, const float *x, float *y, size_t n)
-{
-    for (size_t k = 0; k < n; k++) {
-        switch (fn) {
-        case PK_MATH_EXP: y[k] = expf(x[k]); break;
-        case PK_MATH_SIGMOID: y[k] = sigmoid_scalar(x[k]); break;
-        default: y[k] = tanhf(x[k]); break;
-        }
-    }
-}
+void pk_lstm_math_scalar(int fn, const float *x, float *y, size_t n) { lstm_math(fn, x, y, n); }
