@@ -1,4 +1,4 @@
-/* exp, sigmoid and tanh on float32 vectors, written once for every vector ISA.
+/* exp, sigmoid and tanh on float32 vectors, written once for every ISA (scalar: vectors of one).
  *
  * The including ISA file defines the vector type `vf` and the primitives used below as
  * `static inline` functions (v_set1, v_add, v_sub, v_mul, v_fmadd = a*b+c, v_fnmadd = c-a*b,
@@ -9,7 +9,7 @@
  *
  * Maximum relative error against float64, measured over 2e6 evenly spaced points of [-30, 30],
  * +-logspace(1e-40, 30) and the extremes (test_elementwise_accuracy asserts exp <= 2.5e-7,
- * sigmoid and tanh <= 3e-7), identical on AVX2 and AVX-512:
+ * sigmoid and tanh <= 3e-7); the same on AVX2, AVX-512 and the scalar instantiation (lstm_scalar.c):
  *   exp      8.2e-8  (where the result is a normal float; below, the error is < FLT_MIN absolute)
  *   sigmoid  1.5e-7
  *   tanh     2.0e-7  (also near 0: tanh(x) = x exactly for |x| below about 1e-4, subnormals included)
