@@ -33,7 +33,8 @@ def ref_forward(h_prev, c_prev, gates, seq_lengths=None, t=0, forget_bias=0.0, d
                 gate_order="ifog"):
     h_prev, c_prev, gates = (np.asarray(a, np.float64) for a in (h_prev, c_prev, gates))
     xi, xf, xo, xg = _split(gates, gate_order)
-    i, f, o, g = _sigmoid(xi), _sigmoid(xf + np.float64(np.float32(forget_bias))), _sigmoid(xo), np.tanh(xg)
+    fb = np.float64(np.float32(forget_bias))
+    i, f, o, g = _sigmoid(xi), _sigmoid(xf + fb), _sigmoid(xo), np.tanh(xg)
     c = f * c_prev + i * g
     h = o * np.tanh(c)
     valid = _valid(len(h_prev), seq_lengths, t)[:, None]
@@ -45,7 +46,8 @@ def ref_backward(c_prev, gates, c, dh, dc, seq_lengths=None, t=0, forget_bias=0.
                  drop_states=False, gate_order="ifog"):
     c_prev, gates, c, dh, dc = (np.asarray(a, np.float64) for a in (c_prev, gates, c, dh, dc))
     xi, xf, xo, xg = _split(gates, gate_order)
-    i, f, o, g = _sigmoid(xi), _sigmoid(xf + np.float64(np.float32(forget_bias))), _sigmoid(xo), np.tanh(xg)
+    fb = np.float64(np.float32(forget_bias))
+    i, f, o, g = _sigmoid(xi), _sigmoid(xf + fb), _sigmoid(xo), np.tanh(xg)
     tc = np.tanh(c)
     dct = dc + dh * o * (1 - tc * tc)
     grads = {"i": dct * g * i * (1 - i), "f": dct * c_prev * f * (1 - f),
@@ -217,7 +219,8 @@ def test_matches_torch_lstmcell(isa, rng, d):
 
 @needs_torch
 @pytest.mark.parametrize("d", [7, 64, 129])
-@pytest.mark.parametrize("opts", OPTION_SETS[:6], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+@pytest.mark.parametrize("opts", OPTION_SETS[:6],
+                         ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
 def test_backward_matches_torch_autograd(isa, rng, d, opts):
     n = 6
     h_prev, c_prev, gates, dh, dc = make_inputs(rng, n, d, scale=2.0)
@@ -268,7 +271,8 @@ def test_elementwise_accuracy(isa, fn):
     fi = np.finfo(np.float32)
     normal = (np.abs(want) >= fi.tiny) & (np.abs(want) <= fi.max)
     rel = np.abs(got[normal] - want[normal]) / np.abs(want[normal])
-    assert rel.max() <= MAX_REL[fn], f"{fn} max relative error {rel.max():.3g} at x={x[normal][rel.argmax()]}"
+    worst = x[normal][rel.argmax()]
+    assert rel.max() <= MAX_REL[fn], f"{fn} max relative error {rel.max():.3g} at x={worst}"
     # outside the normal range the error is absolute and below the smallest normal
     assert np.all(np.abs(got[~normal & (want < 1)] - want[~normal & (want < 1)]) < fi.tiny)
 
@@ -337,7 +341,8 @@ def test_awkward_inputs(isa, rng):
                  (np.asfortranarray(h_prev), c_prev.astype(">f4"), wide[:, ::2])):
         h, c = perfkernels.lstm_unit(*args)
         _close(h, rh), _close(c, rc)
-    res = perfkernels.lstm_unit_backward(unaligned(c_prev), readonly(gates), np.asfortranarray(rc.astype(np.float32)),
+    c32 = rc.astype(np.float32)
+    res = perfkernels.lstm_unit_backward(unaligned(c_prev), readonly(gates), np.asfortranarray(c32),
                                          dh[::-1][::-1], readonly(dc))
     for got, want in zip(res, ref_backward(c_prev, gates, rc.astype(np.float32), dh, dc)):
         _close(got, want)
@@ -350,15 +355,18 @@ def test_errors_and_out_untouched(rng):
         (TypeError, "h_prev must have dtype float32", dict(h_prev=h_prev.astype(np.float64))),
         (TypeError, "gates must have dtype float32", dict(gates=gates.astype(np.float16))),
         (ValueError, "h_prev must be 2-D", dict(h_prev=h_prev[0])),
-        (ValueError, r"c_prev has shape \(3, 5\); expected \(3, 4\)", dict(c_prev=np.zeros((3, 5), np.float32))),
+        (ValueError, r"c_prev has shape \(3, 5\); expected \(3, 4\)",
+         dict(c_prev=np.zeros((3, 5), np.float32))),
         (ValueError, r"gates has shape \(3, 12\); expected \(3, 16\)", dict(gates=gates[:, :12])),
-        (TypeError, "seq_lengths must have dtype int32 or int64", dict(seq_lengths=np.ones(3, np.float32))),
+        (TypeError, "seq_lengths must have dtype int32 or int64",
+         dict(seq_lengths=np.ones(3, np.float32))),
         (ValueError, r"seq_lengths must have shape \(3,\)", dict(seq_lengths=np.ones(4, np.int32))),
         (ValueError, "t must be >= 0", dict(t=-1)),
         (TypeError, "t must be an integer", dict(t=1.5)),
         (TypeError, "forget_bias must be a real number", dict(forget_bias="x")),
         (ValueError, "gate_order must be 'ifog'", dict(gate_order="iofg")),
-        (TypeError, r"out\[1\] \(c\) must have dtype float32", dict(out=(h_out, c_out.astype(np.float64)))),
+        (TypeError, r"out\[1\] \(c\) must have dtype float32",
+         dict(out=(h_out, c_out.astype(np.float64)))),
         (ValueError, r"out\[0\] \(h\) has shape", dict(out=(h_out[:2], c_out))),
         (TypeError, "out must be a tuple of 2 arrays", dict(out=h_out)),
         (ValueError, "overlap", dict(out=(h_out, h_out))),
@@ -407,7 +415,8 @@ def test_backward_out_errors_leave_out_untouched(rng):
         (ValueError, r"out\[2\] \(dgates\) has shape", dict(out=(outs[0], outs[1], outs[2][:, :4]))),
         (ValueError, r"seq_lengths must have shape", dict(out=outs, seq_lengths=[1, 2])),
         (ValueError, "t must be >= 0", dict(out=outs, t=-3)),
-        (ValueError, r"out\[2\] \(dgates\) is read-only", dict(out=(outs[0], outs[1], readonly(outs[2])))),
+        (ValueError, r"out\[2\] \(dgates\) is read-only",
+         dict(out=(outs[0], outs[1], readonly(outs[2])))),
         (TypeError, "out must be a tuple of 3 arrays", dict(out=outs[:2])),
     ]:
         with pytest.raises(exc, match=msg):

@@ -19,7 +19,10 @@ static inline vf v_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf v_fnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
 static inline vf v_min(vf a, vf b) { return _mm512_min_ps(a, b); }
 static inline vf v_max(vf a, vf b) { return _mm512_max_ps(a, b); }
-static inline vf v_round(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf v_round(vf a)
+{
+    return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 static inline vf v_abs(vf a) { return _mm512_abs_ps(a); }
 static inline vf v_copysign(vf mag, vf sign)
 {

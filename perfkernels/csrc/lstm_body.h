@@ -1,6 +1,7 @@
-/* The LSTM unit's vector loops over one row, written once for every ISA (scalar: VW = 1).  The including file
- * defines `vf`, the primitives of lstm_vmath.h, VW (lanes), v_load/v_store and the partial
- * v_load_n/v_store_n (first `k` lanes, k < VW, nothing outside touched), then includes this. */
+/* The LSTM unit's vector loops over one row, written once for every ISA (scalar: VW = 1).
+ * The including file defines `vf`, the primitives of lstm_vmath.h, VW (lanes), v_load/v_store and
+ * the partial v_load_n/v_store_n (first `k` lanes, k < VW, nothing outside touched), then includes
+ * this. */
 #ifndef PK_LSTM_BODY_H
 #define PK_LSTM_BODY_H
 
