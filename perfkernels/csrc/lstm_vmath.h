@@ -31,19 +31,19 @@ static inline vf v_clamp(vf x, float lo, float hi)
 }
 
 /* The shared first half of e^x and e^x - 1: x = n ln2 + r, r in [-ln2/2, ln2/2] (Cody-Waite split
- * of ln2 with FMA); returns n and e^r - 1 = r + r^2 P(r) with the Cephes expf polynomial (keeps
- * relative accuracy as r -> 0, so it serves expm1 too). */
+ * of ln2 with FMA); returns n and e^r - 1 = r + r^2 P(r), P of degree 4 fitted (weighted least
+ * squares iterated towards minimax) for the relative error of e^r - 1 on that interval: 1.3e-8
+ * before float32 rounding, and relative accuracy as r -> 0, so it serves expm1 too. */
 static inline vf v_expm1_reduced(vf x, vf *n)
 {
     *n = v_round(v_mul(x, v_set1(1.44269504088896341f)));
     vf r = v_fnmadd(*n, v_set1(0.693145751953125f), x);
     r = v_fnmadd(*n, v_set1(1.428606765330187e-06f), r);
-    vf p = v_set1(1.9875691500e-4f);
-    p = v_fmadd(p, r, v_set1(1.3981999507e-3f));
-    p = v_fmadd(p, r, v_set1(8.3334519073e-3f));
-    p = v_fmadd(p, r, v_set1(4.1665795894e-2f));
-    p = v_fmadd(p, r, v_set1(1.6666665459e-1f));
-    p = v_fmadd(p, r, v_set1(5.0000001201e-1f));
+    vf p = v_set1(1.3882522471249104e-3f);
+    p = v_fmadd(p, r, v_set1(8.36651399731636e-3f));
+    p = v_fmadd(p, r, v_set1(4.166720062494278e-2f));
+    p = v_fmadd(p, r, v_set1(1.666654348373413e-1f));
+    p = v_fmadd(p, r, v_set1(4.999999701976776e-1f));
     return v_fmadd(p, v_mul(r, r), r);
 }
 
