@@ -138,7 +138,7 @@ def lstm_unit(h_prev, c_prev, gates, *, seq_lengths=None, t=0, forget_bias=0.0,
     Invalid rows get ``(h, c) = (0, 0)`` with ``drop_states`` and ``(h_prev, c_prev)`` otherwise.
     sigmoid and tanh are perfkernels' own (vectorised on AVX2 and AVX-512, the same algorithm in
     portable C on the scalar level): maximum relative error against float64 1.5e-7 (sigmoid) and
-    2.0e-7 (tanh, relative accuracy kept near 0), exact saturation to 0, 1 and +-1, no NaN for
+    1.6e-7 (tanh, relative accuracy kept near 0), exact saturation to 0, 1 and +-1, no NaN for
     finite or infinite input.  Results of different ISA levels may differ in the last bits.
 
     Parameters

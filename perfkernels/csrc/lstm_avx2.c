@@ -28,9 +28,9 @@ static inline vf v_copysign(vf mag, vf sign)
 {
     return _mm256_or_ps(mag, _mm256_and_ps(_mm256_set1_ps(-0.0f), sign));
 }
-/* 1/d, correctly rounded.  vrcpps has only ~11.6 bits and needs two Newton steps; vdivps measured
+/* Division, correctly rounded.  For 1/d, vrcpps has only ~11.6 bits and needs two Newton steps; vdivps measured
  * faster on the AMD EPYC (Zen 4) machines we measure on. */
-static inline vf v_recip(vf d) { return _mm256_div_ps(_mm256_set1_ps(1.0f), d); }
+static inline vf v_div(vf a, vf b) { return _mm256_div_ps(a, b); }
 
 /* p * 2^n, n an integral float in [-150, 128]: two exact power-of-two factors 2^(n/2) * 2^(n-n/2),
  * each a normal float, so the product over- or underflows gracefully. */

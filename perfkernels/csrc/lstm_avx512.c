@@ -28,9 +28,9 @@ static inline vf v_copysign(vf mag, vf sign)
 {
     return _mm512_or_ps(mag, _mm512_and_ps(_mm512_set1_ps(-0.0f), sign));
 }
-/* 1/d, correctly rounded.  On the AMD EPYC (Zen 4) machines we measure on, vdivps is as fast here
+/* Division, correctly rounded.  For 1/d on the AMD EPYC (Zen 4) machines we measure on, vdivps is as fast here
  * as vrcp14ps + one Newton step; on Intel parts with a slower divider the estimate may win. */
-static inline vf v_recip(vf d) { return _mm512_div_ps(_mm512_set1_ps(1.0f), d); }
+static inline vf v_div(vf a, vf b) { return _mm512_div_ps(a, b); }
 /* p * 2^n in one instruction; vscalefps handles overflow to inf and gradual underflow itself. */
 static inline vf v_ldexp(vf p, vf n) { return _mm512_scalef_ps(p, n); }
 

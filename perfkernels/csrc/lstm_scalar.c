@@ -25,7 +25,7 @@ static inline vf v_max(vf a, vf b) { return a > b ? a : b; }
 static inline vf v_round(vf a) { return (a + 12582912.0f) - 12582912.0f; }
 static inline vf v_abs(vf a) { return fabsf(a); }
 static inline vf v_copysign(vf mag, vf sign) { return copysignf(mag, sign); }
-static inline vf v_recip(vf d) { return 1.0f / d; }
+static inline vf v_div(vf a, vf b) { return a / b; }
 
 static inline vf v_pow2(vf n) /* 2^n for integral n in [-126, 128] (128 gives +inf) */
 {
