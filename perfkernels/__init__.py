@@ -15,10 +15,12 @@ from ._convert import bfloat16_to_float, float_to_bfloat16, float_to_half, half_
 # kernel families: one import line each (keep this marker for the families still to come)
 from ._embedding import embedding_bag  # noqa: E402
 from ._quantized import dequantize_rowwise, embedding_bag_quantized, quantize_rowwise  # noqa: E402
+from ._lstm import lstm_unit, lstm_unit_backward  # noqa: E402
 
 __all__ = [
     "active_isa", "available_isas", "cpu_features", "show_runtime", "use_isa",
     "float_to_half", "half_to_float", "float_to_bfloat16", "bfloat16_to_float",
     "embedding_bag",
     "quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized",
+    "lstm_unit", "lstm_unit_backward",
 ]
