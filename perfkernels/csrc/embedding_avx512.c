@@ -20,6 +20,7 @@
 #define MAX_VECS 16    /* accumulators per pass: 16 of the 32 zmm, the rest for loads */
 
 enum table_type { TABLE_F32, TABLE_F16, TABLE_BF16 };
+enum weighting { UNWEIGHTED, PER_SAMPLE, POSITIONAL };
 
 ALWAYS_INLINE __m512 widen_bf16(__m256i h)
 {
@@ -46,18 +47,20 @@ ALWAYS_INLINE int64_t index_at(const void *indices, int64_t j, const int idx64)
     return idx64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
 }
 
+/* One prefetch per 64 bytes from the start of the block (nbytes is a compile-time constant
+ * for the fixed-D paths, so this unrolls; FBGEMM does the same). */
 ALWAYS_INLINE void prefetch_bytes(const char *p, size_t nbytes)
 {
-    const char *last = p + nbytes - 1;
-    for (const char *q = (const char *)((uintptr_t)p & ~(uintptr_t)63); q <= last; q += 64)
-        _mm_prefetch(q, _MM_HINT_T0);
+#pragma GCC unroll 16
+    for (size_t off = 0; off < nbytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
 }
 
 /* Sum columns [col, col + NV*16 + tail) of bag [begin, end) into out_row. */
 ALWAYS_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t rows,
                                  size_t row_bytes, int64_t begin, int64_t end, int64_t col,
                                  __mmask16 tail, float *out_row, int64_t *bad_pos,
-                                 const int NV, const int has_tail, const int type, const int idx64)
+                                 const int NV, const int has_tail, const int type, const int idx64,
+                                 const int weighting)
 {
     const size_t elem = type == TABLE_F32 ? 4 : 2;
     const size_t block_bytes = (size_t)(NV * VL + (has_tail ? __builtin_popcount(tail) : 0)) * elem;
@@ -78,7 +81,8 @@ ALWAYS_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t
         }
         if (idx == padding) continue;
         count++;
-        const __m512 w = _mm512_set1_ps(weights ? weights[bags->positional ? j - begin : j] : 1.0f);
+        const __m512 w = _mm512_set1_ps(weighting == UNWEIGHTED ? 1.0f
+                                        : weights[weighting == POSITIONAL ? j - begin : j]);
         const char *row = table + (size_t)idx * row_bytes;
 #pragma GCC unroll 16
         for (int v = 0; v < NV; v++)
@@ -96,7 +100,7 @@ ALWAYS_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t
 #define PASS(NV_, HAS_TAIL_, TAIL_MASK_)                                                          \
     do {                                                                                          \
         pk_status s_ = bag_pass(bags, tab, rows, row_bytes, begin, end, col, (TAIL_MASK_), out,   \
-                                bad_pos, (NV_), (HAS_TAIL_), type, idx64);                        \
+                                bad_pos, (NV_), (HAS_TAIL_), type, idx64, weighting);                        \
         if (s_ != PK_OK) return s_;                                                               \
         col += (NV_) * VL;                                                                        \
     } while (0)
@@ -104,7 +108,7 @@ ALWAYS_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t
 /* D == NV * 16: one pass per bag, the whole row in NV registers. */
 ALWAYS_INLINE pk_status bags_fixed(const pk_bags *bags, const void *table, int64_t rows,
                                    int64_t row_stride, int64_t *bad_pos, const int NV,
-                                   const int type, const int idx64)
+                                   const int type, const int idx64, const int weighting)
 {
     const char *tab = (const char *)table;
     const size_t row_bytes = (size_t)row_stride * (type == TABLE_F32 ? 4 : 2);
@@ -120,7 +124,7 @@ ALWAYS_INLINE pk_status bags_fixed(const pk_bags *bags, const void *table, int64
 /* Any D: blocks of 16, 8, 4, 2, 1 vectors, then a masked tail. */
 ALWAYS_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int64_t rows,
                                      int64_t dim, int64_t row_stride, int64_t *bad_pos,
-                                     const int type, const int idx64)
+                                     const int type, const int idx64, const int weighting)
 {
     const char *tab = (const char *)table;
     const size_t row_bytes = (size_t)row_stride * (type == TABLE_F32 ? 4 : 2);
@@ -141,15 +145,15 @@ ALWAYS_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int
 
 ALWAYS_INLINE pk_status bags_by_dim(const pk_bags *bags, const void *table, int64_t rows,
                                     int64_t dim, int64_t row_stride, int64_t *bad_pos,
-                                    const int type, const int idx64)
+                                    const int type, const int idx64, const int weighting)
 {
     switch (dim) {
-    case 16: return bags_fixed(bags, table, rows, row_stride, bad_pos, 1, type, idx64);
-    case 32: return bags_fixed(bags, table, rows, row_stride, bad_pos, 2, type, idx64);
-    case 64: return bags_fixed(bags, table, rows, row_stride, bad_pos, 4, type, idx64);
-    case 128: return bags_fixed(bags, table, rows, row_stride, bad_pos, 8, type, idx64);
-    case 256: return bags_fixed(bags, table, rows, row_stride, bad_pos, 16, type, idx64);
-    default: return bags_generic(bags, table, rows, dim, row_stride, bad_pos, type, idx64);
+    case 16: return bags_fixed(bags, table, rows, row_stride, bad_pos, 1, type, idx64, weighting);
+    case 32: return bags_fixed(bags, table, rows, row_stride, bad_pos, 2, type, idx64, weighting);
+    case 64: return bags_fixed(bags, table, rows, row_stride, bad_pos, 4, type, idx64, weighting);
+    case 128: return bags_fixed(bags, table, rows, row_stride, bad_pos, 8, type, idx64, weighting);
+    case 256: return bags_fixed(bags, table, rows, row_stride, bad_pos, 16, type, idx64, weighting);
+    default: return bags_generic(bags, table, rows, dim, row_stride, bad_pos, type, idx64, weighting);
     }
 }
 
@@ -162,8 +166,13 @@ ALWAYS_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, in
         if (j >= 0) { *bad_pos = j; return PK_ERR_INDEX; }
         return PK_OK;
     }
-    return bags->index_64 ? bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, 1)
-                          : bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, 0);
+#define BY_DIM(IDX64, WEIGHTING) bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, IDX64, WEIGHTING)
+    if (bags->weights == NULL)
+        return bags->index_64 ? BY_DIM(1, UNWEIGHTED) : BY_DIM(0, UNWEIGHTED);
+    if (!bags->positional)
+        return bags->index_64 ? BY_DIM(1, PER_SAMPLE) : BY_DIM(0, PER_SAMPLE);
+    return bags->index_64 ? BY_DIM(1, POSITIONAL) : BY_DIM(0, POSITIONAL);
+#undef BY_DIM
 }
 
 pk_status pk_embedding_bag_f32_avx512(const pk_bags *bags, const void *table, int64_t rows,
