@@ -18,6 +18,9 @@
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define VL 16          /* floats per vector */
 #define MAX_VECS 16    /* accumulators per pass: 16 of the 32 zmm, the rest for loads */
+#ifndef PREFETCH_DISTANCE
+#define PREFETCH_DISTANCE PK_BAGS_PREFETCH_DISTANCE
+#endif
 
 enum table_type { TABLE_F32, TABLE_F16, TABLE_BF16 };
 enum weighting { UNWEIGHTED, PER_SAMPLE, POSITIONAL };
@@ -48,11 +51,14 @@ ALWAYS_INLINE int64_t index_at(const void *indices, int64_t j, const int idx64)
 }
 
 /* One prefetch per 64 bytes from the start of the block (nbytes is a compile-time constant
- * for the fixed-D paths, so this unrolls; FBGEMM does the same). */
+ * for the fixed-D paths, so this unrolls), as FBGEMM does, plus one for the block's last byte:
+ * NumPy's large arrays start 16 bytes past a page, so a 256-byte row spans 5 lines, and the
+ * line FBGEMM leaves out is a demand miss on every row of a DRAM-resident table. */
 ALWAYS_INLINE void prefetch_bytes(const char *p, size_t nbytes)
 {
 #pragma GCC unroll 16
     for (size_t off = 0; off < nbytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+    _mm_prefetch(p + nbytes - 1, _MM_HINT_T0);
 }
 
 /* Sum columns [col, col + NV*16 + tail) of bag [begin, end) into out_row. */
@@ -74,8 +80,8 @@ ALWAYS_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t
     for (int64_t j = begin; j < end; j++) {
         const int64_t idx = index_at(indices, j, idx64);
         if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return PK_ERR_INDEX; }
-        if (j + PK_BAGS_PREFETCH_DISTANCE < n) {
-            const int64_t ahead = index_at(indices, j + PK_BAGS_PREFETCH_DISTANCE, idx64);
+        if (j + PREFETCH_DISTANCE < n) {
+            const int64_t ahead = index_at(indices, j + PREFETCH_DISTANCE, idx64);
             if ((uint64_t)ahead < (uint64_t)rows)
                 prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes);
         }
