@@ -61,45 +61,73 @@ ALWAYS_INLINE void prefetch_bytes(const char *p, size_t nbytes)
     _mm_prefetch(p + nbytes - 1, _MM_HINT_T0);
 }
 
-/* Sum columns [col, col + NV*16 + tail) of bag [begin, end) into out_row. */
+/* Add row indices[j] (times its weight) to acc: the index is checked before its row is touched,
+ * the row PREFETCH_DISTANCE indices ahead is prefetched.  Returns 0, or 1 for a bad index. */
+ALWAYS_INLINE int add_row(const pk_bags *bags, const char *table, int64_t rows, size_t row_bytes,
+                          int64_t begin, int64_t j, int64_t col, __mmask16 tail, __m512 *acc,
+                          int64_t *count, const int NV, const int has_tail, const int type,
+                          const int idx64, const int weighting)
+{
+    const size_t elem = type == TABLE_F32 ? 4 : 2;
+    const size_t block_bytes = (size_t)(NV * VL + (has_tail ? __builtin_popcount(tail) : 0)) * elem;
+    const int64_t idx = index_at(bags->indices, j, idx64);
+    if ((uint64_t)idx >= (uint64_t)rows) return 1;
+    if (j + PREFETCH_DISTANCE < bags->n_indices) {
+        const int64_t ahead = index_at(bags->indices, j + PREFETCH_DISTANCE, idx64);
+        if ((uint64_t)ahead < (uint64_t)rows)
+            prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes);
+    }
+    if (idx == bags->padding_idx) return 0;
+    ++*count;
+    const __m512 w = _mm512_set1_ps(weighting == UNWEIGHTED ? 1.0f
+                                    : bags->weights[weighting == POSITIONAL ? j - begin : j]);
+    const char *row = table + (size_t)idx * row_bytes;
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; v++)
+        acc[v] = _mm512_fmadd_ps(w, load_row(row, col + v * VL, type), acc[v]);
+    if (has_tail)
+        acc[NV] = _mm512_fmadd_ps(w, load_row_masked(row, col + NV * VL, tail, type), acc[NV]);
+    return 0;
+}
+
+/* Sum columns [col, col + NV*VL + tail) of bag [begin, end) into out_row.  Narrow blocks
+ * alternate rows between two accumulator sets: two independent FMA chains instead of one, so
+ * a short row does not wait for the previous row's FMA latency. */
 ALWAYS_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t rows,
                                  size_t row_bytes, int64_t begin, int64_t end, int64_t col,
                                  __mmask16 tail, float *out_row, int64_t *bad_pos,
                                  const int NV, const int has_tail, const int type, const int idx64,
                                  const int weighting)
 {
-    const size_t elem = type == TABLE_F32 ? 4 : 2;
-    const size_t block_bytes = (size_t)(NV * VL + (has_tail ? __builtin_popcount(tail) : 0)) * elem;
-    const int64_t n = bags->n_indices, padding = bags->padding_idx;
-    const void *indices = bags->indices;
-    const float *weights = bags->weights;
-    __m512 acc[MAX_VECS + 1];  /* only [0, NV] used: constant indices, so they live in registers */
+    const int split = (NV + has_tail) * 2 <= 8;
+    __m512 acc[2][MAX_VECS + 1];  /* constant indices only, so they live in registers */
 #pragma GCC unroll 17
-    for (int v = 0; v <= NV; v++) acc[v] = _mm512_setzero_ps();
-    int64_t count = 0;
-    for (int64_t j = begin; j < end; j++) {
-        const int64_t idx = index_at(indices, j, idx64);
-        if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return PK_ERR_INDEX; }
-        if (j + PREFETCH_DISTANCE < n) {
-            const int64_t ahead = index_at(indices, j + PREFETCH_DISTANCE, idx64);
-            if ((uint64_t)ahead < (uint64_t)rows)
-                prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes);
+    for (int v = 0; v <= NV; v++) acc[0][v] = acc[1][v] = _mm512_setzero_ps();
+    int64_t count = 0, j = begin;
+#define ADD_ROW(J, SET)                                                                           \
+    if (add_row(bags, table, rows, row_bytes, begin, (J), col, tail, acc[SET], &count, NV,        \
+                has_tail, type, idx64, weighting)) {                                              \
+        *bad_pos = (J);                                                                           \
+        return PK_ERR_INDEX;                                                                      \
+    }
+    if (split) {
+        for (; j + 1 < end; j += 2) {
+            ADD_ROW(j, 0)
+            ADD_ROW(j + 1, 1)
         }
-        if (idx == padding) continue;
-        count++;
-        const __m512 w = _mm512_set1_ps(weighting == UNWEIGHTED ? 1.0f
-                                        : weights[weighting == POSITIONAL ? j - begin : j]);
-        const char *row = table + (size_t)idx * row_bytes;
-#pragma GCC unroll 16
-        for (int v = 0; v < NV; v++)
-            acc[v] = _mm512_fmadd_ps(w, load_row(row, col + v * VL, type), acc[v]);
-        if (has_tail)
-            acc[NV] = _mm512_fmadd_ps(w, load_row_masked(row, col + NV * VL, tail, type), acc[NV]);
+    }
+    for (; j < end; j++) {
+        ADD_ROW(j, 0)
+    }
+#undef ADD_ROW
+    if (split) {
+#pragma GCC unroll 17
+        for (int v = 0; v <= NV; v++) acc[0][v] = _mm512_add_ps(acc[0][v], acc[1][v]);
     }
     const __m512 scale = _mm512_set1_ps(bags->mean && count > 0 ? 1.0f / (float)count : 1.0f);
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; v++) _mm512_storeu_ps(out_row + col + v * VL, _mm512_mul_ps(acc[v], scale));
-    if (has_tail) _mm512_mask_storeu_ps(out_row + col + NV * VL, tail, _mm512_mul_ps(acc[NV], scale));
+    for (int v = 0; v < NV; v++) _mm512_storeu_ps(out_row + col + v * VL, _mm512_mul_ps(acc[0][v], scale));
+    if (has_tail) _mm512_mask_storeu_ps(out_row + col + NV * VL, tail, _mm512_mul_ps(acc[0][NV], scale));
     return PK_OK;
 }
 
