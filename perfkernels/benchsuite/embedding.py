@@ -6,7 +6,8 @@ indices on the DLRM shape.  NumPy: ``np.add.reduceat(weight[indices], offsets, a
 dtype=float32)``; PyTorch: ``torch.nn.functional.embedding_bag`` (FBGEMM's JIT kernels).
 
 The 4M-row tables are large (4M x 256 float32 is 4 GiB), so inputs are built when a case first
-runs and only the most recent case's inputs are kept.
+runs and only the most recent case's inputs are kept (a case's closures hold them in a
+holder list that the next case empties).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ QUICK_SHAPES = [
 TABLE_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
                 "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
-_current: dict = {}   # key -> inputs of the case that ran last (one table alive at a time)
+_live: list[list] = []   # the holders filled now (one case's inputs alive at a time)
 
 
 def random_table(rng: np.random.Generator, rows: int, dim: int, dtype) -> np.ndarray:
@@ -48,20 +49,24 @@ def random_table(rng: np.random.Generator, rows: int, dim: int, dtype) -> np.nda
 def make_inputs(seed: int, rows: int, dim: int, num_bags: int, bag_len: int, dtype,
                 dist: str = "uniform") -> dict:
     """Seeded inputs of one case: table, int64 indices and offsets, an out= array."""
-    key = (seed, rows, dim, num_bags, bag_len, np.dtype(dtype).name, dist)
-    if key not in _current:
-        _current.clear()
-        rng = np.random.default_rng(seed)
-        n = num_bags * bag_len
-        indices = (zipf_indices(rng, rows, n) if dist == "zipf"
-                   else rng.integers(0, rows, n, dtype=np.int64))
-        _current[key] = {
-            "weight": random_table(rng, rows, dim, dtype),
-            "indices": indices,
+    rng = np.random.default_rng(seed)
+    n = num_bags * bag_len
+    indices = (zipf_indices(rng, rows, n) if dist == "zipf"
+               else rng.integers(0, rows, n, dtype=np.int64))
+    return {"weight": random_table(rng, rows, dim, dtype), "indices": indices,
             "offsets": np.arange(num_bags, dtype=np.int64) * bag_len,
-            "out": np.empty((num_bags, dim), np.float32),
-        }
-    return _current[key]
+            "out": np.empty((num_bags, dim), np.float32)}
+
+
+def _fill(holder: list, *args) -> tuple:
+    """Build a case's inputs into its holder, first emptying every other holder."""
+    for h in _live:
+        h.clear()
+    _live.clear()
+    x = make_inputs(*args)
+    holder.append((x["weight"], x["indices"], x["offsets"], x["out"]))
+    _live.append(holder)
+    return holder[0]
 
 
 def bag_case(seed, name, rows, dim, num_bags, bag_len, dtype_name, dist="uniform") -> Case:
@@ -69,19 +74,16 @@ def bag_case(seed, name, rows, dim, num_bags, bag_len, dtype_name, dist="uniform
     dtype = TABLE_DTYPES[dtype_name]
     n = num_bags * bag_len
     nbytes = n * dim * dtype.itemsize + n * 8 + num_bags * 8 + num_bags * dim * 4
-    key = (seed, rows, dim, num_bags, bag_len, dtype.name, dist)
-
-    def get():
-        x = _current.get(key)
-        return x if x is not None else make_inputs(seed, rows, dim, num_bags, bag_len, dtype, dist)
+    holder: list = []
+    args = (seed, rows, dim, num_bags, bag_len, dtype, dist)
 
     def ours():
-        x = get()
-        return pk.embedding_bag(x["weight"], x["indices"], x["offsets"], out=x["out"])
+        w, i, o, out = holder[0] if holder else _fill(holder, *args)
+        return pk.embedding_bag(w, i, o, out=out)
 
     def numpy():
-        x = get()
-        return np.add.reduceat(x["weight"][x["indices"]], x["offsets"], axis=0, dtype=np.float32)
+        w, i, o, _ = holder[0] if holder else _fill(holder, *args)
+        return np.add.reduceat(w[i], o, axis=0, dtype=np.float32)
 
     baselines = {"numpy": numpy}
     torch = torch_or_none()
@@ -89,15 +91,14 @@ def bag_case(seed, name, rows, dim, num_bags, bag_len, dtype_name, dist="uniform
         tensors: dict = {}
 
         def torch_bag():
-            x = get()
+            w, i, o, _ = x = holder[0] if holder else _fill(holder, *args)
             if tensors.get("key") is not x:   # wrap once per inputs (no copy)
-                tensors.update(key=x, t=[torch.from_numpy(x[k]) for k in ("indices", "offsets")])
-                w = x["weight"]
                 # torch has no ml_dtypes: view bfloat16 bits as torch.bfloat16 (no copy)
-                tensors["w"] = (torch.from_numpy(w.view(np.int16)).view(torch.bfloat16)
-                                if w.dtype == TABLE_DTYPES["bfloat16"] else torch.from_numpy(w))
-            ti, to = tensors["t"]
-            return torch.nn.functional.embedding_bag(ti, tensors["w"], to, mode="sum")
+                tw = (torch.from_numpy(w.view(np.int16)).view(torch.bfloat16)
+                      if w.dtype == TABLE_DTYPES["bfloat16"] else torch.from_numpy(w))
+                tensors.update(key=x, t=(tw, torch.from_numpy(i), torch.from_numpy(o)))
+            tw, ti, to = tensors["t"]
+            return torch.nn.functional.embedding_bag(ti, tw, to, mode="sum")
 
         baselines["torch"] = torch_bag
     return Case("embedding", f"bag {dtype_name} {name} B={num_bags} L={bag_len} {dist}", nbytes,
