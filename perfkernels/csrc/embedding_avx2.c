@@ -1,7 +1,7 @@
 /* Embedding-bag kernels for AVX2 + FMA + F16C.  Compiled with -mavx2 -mfma -mf16c (setup.py, this
  * file only).
  *
- * One bag's output row is held in zmm registers while its rows are summed (acc = fma(w, x, acc)),
+ * One bag's output row is held in ymm registers while its rows are summed (acc = fma(w, x, acc)),
  * FBGEMM style.  `bag_pass` sums NV full 8-float vectors (plus an optional masked tail vector)
  * of one column block; NV and the table / index types are compile-time constants at every call,
  * so each specialisation keeps its accumulators in registers: D = 16, 32, 64 are single passes
