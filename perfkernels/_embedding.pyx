@@ -166,8 +166,8 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
     array([[ 6.,  8., 10.],
            [ 9., 10., 11.]], dtype=float32)
     >>> perfkernels.embedding_bag(weight, np.array([[0, 2], [3, 3]]), mode="mean")
-    array([[3., 4., 5.],
-           [9., 10., 11.]], dtype=float32)
+    array([[ 3.,  4.,  5.],
+           [ 9., 10., 11.]], dtype=float32)
     """
     cdef pk_bags bags
     cdef int64_t scratch[BAGS_SCRATCH]
