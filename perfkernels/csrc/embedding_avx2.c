@@ -80,24 +80,25 @@ ALWAYS_INLINE void prefetch_bytes(const char *p, size_t nbytes)
 
 /* Add row indices[j] (times its weight) to acc: the index is checked before its row is touched,
  * the row PREFETCH_DISTANCE indices ahead is prefetched.  Returns 0, or 1 for a bad index. */
-ALWAYS_INLINE int add_row(const pk_bags *bags, const char *table, int64_t rows, size_t row_bytes,
+ALWAYS_INLINE int add_row(const void *indices, int64_t n, int64_t padding, const float *weights,
+                          const char *table, int64_t rows, size_t row_bytes,
                           int64_t begin, int64_t j, int64_t col, int tail, __m256 *acc,
                           int64_t *count, const int NV, const int has_tail, const int type,
                           const int idx64, const int weighting)
 {
     const size_t elem = type == TABLE_F32 ? 4 : 2;
     const size_t block_bytes = (size_t)(NV * VL + (has_tail ? tail : 0)) * elem;
-    const int64_t idx = index_at(bags->indices, j, idx64);
+    const int64_t idx = index_at(indices, j, idx64);
     if ((uint64_t)idx >= (uint64_t)rows) return 1;
-    if (j + PREFETCH_DISTANCE < bags->n_indices) {
-        const int64_t ahead = index_at(bags->indices, j + PREFETCH_DISTANCE, idx64);
+    if (j + PREFETCH_DISTANCE < n) {
+        const int64_t ahead = index_at(indices, j + PREFETCH_DISTANCE, idx64);
         if ((uint64_t)ahead < (uint64_t)rows)
             prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes);
     }
-    if (idx == bags->padding_idx) return 0;
+    if (idx == padding) return 0;
     ++*count;
     const __m256 w = _mm256_set1_ps(weighting == UNWEIGHTED ? 1.0f
-                                    : bags->weights[weighting == POSITIONAL ? j - begin : j]);
+                                    : weights[weighting == POSITIONAL ? j - begin : j]);
     const char *row = table + (size_t)idx * row_bytes;
 #pragma GCC unroll 8
     for (int v = 0; v < NV; v++)
@@ -116,13 +117,17 @@ ALWAYS_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t
                                  const int NV, const int has_tail, const int type, const int idx64,
                                  const int weighting)
 {
+    /* struct fields in locals: the prefetches would otherwise make the compiler reload them */
+    const void *indices = bags->indices;
+    const int64_t n = bags->n_indices, padding = bags->padding_idx;
+    const float *weights = bags->weights;
     const int split = (NV + has_tail) * 2 <= 4;
     __m256 acc[2][MAX_VECS + 1];  /* constant indices only, so they live in registers */
 #pragma GCC unroll 9
     for (int v = 0; v <= NV; v++) acc[0][v] = acc[1][v] = _mm256_setzero_ps();
     int64_t count = 0, j = begin;
 #define ADD_ROW(J, SET)                                                                           \
-    if (add_row(bags, table, rows, row_bytes, begin, (J), col, tail, acc[SET], &count, NV,        \
+    if (add_row(indices, n, padding, weights, table, rows, row_bytes, begin, (J), col, tail, acc[SET], &count, NV,        \
                 has_tail, type, idx64, weighting)) {                                              \
         *bad_pos = (J);                                                                           \
         return PK_ERR_INDEX;                                                                      \
