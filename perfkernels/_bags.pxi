@@ -79,7 +79,7 @@ cdef inline int64_t _get_int(const void *p, bint is64, Py_ssize_t i) noexcept no
 cdef int64_t _normalise_offsets(const void *p, bint is64, Py_ssize_t count, bint include_last,
                                 int64_t n, int64_t *dst, int64_t *max_len) except -1:
     """Validate PyTorch-style offsets (count entries) and write the num_bags + 1 normalised offsets
-    into dst (dst may be NULL when p is already int64 with include_last).  Returns num_bags."""
+    into dst (NULL: validate only).  Returns num_bags."""
     cdef Py_ssize_t i, num_bags
     cdef int64_t v, prev, longest = 0
     if include_last:
@@ -210,23 +210,20 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
             if cnp.PyArray_NDIM(off) != 1:
                 raise ValueError(f"offsets must be 1-D; got shape {(<object>off).shape}")
             count = cnp.PyArray_DIM(off, 0)
-            if include_last_offset and cnp.PyArray_ITEMSIZE(off) == 8:
-                # already in the normalised form: validate only, no copy
-                num_bags = _normalise_offsets(cnp.PyArray_DATA(off), True, count, True, n,
-                                              NULL, &max_len)
-                bags.offsets = <const int64_t *>cnp.PyArray_DATA(off)
+            # Always copied into the normalised buffer, even when already int64 with
+            # include_last_offset: the kernel then reads offsets that cannot change after they were
+            # validated (another thread may write the caller's array while the GIL is released).
+            num_bags = count - 1 if include_last_offset else count
+            if num_bags < 0:
+                num_bags = 0
+            if num_bags + 1 <= scratch_len:
+                dst = scratch
             else:
-                num_bags = count - 1 if include_last_offset else count
-                if num_bags < 0:
-                    num_bags = 0
-                if num_bags + 1 <= scratch_len:
-                    dst = scratch
-                else:
-                    norm = np.empty(num_bags + 1, dtype=np.int64)
-                    dst = <int64_t *>cnp.PyArray_DATA(norm)
-                num_bags = _normalise_offsets(cnp.PyArray_DATA(off), cnp.PyArray_ITEMSIZE(off) == 8,
-                                              count, include_last_offset, n, dst, &max_len)
-                bags.offsets = dst
+                norm = np.empty(num_bags + 1, dtype=np.int64)
+                dst = <int64_t *>cnp.PyArray_DATA(norm)
+            num_bags = _normalise_offsets(cnp.PyArray_DATA(off), cnp.PyArray_ITEMSIZE(off) == 8,
+                                          count, include_last_offset, n, dst, &max_len)
+            bags.offsets = dst
         else:
             lens = _as_int_array(lengths, "lengths")
             off = lens

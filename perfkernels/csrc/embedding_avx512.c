@@ -18,8 +18,12 @@
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define VL 16          /* floats per vector */
 #define MAX_VECS 16    /* accumulators per pass: 16 of the 32 zmm, the rest for loads */
+#ifndef PREFETCH_DISTANCE
+#define PREFETCH_DISTANCE PK_BAGS_PREFETCH_DISTANCE
+#endif
 
 enum table_type { TABLE_F32, TABLE_F16, TABLE_BF16 };
+enum weighting { UNWEIGHTED, PER_SAMPLE, POSITIONAL };
 
 ALWAYS_INLINE __m512 widen_bf16(__m256i h)
 {
@@ -46,57 +50,96 @@ ALWAYS_INLINE int64_t index_at(const void *indices, int64_t j, const int idx64)
     return idx64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
 }
 
+/* One prefetch per 64 bytes from the start of the block (nbytes is a compile-time constant
+ * for the fixed-D paths, so this unrolls), as FBGEMM does, plus one for the block's last byte:
+ * NumPy's large arrays start 16 bytes past a page, so a 256-byte row spans 5 lines, and the
+ * line FBGEMM leaves out is a demand miss on every row of a DRAM-resident table. */
 ALWAYS_INLINE void prefetch_bytes(const char *p, size_t nbytes)
 {
-    const char *last = p + nbytes - 1;
-    for (const char *q = (const char *)((uintptr_t)p & ~(uintptr_t)63); q <= last; q += 64)
-        _mm_prefetch(q, _MM_HINT_T0);
+#pragma GCC unroll 16
+    for (size_t off = 0; off < nbytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+    _mm_prefetch(p + nbytes - 1, _MM_HINT_T0);
 }
 
-/* Sum columns [col, col + NV*16 + tail) of bag [begin, end) into out_row. */
-ALWAYS_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t rows,
-                                 size_t row_bytes, int64_t begin, int64_t end, int64_t col,
-                                 __mmask16 tail, float *out_row, int64_t *bad_pos,
-                                 const int NV, const int has_tail, const int type, const int idx64)
+/* Add row indices[j] (times its weight) to acc: the index is checked before its row is touched,
+ * the row PREFETCH_DISTANCE indices ahead is prefetched.  Returns 0, or 1 for a bad index. */
+ALWAYS_INLINE int add_row(const void *indices, int64_t n, int64_t padding, const float *weights,
+                          const char *table, int64_t rows, size_t row_bytes,
+                          int64_t begin, int64_t j, int64_t col, __mmask16 tail, __m512 *acc,
+                          int64_t *count, const int NV, const int has_tail, const int type,
+                          const int idx64, const int weighting)
 {
     const size_t elem = type == TABLE_F32 ? 4 : 2;
     const size_t block_bytes = (size_t)(NV * VL + (has_tail ? __builtin_popcount(tail) : 0)) * elem;
-    const int64_t n = bags->n_indices, padding = bags->padding_idx;
-    const void *indices = bags->indices;
-    const float *weights = bags->weights;
-    __m512 acc[MAX_VECS + 1];  /* only [0, NV] used: constant indices, so they live in registers */
-#pragma GCC unroll 17
-    for (int v = 0; v <= NV; v++) acc[v] = _mm512_setzero_ps();
-    int64_t count = 0;
-    for (int64_t j = begin; j < end; j++) {
-        const int64_t idx = index_at(indices, j, idx64);
-        if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return PK_ERR_INDEX; }
-        if (j + PK_BAGS_PREFETCH_DISTANCE < n) {
-            const int64_t ahead = index_at(indices, j + PK_BAGS_PREFETCH_DISTANCE, idx64);
-            if ((uint64_t)ahead < (uint64_t)rows)
-                prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes);
-        }
-        if (idx == padding) continue;
-        count++;
-        const __m512 w = _mm512_set1_ps(weights ? weights[bags->positional ? j - begin : j] : 1.0f);
-        const char *row = table + (size_t)idx * row_bytes;
+    const int64_t idx = index_at(indices, j, idx64);
+    if ((uint64_t)idx >= (uint64_t)rows) return 1;
+    if (j + PREFETCH_DISTANCE < n) {
+        const int64_t ahead = index_at(indices, j + PREFETCH_DISTANCE, idx64);
+        if ((uint64_t)ahead < (uint64_t)rows)
+            prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes);
+    }
+    if (idx == padding) return 0;
+    ++*count;
+    const __m512 w = _mm512_set1_ps(weighting == UNWEIGHTED ? 1.0f
+                                    : weights[weighting == POSITIONAL ? j - begin : j]);
+    const char *row = table + (size_t)idx * row_bytes;
 #pragma GCC unroll 16
-        for (int v = 0; v < NV; v++)
-            acc[v] = _mm512_fmadd_ps(w, load_row(row, col + v * VL, type), acc[v]);
-        if (has_tail)
-            acc[NV] = _mm512_fmadd_ps(w, load_row_masked(row, col + NV * VL, tail, type), acc[NV]);
+    for (int v = 0; v < NV; v++)
+        acc[v] = _mm512_fmadd_ps(w, load_row(row, col + v * VL, type), acc[v]);
+    if (has_tail)
+        acc[NV] = _mm512_fmadd_ps(w, load_row_masked(row, col + NV * VL, tail, type), acc[NV]);
+    return 0;
+}
+
+/* Sum columns [col, col + NV*VL + tail) of bag [begin, end) into out_row.  Narrow blocks
+ * alternate rows between two accumulator sets: two independent FMA chains instead of one, so
+ * a short row does not wait for the previous row's FMA latency. */
+ALWAYS_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t rows,
+                                 size_t row_bytes, int64_t begin, int64_t end, int64_t col,
+                                 __mmask16 tail, float *out_row, int64_t *bad_pos,
+                                 const int NV, const int has_tail, const int type, const int idx64,
+                                 const int weighting)
+{
+    /* struct fields in locals: the prefetches would otherwise make the compiler reload them */
+    const void *indices = bags->indices;
+    const int64_t n = bags->n_indices, padding = bags->padding_idx;
+    const float *weights = bags->weights;
+    const int split = (NV + has_tail) * 2 <= 8;
+    __m512 acc[2][MAX_VECS + 1];  /* constant indices only, so they live in registers */
+#pragma GCC unroll 17
+    for (int v = 0; v <= NV; v++) acc[0][v] = acc[1][v] = _mm512_setzero_ps();
+    int64_t count = 0, j = begin;
+#define ADD_ROW(J, SET)                                                                           \
+    if (add_row(indices, n, padding, weights, table, rows, row_bytes, begin, (J), col, tail, acc[SET], &count, NV,        \
+                has_tail, type, idx64, weighting)) {                                              \
+        *bad_pos = (J);                                                                           \
+        return PK_ERR_INDEX;                                                                      \
+    }
+    if (split) {
+        for (; j + 1 < end; j += 2) {
+            ADD_ROW(j, 0)
+            ADD_ROW(j + 1, 1)
+        }
+    }
+    for (; j < end; j++) {
+        ADD_ROW(j, 0)
+    }
+#undef ADD_ROW
+    if (split) {
+#pragma GCC unroll 17
+        for (int v = 0; v <= NV; v++) acc[0][v] = _mm512_add_ps(acc[0][v], acc[1][v]);
     }
     const __m512 scale = _mm512_set1_ps(bags->mean && count > 0 ? 1.0f / (float)count : 1.0f);
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; v++) _mm512_storeu_ps(out_row + col + v * VL, _mm512_mul_ps(acc[v], scale));
-    if (has_tail) _mm512_mask_storeu_ps(out_row + col + NV * VL, tail, _mm512_mul_ps(acc[NV], scale));
+    for (int v = 0; v < NV; v++) _mm512_storeu_ps(out_row + col + v * VL, _mm512_mul_ps(acc[0][v], scale));
+    if (has_tail) _mm512_mask_storeu_ps(out_row + col + NV * VL, tail, _mm512_mul_ps(acc[0][NV], scale));
     return PK_OK;
 }
 
 #define PASS(NV_, HAS_TAIL_, TAIL_MASK_)                                                          \
     do {                                                                                          \
         pk_status s_ = bag_pass(bags, tab, rows, row_bytes, begin, end, col, (TAIL_MASK_), out,   \
-                                bad_pos, (NV_), (HAS_TAIL_), type, idx64);                        \
+                                bad_pos, (NV_), (HAS_TAIL_), type, idx64, weighting);                        \
         if (s_ != PK_OK) return s_;                                                               \
         col += (NV_) * VL;                                                                        \
     } while (0)
@@ -104,7 +147,7 @@ ALWAYS_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t
 /* D == NV * 16: one pass per bag, the whole row in NV registers. */
 ALWAYS_INLINE pk_status bags_fixed(const pk_bags *bags, const void *table, int64_t rows,
                                    int64_t row_stride, int64_t *bad_pos, const int NV,
-                                   const int type, const int idx64)
+                                   const int type, const int idx64, const int weighting)
 {
     const char *tab = (const char *)table;
     const size_t row_bytes = (size_t)row_stride * (type == TABLE_F32 ? 4 : 2);
@@ -120,7 +163,7 @@ ALWAYS_INLINE pk_status bags_fixed(const pk_bags *bags, const void *table, int64
 /* Any D: blocks of 16, 8, 4, 2, 1 vectors, then a masked tail. */
 ALWAYS_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int64_t rows,
                                      int64_t dim, int64_t row_stride, int64_t *bad_pos,
-                                     const int type, const int idx64)
+                                     const int type, const int idx64, const int weighting)
 {
     const char *tab = (const char *)table;
     const size_t row_bytes = (size_t)row_stride * (type == TABLE_F32 ? 4 : 2);
@@ -141,15 +184,15 @@ ALWAYS_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int
 
 ALWAYS_INLINE pk_status bags_by_dim(const pk_bags *bags, const void *table, int64_t rows,
                                     int64_t dim, int64_t row_stride, int64_t *bad_pos,
-                                    const int type, const int idx64)
+                                    const int type, const int idx64, const int weighting)
 {
     switch (dim) {
-    case 16: return bags_fixed(bags, table, rows, row_stride, bad_pos, 1, type, idx64);
-    case 32: return bags_fixed(bags, table, rows, row_stride, bad_pos, 2, type, idx64);
-    case 64: return bags_fixed(bags, table, rows, row_stride, bad_pos, 4, type, idx64);
-    case 128: return bags_fixed(bags, table, rows, row_stride, bad_pos, 8, type, idx64);
-    case 256: return bags_fixed(bags, table, rows, row_stride, bad_pos, 16, type, idx64);
-    default: return bags_generic(bags, table, rows, dim, row_stride, bad_pos, type, idx64);
+    case 16: return bags_fixed(bags, table, rows, row_stride, bad_pos, 1, type, idx64, weighting);
+    case 32: return bags_fixed(bags, table, rows, row_stride, bad_pos, 2, type, idx64, weighting);
+    case 64: return bags_fixed(bags, table, rows, row_stride, bad_pos, 4, type, idx64, weighting);
+    case 128: return bags_fixed(bags, table, rows, row_stride, bad_pos, 8, type, idx64, weighting);
+    case 256: return bags_fixed(bags, table, rows, row_stride, bad_pos, 16, type, idx64, weighting);
+    default: return bags_generic(bags, table, rows, dim, row_stride, bad_pos, type, idx64, weighting);
     }
 }
 
@@ -162,8 +205,13 @@ ALWAYS_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, in
         if (j >= 0) { *bad_pos = j; return PK_ERR_INDEX; }
         return PK_OK;
     }
-    return bags->index_64 ? bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, 1)
-                          : bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, 0);
+#define BY_DIM(IDX64, WEIGHTING) bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, IDX64, WEIGHTING)
+    if (bags->weights == NULL)
+        return bags->index_64 ? BY_DIM(1, UNWEIGHTED) : BY_DIM(0, UNWEIGHTED);
+    if (!bags->positional)
+        return bags->index_64 ? BY_DIM(1, PER_SAMPLE) : BY_DIM(0, PER_SAMPLE);
+    return bags->index_64 ? BY_DIM(1, POSITIONAL) : BY_DIM(0, POSITIONAL);
+#undef BY_DIM
 }
 
 pk_status pk_embedding_bag_f32_avx512(const pk_bags *bags, const void *table, int64_t rows,

@@ -1,0 +1,115 @@
+"""Benchmarks of embedding_bag on float32 / float16 / bfloat16 tables beside NumPy and PyTorch.
+
+BENCHMARKS.md's embedding shapes (FBGEMM's own 4M-row tables, DLRM's 1M x 64, a cache-resident
+20k x 128 table and the tiny 1-bag-of-1 call) for every table dtype, uniform indices, plus Zipf
+indices on the DLRM shape.  NumPy: ``np.add.reduceat(weight[indices], offsets, axis=0,
+dtype=float32)``; PyTorch: ``torch.nn.functional.embedding_bag`` (FBGEMM's JIT kernels).
+
+The 4M-row tables are large (4M x 256 float32 is 4 GiB), so inputs are built when a case first
+runs and only the most recent case's inputs are kept (a case's closures hold them in a
+holder list that the next case empties).
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from . import Case, torch_or_none, zipf_indices
+
+#: (name, rows, D, bags, bag length)
+SHAPES = [
+    ("fbgemm 4M x 32", 4_000_000, 32, 10, 100),
+    ("fbgemm 4M x 64", 4_000_000, 64, 10, 100),
+    ("fbgemm 4M x 128", 4_000_000, 128, 10, 100),
+    ("fbgemm 4M x 256", 4_000_000, 256, 10, 100),
+    ("dlrm 1M x 64", 1_000_000, 64, 2048, 100),
+    ("cache 20k x 128", 20_000, 128, 512, 40),
+    ("tiny 1k x 64", 1_000, 64, 1, 1),
+]
+QUICK_SHAPES = [
+    ("cache 20k x 128", 20_000, 128, 512, 40),
+    ("small 100k x 64", 100_000, 64, 256, 40),
+    ("tiny 1k x 64", 1_000, 64, 1, 1),
+]
+TABLE_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
+                "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+_live: list[list] = []   # the holders filled now (one case's inputs alive at a time)
+
+
+def random_table(rng: np.random.Generator, rows: int, dim: int, dtype) -> np.ndarray:
+    """A random table, converted in chunks (no float32 copy of a whole 16-bit table)."""
+    table = np.empty((rows, dim), dtype=dtype)
+    for start in range(0, rows, 250_000):
+        stop = min(rows, start + 250_000)
+        table[start:stop] = rng.standard_normal((stop - start, dim), dtype=np.float32)
+    return table
+
+
+def make_inputs(seed: int, rows: int, dim: int, num_bags: int, bag_len: int, dtype,
+                dist: str = "uniform") -> dict:
+    """Seeded inputs of one case: table, int64 indices and offsets, an out= array."""
+    rng = np.random.default_rng(seed)
+    n = num_bags * bag_len
+    indices = (zipf_indices(rng, rows, n) if dist == "zipf"
+               else rng.integers(0, rows, n, dtype=np.int64))
+    return {"weight": random_table(rng, rows, dim, dtype), "indices": indices,
+            "offsets": np.arange(num_bags, dtype=np.int64) * bag_len,
+            "out": np.empty((num_bags, dim), np.float32)}
+
+
+def _fill(holder: list, *args) -> tuple:
+    """Build a case's inputs into its holder, first emptying every other holder."""
+    for h in _live:
+        h.clear()
+    _live.clear()
+    x = make_inputs(*args)
+    holder.append((x["weight"], x["indices"], x["offsets"], x["out"]))
+    _live.append(holder)
+    return holder[0]
+
+
+def bag_case(seed, name, rows, dim, num_bags, bag_len, dtype_name, dist="uniform") -> Case:
+    import perfkernels as pk
+    dtype = TABLE_DTYPES[dtype_name]
+    n = num_bags * bag_len
+    nbytes = n * dim * dtype.itemsize + n * 8 + num_bags * 8 + num_bags * dim * 4
+    holder: list = []
+    args = (seed, rows, dim, num_bags, bag_len, dtype, dist)
+
+    def ours():
+        w, i, o, out = holder[0] if holder else _fill(holder, *args)
+        return pk.embedding_bag(w, i, o, out=out)
+
+    def numpy():
+        w, i, o, _ = holder[0] if holder else _fill(holder, *args)
+        return np.add.reduceat(w[i], o, axis=0, dtype=np.float32)
+
+    baselines = {"numpy": numpy}
+    torch = torch_or_none()
+    if torch is not None:
+        tensors: dict = {}
+
+        def torch_bag():
+            w, i, o, _ = x = holder[0] if holder else _fill(holder, *args)
+            if tensors.get("key") is not x:   # wrap once per inputs (no copy)
+                # torch has no ml_dtypes: view bfloat16 bits as torch.bfloat16 (no copy)
+                tw = (torch.from_numpy(w.view(np.int16)).view(torch.bfloat16)
+                      if w.dtype == TABLE_DTYPES["bfloat16"] else torch.from_numpy(w))
+                tensors.update(key=x, t=(tw, torch.from_numpy(i), torch.from_numpy(o)))
+            tw, ti, to = tensors["t"]
+            return torch.nn.functional.embedding_bag(ti, tw, to, mode="sum")
+
+        baselines["torch"] = torch_bag
+    return Case("embedding", f"bag {dtype_name} {name} B={num_bags} L={bag_len} {dist}", nbytes,
+                ours, baselines)
+
+
+def cases(quick: bool) -> list[Case]:
+    out = []
+    for dtype_name in TABLE_DTYPES:
+        for seed, (name, rows, dim, num_bags, bag_len) in enumerate(QUICK_SHAPES if quick else SHAPES):
+            out.append(bag_case(seed, name, rows, dim, num_bags, bag_len, dtype_name))
+        name, rows, dim, num_bags, bag_len = QUICK_SHAPES[1] if quick else SHAPES[4]
+        out.append(bag_case(99, name, rows, dim, num_bags, bag_len, dtype_name, "zipf"))
+    return out
