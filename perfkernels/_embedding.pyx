@@ -109,7 +109,9 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
 
     ``out[b] = scale_b * sum(w_j * float32(weight[indices[j]]) for j in bag b)``, accumulated in
     float32 whatever the table type (caffe2 SparseLengths[Weighted]Sum/Mean, PyTorch
-    ``torch.nn.functional.embedding_bag``).  The kernel runs with the GIL released.
+    ``torch.nn.functional.embedding_bag``).  The kernel runs with the GIL released, except for
+    calls touching fewer than 4096 output values + indices, where releasing and re-taking the GIL
+    would cost more than the kernel itself (NumPy's ufuncs use the same kind of threshold).
 
     Parameters
     ----------
