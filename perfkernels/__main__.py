@@ -87,7 +87,8 @@ def print_table(rows: list[dict], copy_gbs: float | None) -> None:
         return
     levels = sorted({lv for r in rows for lv in r["ours"]}, key=lambda s: ("scalar", "avx2", "avx512", "gpu").index(s))
     bases = sorted({b for r in rows for b in r["base"]})
-    head = (f"{'case':<34}" + "".join(f"{lv:>9}" for lv in levels) + "".join(f"{b:>9}" for b in bases)
+    width = max(len(r["case"].name) for r in rows) + 2
+    head = (f"{'case':<{width}}" + "".join(f"{lv:>9}" for lv in levels) + "".join(f"{b:>9}" for b in bases)
             + f"{'best time':>14}" + "".join(f"{'vs ' + b:>11}" for b in bases)
             + ("  % copy" if copy_gbs else ""))
     print("\nGB/s of the bytes each kernel must touch (single thread; median of repetitions)")
@@ -101,7 +102,7 @@ def print_table(rows: list[dict], copy_gbs: float | None) -> None:
             print(f"[{family}]")
         gbs = {k: case.nbytes / t / 1e9 for k, t in r["ours"].items()}
         best = min(r["ours"].values())
-        line = f"{case.name:<34}" + "".join(f"{_fmt_gbs(gbs.get(lv)):>9}" for lv in levels)
+        line = f"{case.name:<{width}}" + "".join(f"{_fmt_gbs(gbs.get(lv)):>9}" for lv in levels)
         line += "".join(f"{_fmt_gbs(case.nbytes / r['base'][b] / 1e9 if b in r['base'] else None):>9}"
                         for b in bases)
         line += f"{_fmt_time(best):>14}"

@@ -14,23 +14,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from . import Case, torch_or_none, zipf_indices
+from . import BAG_SHAPES, QUICK_BAG_SHAPES, Case, torch_or_none, zipf_indices
 
-#: (name, rows, D, bags, bag length)
-SHAPES = [
-    ("fbgemm 4M x 32", 4_000_000, 32, 10, 100),
-    ("fbgemm 4M x 64", 4_000_000, 64, 10, 100),
-    ("fbgemm 4M x 128", 4_000_000, 128, 10, 100),
-    ("fbgemm 4M x 256", 4_000_000, 256, 10, 100),
-    ("dlrm 1M x 64", 1_000_000, 64, 2048, 100),
-    ("cache 20k x 128", 20_000, 128, 512, 40),
-    ("tiny 1k x 64", 1_000, 64, 1, 1),
-]
-QUICK_SHAPES = [
-    ("cache 20k x 128", 20_000, 128, 512, 40),
-    ("small 100k x 64", 100_000, 64, 256, 40),
-    ("tiny 1k x 64", 1_000, 64, 1, 1),
-]
+SHAPES, QUICK_SHAPES = BAG_SHAPES, QUICK_BAG_SHAPES
 TABLE_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
                 "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 

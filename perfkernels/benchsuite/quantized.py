@@ -8,23 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Case, torch_or_none, zipf_indices
+from . import BAG_SHAPES, QUICK_BAG_SHAPES, Case, torch_or_none, zipf_indices
 
-#: (name, rows, D, bags, mean bag length)
-LOOKUP_SHAPES = [
-    ("fbgemm 4M x 32", 4_000_000, 32, 10, 100),
-    ("fbgemm 4M x 64", 4_000_000, 64, 10, 100),
-    ("fbgemm 4M x 128", 4_000_000, 128, 10, 100),
-    ("fbgemm 4M x 256", 4_000_000, 256, 10, 100),
-    ("dlrm 1M x 64", 1_000_000, 64, 2048, 100),
-    ("cache 20k x 128", 20_000, 128, 512, 40),
-    ("tiny 1k x 64", 1_000, 64, 1, 1),
-]
-QUICK_LOOKUP_SHAPES = [
-    ("cache 20k x 128", 20_000, 128, 512, 40),
-    ("small 100k x 64", 100_000, 64, 256, 40),
-    ("tiny 1k x 64", 1_000, 64, 1, 1),
-]
+LOOKUP_SHAPES, QUICK_LOOKUP_SHAPES = BAG_SHAPES, QUICK_BAG_SHAPES
 QUANTIZE_SHAPE = (200_000, 128)
 QUICK_QUANTIZE_SHAPE = (20_000, 128)
 
