@@ -152,6 +152,9 @@ void pk_dequantize_rowwise_avx2(int bits, const uint8_t *packed, size_t rows, si
 
 #define PK_ALWAYS_INLINE static inline __attribute__((always_inline))
 #define BLOCK_VECS 8     /* output floats held in registers per pass: 8 x 8 (16 ymm registers) */
+#ifndef SPEC_VECS
+#define SPEC_VECS 16
+#endif
 
 /* What the bag loop reads per row, hoisted out of pk_bags once per call. */
 typedef struct bag_loop {
@@ -185,7 +188,7 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int tail,
                                    int64_t end, const int64_t row_bytes, const int64_t codes_bytes,
                                    int64_t d0, int prefetch, float *out, int64_t *bad_pos)
 {
-    __m256 acc[BLOCK_VECS];
+    __m256 acc[SPEC_VECS > BLOCK_VECS ? SPEC_VECS : BLOCK_VECS];
     float tacc[8] = {0};
     float bias_sum = 0.0f;   /* sum of w*bias, added once per bag instead of once per row */
     for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
@@ -261,7 +264,7 @@ PK_ALWAYS_INLINE pk_status bags_loop(const int bits, const int D, const int inde
         const int64_t begin = offsets[b], end = offsets[b + 1];
         float *out = out_base + b * out_stride;
         if (D) {
-            const int nv = D < 8 * BLOCK_VECS ? D / 8 : BLOCK_VECS;
+            const int nv = D < 8 * SPEC_VECS ? D / 8 : SPEC_VECS;
             for (int d0 = 0; d0 < D; d0 += 8 * nv)
                 if (bag_block(bits, nv, 0, index_64, weighted, a, begin, end, row_bytes,
                               codes_bytes, d0, d0 == 0, out, bad_pos) < 0)
