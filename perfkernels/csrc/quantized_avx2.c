@@ -151,10 +151,14 @@ void pk_dequantize_rowwise_avx2(int bits, const uint8_t *packed, size_t rows, si
 /* ---- embedding bags ------------------------------------------------------------------------ */
 
 #define PK_ALWAYS_INLINE static inline __attribute__((always_inline))
-#define BLOCK_VECS 8     /* output floats held in registers per pass: 8 x 8 (16 ymm registers) */
-#ifndef SPEC_VECS
-#define SPEC_VECS 16
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD PK_BAGS_PREFETCH_DISTANCE
 #endif
+#define BLOCK_VECS 8     /* output floats held in registers per pass: 8 x 8 (16 ymm registers) */
+/* A specialised D keeps up to 16 vectors (D = 128) in one pass: the compiler spills two
+ * accumulators (a store-forwarded load and store each per row), which costs less than a second
+ * pass over the bag re-reading every index, trailer and weight. */
+#define SPEC_VECS 16
 
 /* What the bag loop reads per row, hoisted out of pk_bags once per call. */
 typedef struct bag_loop {
@@ -198,15 +202,15 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int tail,
     const int64_t padding = a->padding_idx;
     const float *weights = a->weights;
     const int64_t wofs = weighted && a->positional ? begin : 0;
-    /* the last index that has a row 16 positions ahead of it */
-    const int64_t pf_end = prefetch ? a->n_indices - PK_BAGS_PREFETCH_DISTANCE : 0;
+    /* the last index that has a row PREFETCH_AHEAD positions ahead of it */
+    const int64_t pf_end = prefetch ? a->n_indices - PREFETCH_AHEAD : 0;
     const int pairs = bits == 4 && nv % 2 == 0;
     int64_t count = 0;
     for (int64_t j = begin; j < end; j++) {
         const int64_t idx = index_at(index_64, indices, j);
         if ((uint64_t)idx >= rows) { *bad_pos = j; return -1; }
         if (j < pf_end)
-            prefetch_row(packed, index_at(index_64, indices, j + PK_BAGS_PREFETCH_DISTANCE), row_bytes);
+            prefetch_row(packed, index_at(index_64, indices, j + PREFETCH_AHEAD), row_bytes);
         if (idx == padding) continue;
         count++;
         const float w = weighted ? weights[j - wofs] : 1.0f;
@@ -249,8 +253,8 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int tail,
     return count;
 }
 
-/* All bags, all columns.  D (0: any) is a compile-time constant: a specialised D runs D / 64
- * passes of BLOCK_VECS vectors (one for D <= 64) with a constant row size; any other D takes
+/* All bags, all columns.  D (0: any) is a compile-time constant: a specialised D runs D / 128
+ * passes of SPEC_VECS vectors (one for D <= 128) with a constant row size; any other D takes
  * passes of BLOCK_VECS vectors and a rest of nv < BLOCK_VECS vectors plus a scalar tail. */
 PK_ALWAYS_INLINE pk_status bags_loop(const int bits, const int D, const int index_64,
                                      const int weighted, const bag_loop *a, const int64_t *offsets,

@@ -142,6 +142,9 @@ void pk_dequantize_rowwise_avx512(int bits, const uint8_t *packed, size_t rows, 
 /* ---- embedding bags ------------------------------------------------------------------------ */
 
 #define PK_ALWAYS_INLINE static inline __attribute__((always_inline))
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD PK_BAGS_PREFETCH_DISTANCE
+#endif
 #define BLOCK_VECS 16    /* output floats held in registers per pass: 16 x 16 (D = 256 in one pass) */
 
 /* What the bag loop reads per row, hoisted out of pk_bags once per call. */
@@ -186,15 +189,15 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int index
     const int64_t padding = a->padding_idx;
     const float *weights = a->weights;
     const int64_t wofs = weighted && a->positional ? begin : 0;
-    /* the last index that has a row 16 positions ahead of it */
-    const int64_t pf_end = prefetch ? a->n_indices - PK_BAGS_PREFETCH_DISTANCE : 0;
+    /* the last index that has a row PREFETCH_AHEAD positions ahead of it */
+    const int64_t pf_end = prefetch ? a->n_indices - PREFETCH_AHEAD : 0;
     const int pairs = bits == 4 && nv % 2 == 0 && last == (__mmask16)0xffff;
     int64_t count = 0;
     for (int64_t j = begin; j < end; j++) {
         const int64_t idx = index_at(index_64, indices, j);
         if ((uint64_t)idx >= rows) { *bad_pos = j; return -1; }
         if (j < pf_end)
-            prefetch_row(packed, index_at(index_64, indices, j + PK_BAGS_PREFETCH_DISTANCE), row_bytes);
+            prefetch_row(packed, index_at(index_64, indices, j + PREFETCH_AHEAD), row_bytes);
         if (idx == padding) continue;
         count++;
         const float w = weighted ? weights[j - wofs] : 1.0f;
