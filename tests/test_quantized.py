@@ -267,6 +267,45 @@ def test_lookup_keywords(isa, rng, bits):
     assert_close_bags(out, ref, mag)
 
 
+@pytest.mark.parametrize("bits", BITS)
+def test_lookup_options_on_specialised_dims(isa, rng, bits):
+    """The kernels specialise D = 32/64/128/256 and each option (index width, weights, positional,
+    padding, mean): every combination against the reference, long bags so prefetching is exercised."""
+    rows = 300
+    for dim in (24, 32, 64, 128, 256):
+        p = pk.quantize_rowwise(random_table(rng, rows, dim), bits=bits)
+        table = ref_dequantize(p, bits, dim)
+        for index_dtype in (np.int32, np.int64):
+            indices, offsets = random_bags(rng, rows, 9, 60, index_dtype)
+            n = len(indices)
+            bounds = np.append(offsets, n)
+            pw = rng.uniform(-1, 1, 60).astype(np.float32)
+            per_sample = np.concatenate([pw[:bounds[b + 1] - bounds[b]] for b in range(9)]).astype(np.float32)
+            pad = int(indices[2]) if n > 2 else 0
+            for mode in ("sum", "mean"):
+                for padding_idx in (None, pad):
+                    ref, mag = ref_bags(table, indices, offsets, None, mode, padding_idx)
+                    assert_close_bags(pk.embedding_bag_quantized(p, indices, offsets, bits=bits, mode=mode,
+                                                                 padding_idx=padding_idx), ref, mag)
+                    ref, mag = ref_bags(table, indices, offsets, per_sample, mode, padding_idx)
+                    assert_close_bags(pk.embedding_bag_quantized(p, indices, offsets, bits=bits, mode=mode,
+                                                                 padding_idx=padding_idx,
+                                                                 per_sample_weights=per_sample), ref, mag)
+                    assert_close_bags(pk.embedding_bag_quantized(p, indices, offsets, bits=bits, mode=mode,
+                                                                 padding_idx=padding_idx,
+                                                                 per_sample_weights=pw,
+                                                                 positional_weights=True), ref, mag)
+            if n > 40:
+                bad = indices.copy()
+                bad[40] = -1 if index_dtype is np.int32 else rows
+                out = np.full((9, dim), 3.0, np.float32)
+                with pytest.raises(IndexError, match=r"indices\[40\]"):
+                    pk.embedding_bag_quantized(p, bad, offsets, bits=bits, out=out)
+                assert np.all(out == 3.0)
+                with pytest.raises(IndexError, match=r"indices\[40\]"):
+                    pk.embedding_bag_quantized(p, bad, offsets, bits=bits)
+
+
 def test_lookup_padded_dim_needs_dim(rng):
     t = random_table(rng, 10, 7)
     p = pk.quantize_rowwise(t, bits=4)

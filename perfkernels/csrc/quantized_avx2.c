@@ -151,43 +151,76 @@ void pk_dequantize_rowwise_avx2(int bits, const uint8_t *packed, size_t rows, si
 /* ---- embedding bags ------------------------------------------------------------------------ */
 
 #define PK_ALWAYS_INLINE static inline __attribute__((always_inline))
-#define BLOCK_VECS 8     /* output floats held in registers per pass: 8 x 8 */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD PK_BAGS_PREFETCH_DISTANCE
+#endif
+#define BLOCK_VECS 8     /* output floats held in registers per pass: 8 x 8 (16 ymm registers) */
+/* A specialised D keeps up to 16 vectors (D = 128) in one pass: the compiler spills two
+ * accumulators (a store-forwarded load and store each per row), which costs less than a second
+ * pass over the bag re-reading every index, trailer and weight. */
+#define SPEC_VECS 16
+
+/* What the bag loop reads per row, hoisted out of pk_bags once per call. */
+typedef struct bag_loop {
+    const void *indices;
+    const float *weights;
+    int positional, mean;
+    int64_t n_indices, padding_idx, rows;
+    const uint8_t *packed;
+} bag_loop;
+
+PK_ALWAYS_INLINE int64_t index_at(const int index_64, const void *indices, int64_t j)
+{
+    return index_64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
+}
+
+/* Every 64-byte line of a row that may start anywhere (prefetches never fault, so an index not yet
+ * checked is harmless here; the address is formed in integers). */
+PK_ALWAYS_INLINE void prefetch_row(const uint8_t *packed, int64_t idx, int64_t row_bytes)
+{
+    const uintptr_t p = (uintptr_t)packed + (uint64_t)idx * (uint64_t)row_bytes;
+    for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch((const char *)(p + off), _MM_HINT_T0);
+    if (row_bytes % 64 != 1) _mm_prefetch((const char *)(p + row_bytes - 1), _MM_HINT_T0);
+}
 
 /* Sum one bag over output columns [d0, d0 + 8*nv + tail) with that slice of the output row in
- * registers (nv and bits are compile-time constants after inlining).  Returns the number of
- * non-padding entries, or -1 with *bad_pos set for an out-of-range index. */
-PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int tail,
-                                   const pk_bags *bags, int64_t begin, int64_t end,
-                                   const uint8_t *packed, int64_t rows, int64_t row_bytes,
-                                   int64_t codes_bytes, int64_t d0, int prefetch, float *out,
-                                   int64_t *bad_pos)
+ * registers.  bits, nv, tail, index_64, weighted (and row_bytes when D is specialised) are
+ * compile-time constants after inlining, so the row loop holds no option branch.  Returns the
+ * number of non-padding entries, or -1 with *bad_pos set for an out-of-range index. */
+PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int tail, const int index_64,
+                                   const int weighted, const bag_loop *a, int64_t begin,
+                                   int64_t end, const int64_t row_bytes, const int64_t codes_bytes,
+                                   int64_t d0, int prefetch, float *out, int64_t *bad_pos)
 {
-    __m256 acc[BLOCK_VECS];
+    __m256 acc[SPEC_VECS > BLOCK_VECS ? SPEC_VECS : BLOCK_VECS];
     float tacc[8] = {0};
     float bias_sum = 0.0f;   /* sum of w*bias, added once per bag instead of once per row */
     for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
-    const int64_t n = bags->n_indices, padding = bags->padding_idx;
+    const void *indices = a->indices;
+    const uint8_t *packed = a->packed;
+    const uint64_t rows = (uint64_t)a->rows;
+    const int64_t padding = a->padding_idx;
+    const float *weights = a->weights;
+    const int64_t wofs = weighted && a->positional ? begin : 0;
+    /* the last index that has a row PREFETCH_AHEAD positions ahead of it */
+    const int64_t pf_end = prefetch ? a->n_indices - PREFETCH_AHEAD : 0;
+    const int pairs = bits == 4 && nv % 2 == 0;
     int64_t count = 0;
     for (int64_t j = begin; j < end; j++) {
-        const int64_t idx = pk_bags_index(bags, j);
-        if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return -1; }
-        if (prefetch && j + PK_BAGS_PREFETCH_DISTANCE < n) {
-            const uint64_t ahead = (uint64_t)pk_bags_index(bags, j + PK_BAGS_PREFETCH_DISTANCE);
-            if (ahead < (uint64_t)rows) {
-                const char *p = (const char *)packed + ahead * (uint64_t)row_bytes;
-                for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
-                _mm_prefetch(p + row_bytes - 1, _MM_HINT_T0);
-            }
-        }
+        const int64_t idx = index_at(index_64, indices, j);
+        if ((uint64_t)idx >= rows) { *bad_pos = j; return -1; }
+        if (j < pf_end)
+            prefetch_row(packed, index_at(index_64, indices, j + PREFETCH_AHEAD), row_bytes);
         if (idx == padding) continue;
         count++;
-        const float w = bags->weights ? bags->weights[bags->positional ? j - begin : j] : 1.0f;
+        const float w = weighted ? weights[j - wofs] : 1.0f;
         const uint8_t *row = packed + (uint64_t)idx * (uint64_t)row_bytes;
         float scale, bias;
         pk_q_read_trailer(bits, row, (size_t)codes_bytes, &scale, &bias);
-        const __m256 ws = _mm256_set1_ps(w * scale);
-        bias_sum += w * bias;
-        if (bits == 4 && nv % 2 == 0) {
+        const float wscale = weighted ? w * scale : scale;
+        const __m256 ws = _mm256_set1_ps(wscale);
+        bias_sum += weighted ? w * bias : bias;
+        if (pairs) {
             /* 16 codes from 8 bytes: low nibbles (even columns) and high nibbles (odd columns)
              * go to two accumulators, interleaved once at the store */
             for (int v = 0; v < nv; v += 2) {
@@ -202,17 +235,17 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int tail,
                 acc[v] = _mm256_fmadd_ps(codes8_ps(bits, row, (size_t)d0 + 8 * v), ws, acc[v]);
         }
         for (int t = 0; t < tail; t++)
-            tacc[t] = fmaf(code_at(bits, row, (size_t)d0 + 8 * nv + t), w * scale, tacc[t]);
+            tacc[t] = fmaf(code_at(bits, row, (size_t)d0 + 8 * nv + t), wscale, tacc[t]);
     }
-    if (bits == 4 && nv % 2 == 0) {
+    if (pairs) {
         for (int v = 0; v < nv; v += 2) {
-            __m256 a = _mm256_unpacklo_ps(acc[v], acc[v + 1]);   /* l0 h0 l1 h1 | l4 h4 l5 h5 */
-            __m256 b = _mm256_unpackhi_ps(acc[v], acc[v + 1]);   /* l2 h2 l3 h3 | l6 h6 l7 h7 */
-            acc[v] = _mm256_permute2f128_ps(a, b, 0x20);
-            acc[v + 1] = _mm256_permute2f128_ps(a, b, 0x31);
+            __m256 x = _mm256_unpacklo_ps(acc[v], acc[v + 1]);   /* l0 h0 l1 h1 | l4 h4 l5 h5 */
+            __m256 y = _mm256_unpackhi_ps(acc[v], acc[v + 1]);   /* l2 h2 l3 h3 | l6 h6 l7 h7 */
+            acc[v] = _mm256_permute2f128_ps(x, y, 0x20);
+            acc[v + 1] = _mm256_permute2f128_ps(x, y, 0x31);
         }
     }
-    const float norm_s = bags->mean && count > 0 ? 1.0f / (float)count : 1.0f;
+    const float norm_s = a->mean && count > 0 ? 1.0f / (float)count : 1.0f;
     const __m256 norm = _mm256_set1_ps(norm_s), vbias = _mm256_set1_ps(bias_sum);
     for (int v = 0; v < nv; v++)
         _mm256_storeu_ps(out + d0 + 8 * v, _mm256_mul_ps(_mm256_add_ps(acc[v], vbias), norm));
@@ -220,55 +253,91 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int tail,
     return count;
 }
 
-/* One bag, all columns: full passes of BLOCK_VECS vectors, then the rest (nv < 8 vectors + tail). */
-PK_ALWAYS_INLINE int bag_all(const int bits, const pk_bags *bags, int64_t b, const uint8_t *packed,
-                             int64_t rows, int64_t row_bytes, int64_t dim, int64_t *bad_pos)
+/* All bags, all columns.  D (0: any) is a compile-time constant: a specialised D runs D / 128
+ * passes of SPEC_VECS vectors (one for D <= 128) with a constant row size; any other D takes
+ * passes of BLOCK_VECS vectors and a rest of nv < BLOCK_VECS vectors plus a scalar tail. */
+PK_ALWAYS_INLINE pk_status bags_loop(const int bits, const int D, const int index_64,
+                                     const int weighted, const bag_loop *a, const int64_t *offsets,
+                                     int64_t num_bags, float *out_base, int64_t out_stride,
+                                     int64_t dim_rt, int64_t row_bytes_rt, int64_t *bad_pos)
 {
-    const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
+    const int64_t dim = D ? D : dim_rt;
     const int64_t codes_bytes = bits == 8 ? dim : (int64_t)pk_q_codes_bytes(bits, (size_t)dim);
-    float *out = bags->out + b * bags->out_stride;
-    int64_t d0 = 0;
-    int prefetch = 1;
-    for (; d0 + 8 * BLOCK_VECS <= dim; d0 += 8 * BLOCK_VECS, prefetch = 0)
-        if (bag_block(bits, BLOCK_VECS, 0, bags, begin, end, packed, rows, row_bytes, codes_bytes,
-                      d0, prefetch, out, bad_pos) < 0) return -1;
-    const int64_t rest = dim - d0;
-    if (rest == 0) return 0;
-    const int nv = (int)(rest / 8), tail = (int)(rest % 8);
+    const int64_t row_bytes = D ? codes_bytes + (bits == 8 ? 8 : 4) : row_bytes_rt;
+    for (int64_t b = 0; b < num_bags; b++) {
+        const int64_t begin = offsets[b], end = offsets[b + 1];
+        float *out = out_base + b * out_stride;
+        if (D) {
+            const int nv = D < 8 * SPEC_VECS ? D / 8 : SPEC_VECS;
+            for (int d0 = 0; d0 < D; d0 += 8 * nv)
+                if (bag_block(bits, nv, 0, index_64, weighted, a, begin, end, row_bytes,
+                              codes_bytes, d0, d0 == 0, out, bad_pos) < 0)
+                    return PK_ERR_INDEX;
+            continue;
+        }
+        int64_t d0 = 0;
+        int prefetch = 1;
+        for (; d0 + 8 * BLOCK_VECS <= dim; d0 += 8 * BLOCK_VECS, prefetch = 0)
+            if (bag_block(bits, BLOCK_VECS, 0, index_64, weighted, a, begin, end, row_bytes,
+                          codes_bytes, d0, prefetch, out, bad_pos) < 0) return PK_ERR_INDEX;
+        const int64_t rest = dim - d0;
+        if (rest == 0) continue;
+        const int nv = (int)(rest / 8), tail = (int)(rest % 8);
+        int64_t r = 0;
 #define REST_CASE(NV)                                                                             \
-    case NV:                                                                                      \
-        return bag_block(bits, NV, tail, bags, begin, end, packed, rows, row_bytes, codes_bytes, \
-                         d0, prefetch, out, bad_pos) < 0 ? -1 : 0;
-    switch (nv) {
-        REST_CASE(0) REST_CASE(1) REST_CASE(2) REST_CASE(3)
-        REST_CASE(4) REST_CASE(5) REST_CASE(6) REST_CASE(7)
-    }
+        case NV:                                                                                  \
+            r = bag_block(bits, NV, tail, index_64, weighted, a, begin, end, row_bytes,          \
+                          codes_bytes, d0, prefetch, out, bad_pos);                               \
+            break;
+        switch (nv) {
+            REST_CASE(0) REST_CASE(1) REST_CASE(2) REST_CASE(3)
+            REST_CASE(4) REST_CASE(5) REST_CASE(6) REST_CASE(7)
+        }
 #undef REST_CASE
-    return 0;
-}
-
-PK_ALWAYS_INLINE pk_status bags_bits(const int bits, const pk_bags *bags, const uint8_t *packed,
-                                     int64_t rows, int64_t row_bytes, int64_t dim, int64_t *bad_pos)
-{
-    for (int64_t b = 0; b < bags->num_bags; b++)
-        if (bag_all(bits, bags, b, packed, rows, row_bytes, dim, bad_pos) < 0) return PK_ERR_INDEX;
+        if (r < 0) return PK_ERR_INDEX;
+    }
     return PK_OK;
 }
 
-static pk_status bags_8bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
-{ return bags_bits(8, g, p, r, rb, d, bad); }
-static pk_status bags_4bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
-{ return bags_bits(4, g, p, r, rb, d, bad); }
-static pk_status bags_2bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
-{ return bags_bits(2, g, p, r, rb, d, bad); }
+/* One function per (bits, D); the index width and whether there are weights picked once per call. */
+#define BAGS_FOR(BITS, D)                                                                         \
+    static pk_status bags_##BITS##bit_d##D(const bag_loop *a, const pk_bags *g, int64_t dim,      \
+                                           int64_t row_bytes, int64_t *bad)                       \
+    {                                                                                             \
+        const int weighted = g->weights != NULL;                                                  \
+        if (g->index_64)                                                                          \
+            return weighted ? bags_loop(BITS, D, 1, 1, a, g->offsets, g->num_bags, g->out,       \
+                                        g->out_stride, dim, row_bytes, bad)                       \
+                            : bags_loop(BITS, D, 1, 0, a, g->offsets, g->num_bags, g->out,       \
+                                        g->out_stride, dim, row_bytes, bad);                      \
+        return weighted ? bags_loop(BITS, D, 0, 1, a, g->offsets, g->num_bags, g->out,           \
+                                    g->out_stride, dim, row_bytes, bad)                           \
+                        : bags_loop(BITS, D, 0, 0, a, g->offsets, g->num_bags, g->out,           \
+                                    g->out_stride, dim, row_bytes, bad);                          \
+    }
+BAGS_FOR(8, 0) BAGS_FOR(8, 32) BAGS_FOR(8, 64) BAGS_FOR(8, 128) BAGS_FOR(8, 256)
+BAGS_FOR(4, 0) BAGS_FOR(4, 32) BAGS_FOR(4, 64) BAGS_FOR(4, 128) BAGS_FOR(4, 256)
+BAGS_FOR(2, 0)
+#undef BAGS_FOR
 
 pk_status pk_embedding_bag_quantized_avx2(int bits, const pk_bags *bags, const uint8_t *packed,
                                           int64_t rows, int64_t row_bytes, int64_t dim,
                                           int64_t *bad_pos)
 {
-    if (bits == 8) return bags_8bit(bags, packed, rows, row_bytes, dim, bad_pos);
-    if (bits == 4) return bags_4bit(bags, packed, rows, row_bytes, dim, bad_pos);
-    return bags_2bit(bags, packed, rows, row_bytes, dim, bad_pos);
+    const bag_loop a = {bags->indices, bags->weights, bags->positional, bags->mean,
+                        bags->n_indices, bags->padding_idx, rows, packed};
+#define BY_DIM(BITS)                                                                              \
+    switch (row_bytes == (int64_t)pk_quantized_row_bytes(BITS, (size_t)dim) ? dim : 0) {          \
+    case 32: return bags_##BITS##bit_d32(&a, bags, dim, row_bytes, bad_pos);                      \
+    case 64: return bags_##BITS##bit_d64(&a, bags, dim, row_bytes, bad_pos);                      \
+    case 128: return bags_##BITS##bit_d128(&a, bags, dim, row_bytes, bad_pos);                    \
+    case 256: return bags_##BITS##bit_d256(&a, bags, dim, row_bytes, bad_pos);                    \
+    default: return bags_##BITS##bit_d0(&a, bags, dim, row_bytes, bad_pos);                       \
+    }
+    if (bits == 8) BY_DIM(8)
+    if (bits == 4) BY_DIM(4)
+#undef BY_DIM
+    return bags_2bit_d0(&a, bags, dim, row_bytes, bad_pos);
 }
 
 #endif /* PK_X86_64 */

@@ -142,42 +142,71 @@ void pk_dequantize_rowwise_avx512(int bits, const uint8_t *packed, size_t rows, 
 /* ---- embedding bags ------------------------------------------------------------------------ */
 
 #define PK_ALWAYS_INLINE static inline __attribute__((always_inline))
-#define BLOCK_VECS 8     /* output floats held in registers per pass: 8 x 16 */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD PK_BAGS_PREFETCH_DISTANCE
+#endif
+#define BLOCK_VECS 16    /* output floats held in registers per pass: 16 x 16 (D = 256 in one pass) */
+
+/* What the bag loop reads per row, hoisted out of pk_bags once per call. */
+typedef struct bag_loop {
+    const void *indices;
+    const float *weights;
+    int positional, mean;
+    int64_t n_indices, padding_idx, rows;
+    const uint8_t *packed;
+} bag_loop;
+
+PK_ALWAYS_INLINE int64_t index_at(const int index_64, const void *indices, int64_t j)
+{
+    return index_64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
+}
+
+/* Every 64-byte line of a row that may start anywhere (prefetches never fault, so an index not yet
+ * checked is harmless here; the address is formed in integers). */
+PK_ALWAYS_INLINE void prefetch_row(const uint8_t *packed, int64_t idx, int64_t row_bytes)
+{
+    const uintptr_t p = (uintptr_t)packed + (uint64_t)idx * (uint64_t)row_bytes;
+    for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch((const char *)(p + off), _MM_HINT_T0);
+    if (row_bytes % 64 != 1) _mm_prefetch((const char *)(p + row_bytes - 1), _MM_HINT_T0);
+}
 
 /* Sum one bag over output columns [d0, d0 + 16*nv) (the last vector limited by `last`) with that
- * slice of the output row in registers (nv and bits are compile-time constants after inlining).
+ * slice of the output row in registers.  bits, nv, index_64, weighted (and row_bytes when D is
+ * specialised) are compile-time constants after inlining, so the row loop holds no option branch.
  * Returns the number of non-padding entries, or -1 with *bad_pos set for an out-of-range index. */
-PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, __mmask16 last,
-                                   const pk_bags *bags, int64_t begin, int64_t end,
-                                   const uint8_t *packed, int64_t rows, int64_t row_bytes,
-                                   int64_t codes_bytes, int64_t d0, int prefetch, float *out,
+PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, const int index_64,
+                                   const int weighted, __mmask16 last, const bag_loop *a,
+                                   int64_t begin, int64_t end, const int64_t row_bytes,
+                                   const int64_t codes_bytes, int64_t d0, int prefetch, float *out,
                                    int64_t *bad_pos)
 {
     __m512 acc[BLOCK_VECS];
     float bias_sum = 0.0f;   /* sum of w*bias, added once per bag instead of once per row */
     for (int v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
-    const int64_t n = bags->n_indices, padding = bags->padding_idx;
+    const void *indices = a->indices;
+    const uint8_t *packed = a->packed;
+    const uint64_t rows = (uint64_t)a->rows;
+    const int64_t padding = a->padding_idx;
+    const float *weights = a->weights;
+    const int64_t wofs = weighted && a->positional ? begin : 0;
+    /* the last index that has a row PREFETCH_AHEAD positions ahead of it */
+    const int64_t pf_end = prefetch ? a->n_indices - PREFETCH_AHEAD : 0;
+    const int pairs = bits == 4 && nv % 2 == 0 && last == (__mmask16)0xffff;
     int64_t count = 0;
     for (int64_t j = begin; j < end; j++) {
-        const int64_t idx = pk_bags_index(bags, j);
-        if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return -1; }
-        if (prefetch && j + PK_BAGS_PREFETCH_DISTANCE < n) {
-            const uint64_t ahead = (uint64_t)pk_bags_index(bags, j + PK_BAGS_PREFETCH_DISTANCE);
-            if (ahead < (uint64_t)rows) {
-                const char *p = (const char *)packed + ahead * (uint64_t)row_bytes;
-                for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
-                _mm_prefetch(p + row_bytes - 1, _MM_HINT_T0);
-            }
-        }
+        const int64_t idx = index_at(index_64, indices, j);
+        if ((uint64_t)idx >= rows) { *bad_pos = j; return -1; }
+        if (j < pf_end)
+            prefetch_row(packed, index_at(index_64, indices, j + PREFETCH_AHEAD), row_bytes);
         if (idx == padding) continue;
         count++;
-        const float w = bags->weights ? bags->weights[bags->positional ? j - begin : j] : 1.0f;
+        const float w = weighted ? weights[j - wofs] : 1.0f;
         const uint8_t *row = packed + (uint64_t)idx * (uint64_t)row_bytes;
         float scale, bias;
         pk_q_read_trailer(bits, row, (size_t)codes_bytes, &scale, &bias);
-        const __m512 ws = _mm512_set1_ps(w * scale);
-        bias_sum += w * bias;
-        if (bits == 4 && nv % 2 == 0 && last == (__mmask16)0xffff) {
+        const __m512 ws = _mm512_set1_ps(weighted ? w * scale : scale);
+        bias_sum += weighted ? w * bias : bias;
+        if (pairs) {
             /* 32 codes from 16 bytes: low nibbles (even columns) and high nibbles (odd columns)
              * go to two accumulators, interleaved once at the store */
             for (int v = 0; v < nv; v += 2) {
@@ -187,6 +216,13 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, __mmask16 last,
                 acc[v] = _mm512_fmadd_ps(lo, ws, acc[v]);
                 acc[v + 1] = _mm512_fmadd_ps(hi, ws, acc[v + 1]);
             }
+        } else if (bits == 8) {
+            for (int v = 0; v < nv; v++) {
+                const uint8_t *c = row + d0 + 16 * v;
+                __m128i q = v == nv - 1 && last != (__mmask16)0xffff ? _mm_maskz_loadu_epi8(last, c)
+                                                                    : _mm_loadu_si128((const __m128i *)c);
+                acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), ws, acc[v]);
+            }
         } else {
             for (int v = 0; v < nv; v++) {
                 const __mmask16 m = v == nv - 1 ? last : (__mmask16)0xffff;
@@ -194,17 +230,17 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, __mmask16 last,
             }
         }
     }
-    if (bits == 4 && nv % 2 == 0 && last == (__mmask16)0xffff) {
+    if (pairs) {
         const __m512i even = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
         const __m512i odd = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
         for (int v = 0; v < nv; v += 2) {
-            __m512 a = _mm512_permutex2var_ps(acc[v], even, acc[v + 1]);
-            __m512 b = _mm512_permutex2var_ps(acc[v], odd, acc[v + 1]);
-            acc[v] = a;
-            acc[v + 1] = b;
+            __m512 x = _mm512_permutex2var_ps(acc[v], even, acc[v + 1]);
+            __m512 y = _mm512_permutex2var_ps(acc[v], odd, acc[v + 1]);
+            acc[v] = x;
+            acc[v + 1] = y;
         }
     }
-    const float norm_s = bags->mean && count > 0 ? 1.0f / (float)count : 1.0f;
+    const float norm_s = a->mean && count > 0 ? 1.0f / (float)count : 1.0f;
     const __m512 norm = _mm512_set1_ps(norm_s), vbias = _mm512_set1_ps(bias_sum);
     for (int v = 0; v < nv; v++) {
         const __mmask16 m = v == nv - 1 ? last : (__mmask16)0xffff;
@@ -213,56 +249,92 @@ PK_ALWAYS_INLINE int64_t bag_block(const int bits, const int nv, __mmask16 last,
     return count;
 }
 
-/* One bag, all columns: full passes of BLOCK_VECS vectors, then the rest (up to 8 vectors, the
- * last one masked). */
-PK_ALWAYS_INLINE int bag_all(const int bits, const pk_bags *bags, int64_t b, const uint8_t *packed,
-                             int64_t rows, int64_t row_bytes, int64_t dim, int64_t *bad_pos)
+/* All bags, all columns.  D (0: any) is a compile-time constant: a specialised D is held in
+ * registers in one pass with a constant row size; any other D takes passes of BLOCK_VECS vectors
+ * and a rest of up to BLOCK_VECS vectors, the last one masked. */
+PK_ALWAYS_INLINE pk_status bags_loop(const int bits, const int D, const int index_64,
+                                     const int weighted, const bag_loop *a, const int64_t *offsets,
+                                     int64_t num_bags, float *out_base, int64_t out_stride,
+                                     int64_t dim_rt, int64_t row_bytes_rt, int64_t *bad_pos)
 {
-    const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
+    const int64_t dim = D ? D : dim_rt;
     const int64_t codes_bytes = bits == 8 ? dim : (int64_t)pk_q_codes_bytes(bits, (size_t)dim);
-    float *out = bags->out + b * bags->out_stride;
-    int64_t d0 = 0;
-    int prefetch = 1;
-    for (; dim - d0 > 16 * BLOCK_VECS; d0 += 16 * BLOCK_VECS, prefetch = 0)
-        if (bag_block(bits, BLOCK_VECS, 0xffff, bags, begin, end, packed, rows, row_bytes,
-                      codes_bytes, d0, prefetch, out, bad_pos) < 0) return -1;
-    const int64_t rest = dim - d0;                     /* 1 .. 128 */
-    const int nv = (int)((rest + 15) / 16);
-    const __mmask16 last = rest % 16 ? tail_mask((size_t)(rest % 16)) : (__mmask16)0xffff;
+    const int64_t row_bytes = D ? codes_bytes + (bits == 8 ? 8 : 4) : row_bytes_rt;
+    for (int64_t b = 0; b < num_bags; b++) {
+        const int64_t begin = offsets[b], end = offsets[b + 1];
+        float *out = out_base + b * out_stride;
+        if (D) {
+            if (bag_block(bits, (D + 15) / 16, index_64, weighted,
+                          D % 16 ? (__mmask16)((1u << (D % 16)) - 1u) : (__mmask16)0xffff, a, begin,
+                          end, row_bytes, codes_bytes, 0, 1, out, bad_pos) < 0)
+                return PK_ERR_INDEX;
+            continue;
+        }
+        int64_t d0 = 0;
+        int prefetch = 1;
+        for (; dim - d0 > 16 * BLOCK_VECS; d0 += 16 * BLOCK_VECS, prefetch = 0)
+            if (bag_block(bits, BLOCK_VECS, index_64, weighted, 0xffff, a, begin, end, row_bytes,
+                          codes_bytes, d0, prefetch, out, bad_pos) < 0) return PK_ERR_INDEX;
+        const int64_t rest = dim - d0;                     /* 1 .. 16 * BLOCK_VECS */
+        const int nv = (int)((rest + 15) / 16);
+        const __mmask16 last = rest % 16 ? tail_mask((size_t)(rest % 16)) : (__mmask16)0xffff;
+        int64_t r = 0;
 #define REST_CASE(NV)                                                                             \
-    case NV:                                                                                      \
-        return bag_block(bits, NV, last, bags, begin, end, packed, rows, row_bytes, codes_bytes, \
-                         d0, prefetch, out, bad_pos) < 0 ? -1 : 0;
-    switch (nv) {
-        REST_CASE(1) REST_CASE(2) REST_CASE(3) REST_CASE(4)
-        REST_CASE(5) REST_CASE(6) REST_CASE(7) REST_CASE(8)
-    }
+        case NV:                                                                                  \
+            r = bag_block(bits, NV, index_64, weighted, last, a, begin, end, row_bytes,          \
+                          codes_bytes, d0, prefetch, out, bad_pos);                               \
+            break;
+        switch (nv) {
+            REST_CASE(1) REST_CASE(2) REST_CASE(3) REST_CASE(4)
+            REST_CASE(5) REST_CASE(6) REST_CASE(7) REST_CASE(8)
+            REST_CASE(9) REST_CASE(10) REST_CASE(11) REST_CASE(12)
+            REST_CASE(13) REST_CASE(14) REST_CASE(15) REST_CASE(16)
+        }
 #undef REST_CASE
-    return 0;
-}
-
-PK_ALWAYS_INLINE pk_status bags_bits(const int bits, const pk_bags *bags, const uint8_t *packed,
-                                     int64_t rows, int64_t row_bytes, int64_t dim, int64_t *bad_pos)
-{
-    for (int64_t b = 0; b < bags->num_bags; b++)
-        if (bag_all(bits, bags, b, packed, rows, row_bytes, dim, bad_pos) < 0) return PK_ERR_INDEX;
+        if (r < 0) return PK_ERR_INDEX;
+    }
     return PK_OK;
 }
 
-static pk_status bags_8bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
-{ return bags_bits(8, g, p, r, rb, d, bad); }
-static pk_status bags_4bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
-{ return bags_bits(4, g, p, r, rb, d, bad); }
-static pk_status bags_2bit(const pk_bags *g, const uint8_t *p, int64_t r, int64_t rb, int64_t d, int64_t *bad)
-{ return bags_bits(2, g, p, r, rb, d, bad); }
+/* One function per (bits, D); the index width and whether there are weights picked once per call. */
+#define BAGS_FOR(BITS, D)                                                                         \
+    static pk_status bags_##BITS##bit_d##D(const bag_loop *a, const pk_bags *g, int64_t dim,      \
+                                           int64_t row_bytes, int64_t *bad)                       \
+    {                                                                                             \
+        const int weighted = g->weights != NULL;                                                  \
+        if (g->index_64)                                                                          \
+            return weighted ? bags_loop(BITS, D, 1, 1, a, g->offsets, g->num_bags, g->out,       \
+                                        g->out_stride, dim, row_bytes, bad)                       \
+                            : bags_loop(BITS, D, 1, 0, a, g->offsets, g->num_bags, g->out,       \
+                                        g->out_stride, dim, row_bytes, bad);                      \
+        return weighted ? bags_loop(BITS, D, 0, 1, a, g->offsets, g->num_bags, g->out,           \
+                                    g->out_stride, dim, row_bytes, bad)                           \
+                        : bags_loop(BITS, D, 0, 0, a, g->offsets, g->num_bags, g->out,           \
+                                    g->out_stride, dim, row_bytes, bad);                          \
+    }
+BAGS_FOR(8, 0) BAGS_FOR(8, 32) BAGS_FOR(8, 64) BAGS_FOR(8, 128) BAGS_FOR(8, 256)
+BAGS_FOR(4, 0) BAGS_FOR(4, 32) BAGS_FOR(4, 64) BAGS_FOR(4, 128) BAGS_FOR(4, 256)
+BAGS_FOR(2, 0)
+#undef BAGS_FOR
 
 pk_status pk_embedding_bag_quantized_avx512(int bits, const pk_bags *bags, const uint8_t *packed,
                                             int64_t rows, int64_t row_bytes, int64_t dim,
                                             int64_t *bad_pos)
 {
-    if (bits == 8) return bags_8bit(bags, packed, rows, row_bytes, dim, bad_pos);
-    if (bits == 4) return bags_4bit(bags, packed, rows, row_bytes, dim, bad_pos);
-    return bags_2bit(bags, packed, rows, row_bytes, dim, bad_pos);
+    const bag_loop a = {bags->indices, bags->weights, bags->positional, bags->mean,
+                        bags->n_indices, bags->padding_idx, rows, packed};
+#define BY_DIM(BITS)                                                                              \
+    switch (row_bytes == (int64_t)pk_quantized_row_bytes(BITS, (size_t)dim) ? dim : 0) {                                                                                \
+    case 32: return bags_##BITS##bit_d32(&a, bags, dim, row_bytes, bad_pos);                      \
+    case 64: return bags_##BITS##bit_d64(&a, bags, dim, row_bytes, bad_pos);                      \
+    case 128: return bags_##BITS##bit_d128(&a, bags, dim, row_bytes, bad_pos);                    \
+    case 256: return bags_##BITS##bit_d256(&a, bags, dim, row_bytes, bad_pos);                    \
+    default: return bags_##BITS##bit_d0(&a, bags, dim, row_bytes, bad_pos);                       \
+    }
+    if (bits == 8) BY_DIM(8)
+    if (bits == 4) BY_DIM(4)
+#undef BY_DIM
+    return bags_2bit_d0(&a, bags, dim, row_bytes, bad_pos);
 }
 
 #endif /* PK_X86_64 */
