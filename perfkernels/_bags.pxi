@@ -9,8 +9,9 @@
 #     keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
 #                         include_last_offset, padding_idx, positional_weights, rows,
 #                         scratch, BAGS_SCRATCH)
-#     ... allocate out [bags.num_bags, D], set bags.out / bags.out_stride, call the kernel ...
-#     if status == PK_ERR_INDEX: raise_index_error(&bags, bad_pos, rows)
+#     dst = bags_output(&bags, out, checked_out, D, rows)   # sets bags.out / bags.out_stride
+#     ... call the kernel ...
+#     check_bags_status(&bags, status, bad_pos, rows, "name")
 #
 # `keep` holds the arrays the pointers in `bags` point into: keep it alive until the kernel
 # returns.  `scratch` (caller's stack) holds the normalised offsets of small calls, so a call with
@@ -290,3 +291,38 @@ cdef int raise_index_error(const pk_bags *bags, int64_t pos, int64_t rows) excep
     pre-scan)."""
     cdef int64_t value = pk_bags_index(bags, pos)
     raise IndexError(f"indices[{pos}] = {value} is out of range for a table of {rows} rows")
+
+
+cdef cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int64_t dim,
+                             int64_t rows):
+    """The array the kernel writes, num_bags x dim float32, pointed to by bags.out: a new one when
+    out is None, else `checked` (out as checked by the caller, or the temporary it needs)."""
+    cdef cnp.npy_intp shape[2]
+    cdef cnp.ndarray dst
+    cdef int64_t bad
+    if out is None:
+        shape[0] = <cnp.npy_intp>bags.num_bags
+        shape[1] = <cnp.npy_intp>dim
+        dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
+    else:
+        dst = checked
+        if dst is out:
+            # The kernel writes out= directly, so a bad index must be found before it starts:
+            # this pre-scan reads only the index array (n * 4 or 8 bytes, vectorised, then warm in
+            # cache for the kernel), much less than a temporary the size of out plus a copy.
+            bad = pk_bags_first_bad_index(bags, rows)
+            if bad >= 0:
+                raise_index_error(bags, bad, rows)
+    bags.out = <float *>cnp.PyArray_DATA(dst)
+    bags.out_stride = dim
+    return dst
+
+
+cdef int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,
+                           str name) except -1:
+    """The exception for a kernel's status: IndexError for a bad index, RuntimeError otherwise."""
+    if status == PK_ERR_INDEX:
+        raise_index_error(bags, bad, rows)
+    elif status != PK_OK:
+        raise RuntimeError(f"{name} kernel failed with status {<int>status}")
+    return 0

@@ -180,24 +180,10 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
     cdef object keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
                                     include_last_offset, padding_idx, positional_weights, rows,
                                     scratch, BAGS_SCRATCH)
-    cdef cnp.npy_intp shape[2]
-    cdef cnp.ndarray dst
     cdef int64_t bad = -1
-    shape[0] = <cnp.npy_intp>bags.num_bags
-    shape[1] = <cnp.npy_intp>dim
-    if out is None:
-        dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
-    else:
-        dst = _out_for_kernel(out, bags.num_bags, dim, table, keep)
-        if dst is out:
-            # The kernel writes out= directly, so a bad index must be found before it starts:
-            # this pre-scan reads only the index array (n * 4 or 8 bytes, vectorised, then warm in
-            # cache for the kernel), much less than a temporary the size of out plus a copy.
-            bad = pk_bags_first_bad_index(&bags, rows)
-            if bad >= 0:
-                raise_index_error(&bags, bad, rows)
-    bags.out = <float *>cnp.PyArray_DATA(dst)
-    bags.out_stride = dim
+    cdef cnp.ndarray dst = bags_output(
+        &bags, out, None if out is None else _out_for_kernel(out, bags.num_bags, dim, table, keep),
+        dim, rows)
 
     cdef int t = cnp.PyArray_TYPE(table)
     cdef const pk_embedding_kernels *k = _kernels
@@ -211,8 +197,5 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
     else:
         with nogil:
             status = fn(&bags, data, rows, dim, row_stride, &bad)
-    if status == PK_ERR_INDEX:
-        raise_index_error(&bags, bad, rows)
-    elif status != PK_OK:
-        raise RuntimeError(f"embedding_bag kernel failed with status {<int>status}")
+    check_bags_status(&bags, status, bad, rows, "embedding_bag")
     return finish_out(out, dst)

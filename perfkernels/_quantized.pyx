@@ -226,23 +226,12 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
     cdef object keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
                                     include_last_offset, padding_idx, positional_weights, rows,
                                     scratch, BAGS_SCRATCH)
-    cdef cnp.npy_intp shape[2]
-    cdef cnp.ndarray dst
     cdef int64_t bad = -1
-    shape[0] = <cnp.npy_intp>bags.num_bags
-    shape[1] = <cnp.npy_intp>d
-    if out is None:
-        dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
-    else:
-        dst = check_out(out, cnp.NPY_FLOAT32, "float32", (bags.num_bags, d), (p,) + keep)
-        if dst is out:
-            # the kernel writes out= directly: find a bad index before it starts (reads only the
-            # index array, which is then warm in cache for the kernel)
-            bad = pk_bags_first_bad_index(&bags, rows)
-            if bad >= 0:
-                raise_index_error(&bags, bad, rows)
-    bags.out = <float *>cnp.PyArray_DATA(dst)
-    bags.out_stride = d
+    cdef cnp.ndarray dst = bags_output(
+        &bags, out,
+        None if out is None else check_out(out, cnp.NPY_FLOAT32, "float32", (bags.num_bags, d),
+                                           (p,) + keep),
+        d, rows)
     cdef const uint8_t *data = <const uint8_t *>cnp.PyArray_DATA(p)
     cdef const pk_quantized_kernels *k = _kernels
     cdef pk_status status
@@ -252,8 +241,5 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
     else:
         with nogil:
             status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
-    if status == PK_ERR_INDEX:
-        raise_index_error(&bags, bad, rows)
-    elif status != PK_OK:
-        raise RuntimeError(f"embedding_bag_quantized kernel failed with status {<int>status}")
+    check_bags_status(&bags, status, bad, rows, "embedding_bag_quantized")
     return finish_out(out, dst)
