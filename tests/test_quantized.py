@@ -151,13 +151,30 @@ def test_dequantize_default_dim_and_checks(rng):
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("bits", BITS)
 def test_quantize_nonfinite_row(isa, rng, bad, bits):
-    for dim in (1, 7, 16, 33):
+    """Wherever the bad value sits (vector body, partial last block, scalar tail) and whatever the
+    rest of the row holds (random, zeros: the exact min/max redo, constant, huge), it is found."""
+    for dim in (1, 7, 16, 33, 64, 100, 128, 129, 256):
+        positions = sorted({0, 1 % dim, dim // 2, dim - 1, dim // 16 * 16 % dim, dim // 64 * 64 % dim})
+        for fill in ("random", "zeros", "constant", "huge"):
+            t = random_table(rng, 6, dim)
+            if fill == "zeros":
+                t[4] = 0.0
+            elif fill == "constant":
+                t[4] = 2.5
+            elif fill == "huge":
+                t[4] = rng.uniform(-3e38, 3e38, dim)
+            for pos in positions:
+                row = t.copy()
+                row[4, pos] = bad
+                with pytest.raises(ValueError, match="row 4"):
+                    pk.quantize_rowwise(row, bits=bits)
+                if fill != "huge":
+                    with pytest.raises(ValueError, match="row 4"):
+                        pk.quantize_rowwise(row.astype(np.float16), bits=bits)
         t = random_table(rng, 6, dim)
-        t[4, dim // 2] = bad
+        t[4] = bad
         with pytest.raises(ValueError, match="row 4"):
             pk.quantize_rowwise(t, bits=bits)
-        with pytest.raises(ValueError, match="row 4"):
-            pk.quantize_rowwise(t.astype(np.float16), bits=bits)
 
 
 def test_quantize_argument_errors(rng):

@@ -27,7 +27,8 @@ static inline size_t pk_quantized_row_bytes(int bits, size_t dim)
 
 /* weight: rows x dim, float32 (half_input = 0) or float16 bits (half_input = 1), C-contiguous.
  * packed: rows x pk_quantized_row_bytes(bits, dim).  A row holding NaN or inf stops the kernel
- * with PK_ERR_NONFINITE and its number in *bad_row (rows before it are written, the rest not). */
+ * with PK_ERR_NONFINITE and its number in *bad_row (rows before it are written; that row and
+ * the rest of `packed` are unspecified). */
 typedef pk_status (*pk_quantize_rowwise_fn)(int bits, int half_input, const void *weight,
                                             size_t rows, size_t dim, uint8_t *packed,
                                             size_t *bad_row);

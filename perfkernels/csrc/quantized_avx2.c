@@ -1,6 +1,6 @@
-/* Row-wise quantized tables for AVX2 + FMA + F16C.  Compiled with -mavx2 -mfma -mf16c (setup.py,
- * this file only).  The min/max reduction is FBGEMM's own (8 lanes of minps, folded in lane order),
- * so the bytes match PyTorch's prepack without a fallback. */
+/* Row-wise quantized tables for AVX2 + FMA + F16C: dequantize and the fused embedding bags
+ * (quantize_rowwise is in quantized_prepack_avx2.c).  Compiled with -mavx2 -mfma -mf16c (setup.py,
+ * this file only). */
 #include "perfkernels/quantized.h"
 
 #if PK_X86_64
@@ -10,100 +10,6 @@
 #include <immintrin.h>
 #include <math.h>
 #include "quantized_rows.h"
-
-static inline __m256 load8(const void *row, int half_input, size_t c)
-{
-    if (half_input) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + c)));
-    return _mm256_loadu_ps((const float *)row + c);
-}
-
-/* 32 codes round_even((x - sub) * inv), saturated to [0, 255] (NaN -> 0), in order. */
-static inline __m256i codes32(const void *row, int half_input, size_t c, __m256 sub, __m256 inv)
-{
-    __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(load8(row, half_input, c), sub), inv));
-    __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(load8(row, half_input, c + 8), sub), inv));
-    __m256i d = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(load8(row, half_input, c + 16), sub), inv));
-    __m256i e = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(load8(row, half_input, c + 24), sub), inv));
-    __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(d, e));
-    return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-/* 32 codes (< 16 / < 4) packed to 16 / 8 bytes, low bits first. */
-static inline void pack32(int bits, __m256i codes, uint8_t *dst)
-{
-    if (bits == 4) {
-        __m256i pairs = _mm256_maddubs_epi16(codes, _mm256_set1_epi16(0x1001));
-        __m128i out = _mm_packus_epi16(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
-        _mm_storeu_si128((__m128i *)dst, out);
-    } else {
-        __m256i pairs = _mm256_maddubs_epi16(codes, _mm256_set1_epi16(0x0401));
-        __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi32(0x00100001));
-        __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(quads), _mm256_extracti128_si256(quads, 1));
-        _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(w, w));
-    }
-}
-
-static pk_status quantize_row_avx2(int bits, int half_input, const void *row, size_t dim, uint8_t *out)
-{
-    __m256 vmn = _mm256_set1_ps(FLT_MAX), vmx = _mm256_set1_ps(-FLT_MAX);
-    __m256 bad = _mm256_setzero_ps();    /* x - x: stays 0 unless some x is NaN or inf */
-    size_t body = dim / 8 * 8, c;
-    for (c = 0; c < body; c += 8) {
-        __m256 x = load8(row, half_input, c);
-        vmn = _mm256_min_ps(vmn, x);
-        vmx = _mm256_max_ps(vmx, x);
-        bad = _mm256_add_ps(bad, _mm256_sub_ps(x, x));
-    }
-    int nonfinite = _mm256_movemask_ps(_mm256_cmp_ps(bad, bad, _CMP_UNORD_Q));
-    float mnl[8], mxl[8], mn = FLT_MAX, mx = -FLT_MAX;
-    _mm256_storeu_ps(mnl, vmn);
-    _mm256_storeu_ps(mxl, vmx);
-    for (int l = 0; l < 8; l++) {
-        mn = mnl[l] < mn ? mnl[l] : mn;
-        mx = mx < mxl[l] ? mxl[l] : mx;
-    }
-    for (; c < dim; c++) {
-        float x = pk_q_load(row, half_input, c);
-        nonfinite |= pk_q_nonfinite(x);
-        mn = x < mn ? x : mn;
-        mx = mx < x ? x : mx;
-    }
-    if (nonfinite) return PK_ERR_NONFINITE;
-
-    size_t codes_bytes = bits == 8 ? dim : pk_q_codes_bytes(bits, dim);
-    pk_q_params p = pk_q_params_for(bits, mn, mx, out, codes_bytes);
-    const __m256 sub = _mm256_set1_ps(p.sub), inv = _mm256_set1_ps(p.inv);
-    int qmax = (1 << bits) - 1;
-    size_t per = (size_t)(8 / bits);
-    for (c = 0; c + 32 <= dim; c += 32) {
-        __m256i q = codes32(row, half_input, c, sub, inv);
-        if (bits == 8) {
-            _mm256_storeu_si256((__m256i *)(out + c), q);
-        } else {
-            pack32(bits, _mm256_min_epu8(q, _mm256_set1_epi8((char)qmax)), out + c / per);
-        }
-    }
-    uint8_t codes[32];
-    size_t n = dim - c;
-    for (size_t k = 0; k < n; k++)
-        codes[k] = pk_q_code((pk_q_load(row, half_input, c + k) - p.sub) * p.inv, qmax);
-    if (bits == 8) memcpy(out + c, codes, n);
-    else pk_q_pack(bits, codes, n, out + c / per);
-    return PK_OK;
-}
-
-pk_status pk_quantize_rowwise_avx2(int bits, int half_input, const void *weight, size_t rows,
-                                   size_t dim, uint8_t *packed, size_t *bad_row)
-{
-    size_t row_bytes = pk_quantized_row_bytes(bits, dim);
-    size_t in_row = dim * (half_input ? 2 : 4);
-    for (size_t r = 0; r < rows; r++) {
-        pk_status s = quantize_row_avx2(bits, half_input, (const char *)weight + r * in_row, dim,
-                                        packed + r * row_bytes);
-        if (s != PK_OK) { *bad_row = r; return s; }
-    }
-    return PK_OK;
-}
 
 /* Codes c .. c+7 of a row (c a multiple of 8) as floats; reads only the bytes holding them. */
 static inline __m256 codes8_ps(int bits, const uint8_t *codes, size_t c)

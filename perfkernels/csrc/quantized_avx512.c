@@ -1,6 +1,6 @@
-/* Row-wise quantized tables for AVX-512 F/BW/DQ/VL.  Compiled with the AVX-512 flags (setup.py,
- * this file only).  Min/max run on 16 lanes; only when the result is a zero, whose sign depends on
- * FBGEMM's 8-lane order, is the row's min/max redone by pk_q_minmax_exact. */
+/* Row-wise quantized tables for AVX-512 F/BW/DQ/VL: dequantize and the fused embedding bags
+ * (quantize_rowwise is in quantized_prepack_avx512.c).  Compiled with the AVX-512 flags (setup.py,
+ * this file only). */
 #include "perfkernels/quantized.h"
 
 #if PK_X86_64
@@ -11,97 +11,7 @@
 #include <math.h>
 #include "quantized_rows.h"
 
-#define NONFINITE_CLASSES 0x99   /* fpclass: QNaN | SNaN | +inf | -inf */
-
 static inline __mmask16 tail_mask(size_t n) { return (__mmask16)((1u << n) - 1u); }
-
-static inline __m512 load16(const void *row, int half_input, size_t c, __mmask16 m)
-{
-    if (half_input)
-        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + c));
-    return _mm512_maskz_loadu_ps(m, (const float *)row + c);
-}
-
-/* 16 codes round_even((x - sub) * inv) clamped to [0, qmax] (NaN -> 0), as bytes. */
-static inline __m128i codes16(const void *row, int half_input, size_t c, __mmask16 m,
-                              __m512 sub, __m512 inv, __m512i qmax)
-{
-    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(load16(row, half_input, c, m), sub), inv));
-    q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), qmax);
-    return _mm512_cvtepi32_epi8(q);
-}
-
-/* 16 codes (< 16 / < 4) packed to 8 / 4 bytes, low bits first; `nbytes` of them stored. */
-static inline void pack16(int bits, __m128i codes, uint8_t *dst, size_t nbytes)
-{
-    __m128i packed;
-    if (bits == 4) {
-        __m128i pairs = _mm_maddubs_epi16(codes, _mm_set1_epi16(0x1001));
-        packed = _mm_packus_epi16(pairs, pairs);
-    } else {
-        __m128i pairs = _mm_maddubs_epi16(codes, _mm_set1_epi16(0x0401));
-        __m128i quads = _mm_madd_epi16(pairs, _mm_set1_epi32(0x00100001));
-        __m128i w = _mm_packs_epi32(quads, quads);
-        packed = _mm_packus_epi16(w, w);
-    }
-    _mm_mask_storeu_epi8(dst, (__mmask16)((1u << nbytes) - 1u), packed);
-}
-
-static pk_status quantize_row_avx512(int bits, int half_input, const void *row, size_t dim, uint8_t *out)
-{
-    __m512 vmn = _mm512_set1_ps(FLT_MAX), vmx = _mm512_set1_ps(-FLT_MAX);
-    __mmask16 bad = 0;
-    size_t c;
-    for (c = 0; c + 16 <= dim; c += 16) {
-        __m512 x = half_input ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + c)))
-                              : _mm512_loadu_ps((const float *)row + c);
-        vmn = _mm512_min_ps(vmn, x);
-        vmx = _mm512_max_ps(vmx, x);
-        bad |= _mm512_fpclass_ps_mask(x, NONFINITE_CLASSES);
-    }
-    if (c < dim) {
-        __mmask16 m = tail_mask(dim - c);
-        __m512 x = load16(row, half_input, c, m);
-        vmn = _mm512_mask_min_ps(vmn, m, vmn, x);
-        vmx = _mm512_mask_max_ps(vmx, m, vmx, x);
-        bad |= _mm512_mask_fpclass_ps_mask(m, x, NONFINITE_CLASSES);
-    }
-    if (bad) return PK_ERR_NONFINITE;
-    float mn = _mm512_reduce_min_ps(vmn), mx = _mm512_reduce_max_ps(vmx);
-    if (mn == 0.0f || mx == 0.0f) pk_q_minmax_exact(row, half_input, dim, &mn, &mx);
-
-    size_t codes_bytes = bits == 8 ? dim : pk_q_codes_bytes(bits, dim);
-    pk_q_params p = pk_q_params_for(bits, mn, mx, out, codes_bytes);
-    const __m512 sub = _mm512_set1_ps(p.sub), inv = _mm512_set1_ps(p.inv);
-    const __m512i qmax = _mm512_set1_epi32((1 << bits) - 1);
-    size_t per = (size_t)(8 / bits);
-    for (c = 0; c + 16 <= dim; c += 16) {
-        __m128i q = codes16(row, half_input, c, (__mmask16)0xffff, sub, inv, qmax);
-        if (bits == 8) _mm_storeu_si128((__m128i *)(out + c), q);
-        else pack16(bits, q, out + c / per, 16 / per);
-    }
-    if (c < dim) {
-        size_t n = dim - c;
-        __mmask16 m = tail_mask(n);
-        __m128i q = codes16(row, half_input, c, m, sub, inv, qmax);
-        if (bits == 8) _mm_mask_storeu_epi8(out + c, m, q);
-        else pack16(bits, _mm_maskz_mov_epi8(m, q), out + c / per, (n + per - 1) / per);
-    }
-    return PK_OK;
-}
-
-pk_status pk_quantize_rowwise_avx512(int bits, int half_input, const void *weight, size_t rows,
-                                     size_t dim, uint8_t *packed, size_t *bad_row)
-{
-    size_t row_bytes = pk_quantized_row_bytes(bits, dim);
-    size_t in_row = dim * (half_input ? 2 : 4);
-    for (size_t r = 0; r < rows; r++) {
-        pk_status s = quantize_row_avx512(bits, half_input, (const char *)weight + r * in_row, dim,
-                                          packed + r * row_bytes);
-        if (s != PK_OK) { *bad_row = r; return s; }
-    }
-    return PK_OK;
-}
 
 /* Codes c .. c+15 of a row (c a multiple of 16; lanes outside m are 0) as floats; reads only the
  * bytes holding the codes in m. */

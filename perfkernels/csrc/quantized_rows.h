@@ -18,37 +18,55 @@
 #include <string.h>
 #include "convert_bits.h"
 
+/* float32 -> float16 bits (round to nearest even) and back for the 4/2-bit trailer.  Portable by
+ * default; an ISA file may define both as F16C instructions before including this header. */
+#ifndef PK_Q_TO_F16
+#define PK_Q_TO_F16(f) pk_f32_to_f16_bits(pk_f32_bits(f))
+#define PK_Q_FROM_F16(h) pk_bits_f32(pk_f16_to_f32_bits(h))
+#endif
+
 static inline float pk_q_load(const void *w, int half_input, size_t i)
 {
     if (half_input) return pk_bits_f32(pk_f16_to_f32_bits(((const uint16_t *)w)[i]));
     return ((const float *)w)[i];
 }
 
-/* FBGEMM's reduction order: minps(a, b) = a < b ? a : b; std::min(a, b) = b < a ? b : a. */
-static inline void pk_q_minmax_exact(const void *row, int half_input, size_t dim,
-                                     float *mn_out, float *mx_out)
+/* FBGEMM's reduction order, second half: the 8 lane results (lane l covers columns l, l+8, ...
+ * of the first `body` = D/8*8) folded in lane order with std::min/std::max (std::min(a, b) =
+ * b < a ? b : a), then the tail columns. */
+static inline void pk_q_minmax_fold(const float mn8[8], const float mx8[8], const void *row,
+                                    int half_input, size_t body, size_t dim,
+                                    float *mn_out, float *mx_out)
 {
-    float mn[8], mx[8];
-    for (int l = 0; l < 8; l++) { mn[l] = FLT_MAX; mx[l] = -FLT_MAX; }
-    size_t body = dim / 8 * 8, c;
-    for (c = 0; c < body; c += 8)
-        for (int l = 0; l < 8; l++) {
-            float x = pk_q_load(row, half_input, c + l);
-            mn[l] = mn[l] < x ? mn[l] : x;
-            mx[l] = mx[l] > x ? mx[l] : x;
-        }
     float m = FLT_MAX, M = -FLT_MAX;
     for (int l = 0; l < 8; l++) {
-        m = mn[l] < m ? mn[l] : m;
-        M = M < mx[l] ? mx[l] : M;
+        m = mn8[l] < m ? mn8[l] : m;
+        M = M < mx8[l] ? mx8[l] : M;
     }
-    for (; c < dim; c++) {
+    for (size_t c = body; c < dim; c++) {
         float x = pk_q_load(row, half_input, c);
         m = x < m ? x : m;
         M = M < x ? x : M;
     }
     *mn_out = m;
     *mx_out = M;
+}
+
+/* FBGEMM's min/max exactly: 8 lanes of minps(acc, x) = acc < x ? acc : x over the first D/8*8
+ * columns, then pk_q_minmax_fold. */
+static inline void pk_q_minmax_exact(const void *row, int half_input, size_t dim,
+                                     float *mn_out, float *mx_out)
+{
+    float mn[8], mx[8];
+    for (int l = 0; l < 8; l++) { mn[l] = FLT_MAX; mx[l] = -FLT_MAX; }
+    size_t body = dim / 8 * 8;
+    for (size_t c = 0; c < body; c += 8)
+        for (int l = 0; l < 8; l++) {
+            float x = pk_q_load(row, half_input, c + l);
+            mn[l] = mn[l] < x ? mn[l] : x;
+            mx[l] = mx[l] > x ? mx[l] : x;
+        }
+    pk_q_minmax_fold(mn, mx, row, half_input, body, dim, mn_out, mx_out);
 }
 
 /* What the quantize loop needs: code = round_even((x - sub) * inv), clamped to [0, qmax]. */
@@ -70,15 +88,15 @@ static inline pk_q_params pk_q_params_for(int bits, float mn, float mx, uint8_t 
         memcpy(row_out + codes_bytes + 4, &mn, 4);
         return p;
     }
-    uint16_t bias_h = pk_f32_to_f16_bits(pk_f32_bits(mn));
-    float bias = pk_bits_f32(pk_f16_to_f32_bits(bias_h));
+    uint16_t bias_h = PK_Q_TO_F16(mn);
+    float bias = PK_Q_FROM_F16(bias_h);
     float range = mx - bias;
     float scale = range == 0.0f ? 1.0f : range / (float)((1 << bits) - 1);
-    scale = pk_bits_f32(pk_f16_to_f32_bits(pk_f32_to_f16_bits(pk_f32_bits(scale))));
+    scale = PK_Q_FROM_F16(PK_Q_TO_F16(scale));
     if (scale == 0.0f) scale = 1.0f;
     float inv = 1.0f / scale;
     if (inv - inv != 0.0f && inv == inv) { scale = 1.0f; inv = 1.0f; }   /* isinf(inv) */
-    uint16_t scale_h = pk_f32_to_f16_bits(pk_f32_bits(scale));
+    uint16_t scale_h = PK_Q_TO_F16(scale);
     memcpy(row_out + codes_bytes, &scale_h, 2);
     memcpy(row_out + codes_bytes + 2, &bias_h, 2);
     p.sub = bias;

@@ -1,0 +1,153 @@
+/* Row-wise quantization (quantize_rowwise), written once over vector primitives.  Internal header,
+ * x86-64 only: quantized_prepack_avx2.c and quantized_prepack_avx512.c define the primitives below
+ * and PKQ_KERNEL (the exported function's name), then include this file.
+ *
+ *   PKQ_W                        lanes of a float vector (8 / 16); a block is 4 vectors (PKQ_B)
+ *   pkq_vf, pkq_vb, pkq_vl       float vector; 4W codes as bytes; int16 "lowest code" tracker
+ *   pkq_load(row, half, c)       W floats of the row from column c (float32 or float16 row)
+ *   pkq_set1(x), pkq_min/max     broadcast, lane-wise minps / maxps
+ *   pkq_reduce(vmn, vmx, &mn, &mx)  min and max over the lanes, in any order
+ *   pkq_codes(x0..x3, sub, inv, &low)  the block's 4W codes round_even((x - sub) * inv),
+ *                                saturated to [0, 255] (a NaN lane gives 0), in order; `low`
+ *                                takes the lane-wise minimum of the codes saturated to int16
+ *   pkq_low_init(), pkq_hit_floor(low)  start value; nonzero if some code saturated at -32768
+ *   pkq_store(bits, codes, dst)  the block's codes clamped to 2^bits - 1 and packed low bits first:
+ *                                4W * bits / 8 bytes at dst
+ *
+ * Per row: pass 1 takes min/max with W lanes, pass 2 writes the codes with four vectors per block
+ * and one int16 pack/min chain, which replaces clamping (the packs saturate) and the non-finite
+ * check.  A NaN or inf anywhere in a row makes some code NaN (x - mn or x - bias is inf or NaN, or
+ * inv is 0 and inf * 0 is NaN), and cvtps of NaN is INT_MIN, which saturates to -32768; a finite
+ * row gets there only when its range overflows float32 (then PyTorch's codes are 0, as ours are)
+ * or its float16 bias is infinite.  So a row that hits -32768 is scanned for a non-finite value,
+ * and every other row is known finite without looking at each element twice.
+ *
+ * The min/max may be reduced in any order: on values that compare equal only the sign of a zero
+ * can differ, so a row whose min or max is zero is redone in FBGEMM's 8-lane order (pkq_exact). */
+#ifndef PERFKERNELS_QUANTIZED_PREPACK_BODY_H
+#define PERFKERNELS_QUANTIZED_PREPACK_BODY_H
+
+#include <float.h>
+#include <string.h>
+#include <immintrin.h>
+
+/* float16 <-> float32 of the per-row trailer through F16C: the same bits as the portable
+ * conversions of convert_bits.h for every non-NaN value (a NaN row is an error anyway). */
+#define PK_Q_TO_F16(f) ((uint16_t)_cvtss_sh((f), _MM_FROUND_TO_NEAREST_INT))
+#define PK_Q_FROM_F16(h) _cvtsh_ss((unsigned short)(h))
+#include "quantized_rows.h"
+
+#define PKQ_B (4 * PKQ_W)
+#define PKQ_INLINE static inline __attribute__((always_inline))
+
+PKQ_INLINE float pkq_load1(const void *row, int half, size_t c)
+{
+    if (half) return _cvtsh_ss(((const uint16_t *)row)[c]);
+    return ((const float *)row)[c];
+}
+
+/* FBGEMM's min/max replayed exactly (pk_q_minmax_exact), its 8-lane part with AVX2. */
+static __attribute__((noinline, cold)) void pkq_exact(const void *row, int half, size_t dim,
+                                                       float *mn_out, float *mx_out)
+{
+    __m256 vmn = _mm256_set1_ps(FLT_MAX), vmx = _mm256_set1_ps(-FLT_MAX);
+    size_t c;
+    for (c = 0; c + 8 <= dim; c += 8) {
+        __m256 x = half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + c)))
+                        : _mm256_loadu_ps((const float *)row + c);
+        vmn = _mm256_min_ps(vmn, x);
+        vmx = _mm256_max_ps(vmx, x);
+    }
+    float mn8[8], mx8[8];
+    _mm256_storeu_ps(mn8, vmn);
+    _mm256_storeu_ps(mx8, vmx);
+    pk_q_minmax_fold(mn8, mx8, row, half, c, dim, mn_out, mx_out);
+}
+
+static __attribute__((noinline, cold)) int pkq_row_nonfinite(const void *row, int half, size_t dim)
+{
+    for (size_t c = 0; c < dim; c++)
+        if (pk_q_nonfinite(pkq_load1(row, half, c))) return 1;
+    return 0;
+}
+
+/* One row; returns nonzero if it holds NaN or inf (its output bytes are then unspecified). */
+PKQ_INLINE int pkq_row(int bits, int half, const void *row, size_t dim, uint8_t *out)
+{
+    pkq_vf vmn = pkq_set1(FLT_MAX), vmx = pkq_set1(-FLT_MAX);
+    size_t c;
+    for (c = 0; c + PKQ_W <= dim; c += PKQ_W) {
+        pkq_vf x = pkq_load(row, half, c);
+        vmn = pkq_min(vmn, x);
+        vmx = pkq_max(vmx, x);
+    }
+    float mn, mx;
+    pkq_reduce(vmn, vmx, &mn, &mx);
+    for (; c < dim; c++) {
+        float x = pkq_load1(row, half, c);
+        mn = x < mn ? x : mn;
+        mx = mx < x ? x : mx;
+    }
+    if (__builtin_expect(mn == 0.0f || mx == 0.0f, 0)) pkq_exact(row, half, dim, &mn, &mx);
+
+    const size_t codes_bytes = bits == 8 ? dim : pk_q_codes_bytes(bits, dim);
+    const pk_q_params p = pk_q_params_for(bits, mn, mx, out, codes_bytes);
+    const pkq_vf sub = pkq_set1(p.sub), inv = pkq_set1(p.inv);
+    pkq_vl low = pkq_low_init();
+    for (c = 0; c + PKQ_B <= dim; c += PKQ_B) {
+        pkq_vb q = pkq_codes(pkq_load(row, half, c), pkq_load(row, half, c + PKQ_W),
+                             pkq_load(row, half, c + 2 * PKQ_W), pkq_load(row, half, c + 3 * PKQ_W),
+                             sub, inv, &low);
+        pkq_store(bits, q, out + c * (size_t)bits / 8);
+    }
+    if (c < dim) {   /* the last partial block, padded with `sub` (code 0) */
+        float buf[PKQ_B];
+        uint8_t codes[PKQ_B];
+        size_t n = dim - c, k;
+        for (k = 0; k < n; k++) buf[k] = pkq_load1(row, half, c + k);
+        for (; k < PKQ_B; k++) buf[k] = p.sub;
+        pkq_vb q = pkq_codes(pkq_load(buf, 0, 0), pkq_load(buf, 0, PKQ_W), pkq_load(buf, 0, 2 * PKQ_W),
+                             pkq_load(buf, 0, 3 * PKQ_W), sub, inv, &low);
+        pkq_store(bits, q, codes);
+        memcpy(out + c * (size_t)bits / 8, codes, (n * (size_t)bits + 7) / 8);
+    }
+    return __builtin_expect(pkq_hit_floor(low), 0) ? pkq_row_nonfinite(row, half, dim) : 0;
+}
+
+PKQ_INLINE pk_status pkq_rows(int bits, int half, const void *weight, size_t rows, size_t dim,
+                              uint8_t *packed, size_t *bad_row)
+{
+    const size_t row_bytes = pk_quantized_row_bytes(bits, dim);
+    const size_t in_row = dim * (half ? 2 : 4);
+    for (size_t r = 0; r < rows; r++) {
+        if (pkq_row(bits, half, (const char *)weight + r * in_row, dim, packed + r * row_bytes)) {
+            *bad_row = r;
+            return PK_ERR_NONFINITE;
+        }
+    }
+    return PK_OK;
+}
+
+/* bits and the input type as constants; D = 64 / 128 / 256 (the common widths) compiled in too. */
+#define PKQ_ROWS(BITS, HALF)                                                                     \
+    switch (dim) {                                                                               \
+    case 64: return pkq_rows(BITS, HALF, weight, rows, 64, packed, bad_row);                     \
+    case 128: return pkq_rows(BITS, HALF, weight, rows, 128, packed, bad_row);                   \
+    case 256: return pkq_rows(BITS, HALF, weight, rows, 256, packed, bad_row);                   \
+    default: return pkq_rows(BITS, HALF, weight, rows, dim, packed, bad_row);                    \
+    }
+
+pk_status PKQ_KERNEL(int bits, int half_input, const void *weight, size_t rows, size_t dim,
+                     uint8_t *packed, size_t *bad_row)
+{
+    if (half_input) {
+        if (bits == 8) PKQ_ROWS(8, 1)
+        if (bits == 4) PKQ_ROWS(4, 1)
+        PKQ_ROWS(2, 1)
+    }
+    if (bits == 8) PKQ_ROWS(8, 0)
+    if (bits == 4) PKQ_ROWS(4, 0)
+    PKQ_ROWS(2, 0)
+}
+
+#endif
