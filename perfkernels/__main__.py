@@ -8,6 +8,7 @@ check  run each family's quick workload on every ISA level and compare with the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -64,19 +65,28 @@ def run_bench(families: list[str] | None, quick: bool, isas: list[str] | None, g
     done, start = 0, time.perf_counter()
     _progress(0, total, "", start)
     for case in cases:
-        row = {"case": case, "ours": {}, "base": {}}
-        for level in ([None] if case.ours_gpu else levels):
-            _progress(done, total, f"{case.name} [{level or 'gpu'}]", start)
-            if level is None:
-                row["ours"]["gpu"] = benchsuite.median_time(case.ours, repeat=repeat, min_time=min_time)
-            else:
-                with pk.use_isa(level):
-                    row["ours"][level] = benchsuite.median_time(case.ours, repeat=repeat, min_time=min_time)
-            done += 1
+        # ours on every level and the baselines, sampled in turn (interleaved_times), so the
+        # ratios compare runs taken side by side under the same machine conditions
+        _progress(done, total, case.name, start)
+        fns = {}
+        if case.ours_gpu:
+            fns["ours:gpu"] = case.ours
+        else:
+            for level in levels:
+                fns["ours:" + level] = case.ours
         for name, fn in case.baselines.items():
-            _progress(done, total, f"{case.name} [{name}]", start)
-            row["base"][name] = benchsuite.median_time(fn, repeat=repeat, min_time=min_time)
-            done += 1
+            fns["base:" + name] = fn
+
+        def context(key):
+            kind, name = key.split(":", 1)
+            return pk.use_isa(name) if kind == "ours" and name != "gpu" else contextlib.nullcontext()
+
+        times = benchsuite.interleaved_times(fns, repeat=repeat, min_time=min_time, context=context)
+        row = {"case": case, "ours": {}, "base": {}}
+        for key, t in times.items():
+            kind, name = key.split(":", 1)
+            row["ours" if kind == "ours" else "base"][name] = t
+        done += len(fns)
         rows.append(row)
     _progress(total, total, "done", start)
     return rows
@@ -91,7 +101,7 @@ def print_table(rows: list[dict], copy_gbs: float | None) -> None:
     head = (f"{'case':<{width}}" + "".join(f"{lv:>9}" for lv in levels) + "".join(f"{b:>9}" for b in bases)
             + f"{'best time':>14}" + "".join(f"{'vs ' + b:>11}" for b in bases)
             + ("  % copy" if copy_gbs else ""))
-    print("\nGB/s of the bytes each kernel must touch (single thread; median of repetitions)")
+    print("\nGB/s of the bytes each kernel must touch (single thread; median of repetitions taken in turn)")
     print(head)
     print("-" * len(head))
     family = None

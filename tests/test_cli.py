@@ -32,6 +32,29 @@ def test_bench_quick_prints_a_table_with_ratios():
         assert isa in out.splitlines()[0] or isa in out
 
 
+def test_interleaved_times_samples_in_turn_inside_each_context():
+    """Ratios in `bench` come from samples taken in turn: one per function per round, each inside
+    its own context (use_isa for our levels)."""
+    from contextlib import contextmanager
+
+    from perfkernels.benchsuite import interleaved_times
+
+    log = []
+
+    @contextmanager
+    def context(name):
+        log.append(("enter", name))
+        yield
+        log.append(("exit", name))
+
+    fns = {"a": lambda: log.append(("call", "a")), "b": lambda: log.append(("call", "b"))}
+    times = interleaved_times(fns, repeat=3, min_time=0.0, context=context)
+    assert set(times) == {"a", "b"} and all(t > 0 for t in times.values())
+    rounds = [e for e in log[8:] if e[0] == "enter"]       # after the warm-ups (2 calls each)
+    assert [n for _, n in rounds] == ["a", "b"] * 3
+    assert all(log[i + 1] == ("call", name) for i, (kind, name) in enumerate(log) if kind == "enter")
+
+
 def test_bench_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib (the [bench] extra)")
     png = tmp_path / "speedups.png"

@@ -85,6 +85,41 @@ def median_time(fn: Callable[[], object], *, repeat: int = 7, min_time: float = 
     return float(np.median(samples))
 
 
+def interleaved_times(fns: dict[str, Callable[[], object]], *, repeat: int = 7,
+                      min_time: float = 0.02,
+                      context: Callable[[str], object] | None = None) -> dict[str, float]:
+    """Median seconds per call of each function, measured side by side.
+
+    Each function is warmed up and gets its own calls-per-sample count (>= `min_time` a sample);
+    then `repeat` rounds each take one sample of every function in turn, so a machine that speeds
+    up or slows down during the run (turbo, a noisy neighbour, the allocator's state) moves all of
+    them alike.  ``context(name)``, when given, returns a context manager entered around each
+    sample of ``fns[name]`` (e.g. ``perfkernels.use_isa``).
+    """
+    from contextlib import nullcontext
+
+    def ctx(name):
+        return context(name) if context is not None else nullcontext()
+
+    number = {}
+    for name, fn in fns.items():
+        with ctx(name):
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            once = max(time.perf_counter() - t0, 1e-9)
+        number[name] = max(1, int(min_time / once))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            with ctx(name):
+                t0 = time.perf_counter()
+                for _ in range(number[name]):
+                    fn()
+                samples[name].append((time.perf_counter() - t0) / number[name])
+    return {name: float(np.median(v)) for name, v in samples.items()}
+
+
 def copy_bandwidth(nbytes: int = 64 << 20, repeat: int = 5) -> float:
     """The machine's streaming limit: GB/s (bytes read + written) of ``np.copyto`` on 64 MiB."""
     src = np.ones(nbytes // 8, dtype=np.float64)

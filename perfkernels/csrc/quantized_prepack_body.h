@@ -114,6 +114,10 @@ PKQ_INLINE int pkq_row(int bits, int half, const void *row, size_t dim, uint8_t 
     return __builtin_expect(pkq_hit_floor(low), 0) ? pkq_row_nonfinite(row, half, dim) : 0;
 }
 
+/* Rows one after another, written with ordinary stores.  (Staging the output in L1 and leaving
+ * it as non-temporal 64-byte lines was tried for tables that exceed the caches: no faster once the
+ * output pages exist, and slower when they are fresh, since the kernel's zeroing has just pulled
+ * them into cache.) */
 PKQ_INLINE pk_status pkq_rows(int bits, int half, const void *weight, size_t rows, size_t dim,
                               uint8_t *packed, size_t *bad_row)
 {
