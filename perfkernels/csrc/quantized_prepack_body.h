@@ -14,7 +14,7 @@
  *   pkq_store(bits, codes, dst)  the block's codes clamped to 2^bits - 1 and packed low bits first:
  *                                4W * bits / 8 bytes at dst
  *
- * Per row: pass 1 takes min/max with W lanes, pass 2 writes the codes with four vectors per block
+ * Per row: pass 1 takes min/max with 4 x W lanes, pass 2 writes the codes with four vectors per block
  * and one int16 pack/min chain, which replaces clamping (the packs saturate) and the non-finite
  * check.  A NaN or inf anywhere in a row makes some code NaN (x - mn or x - bias is inf or NaN, or
  * inv is 0 and inf * 0 is NaN), and cvtps of NaN is INT_MIN, which saturates to -32768; a finite
@@ -74,13 +74,30 @@ static __attribute__((noinline, cold)) int pkq_row_nonfinite(const void *row, in
 /* One row; returns nonzero if it holds NaN or inf (its output bytes are then unspecified). */
 PKQ_INLINE int pkq_row(int bits, int half, const void *row, size_t dim, uint8_t *out)
 {
+    /* four independent min and max chains: one chain would make the row's latency, not the
+     * instruction count, the limit */
     pkq_vf vmn = pkq_set1(FLT_MAX), vmx = pkq_set1(-FLT_MAX);
+    pkq_vf vmn1 = vmn, vmn2 = vmn, vmn3 = vmn, vmx1 = vmx, vmx2 = vmx, vmx3 = vmx;
     size_t c;
-    for (c = 0; c + PKQ_W <= dim; c += PKQ_W) {
+    for (c = 0; c + PKQ_B <= dim; c += PKQ_B) {
+        pkq_vf x0 = pkq_load(row, half, c), x1 = pkq_load(row, half, c + PKQ_W);
+        pkq_vf x2 = pkq_load(row, half, c + 2 * PKQ_W), x3 = pkq_load(row, half, c + 3 * PKQ_W);
+        vmn = pkq_min(vmn, x0);
+        vmx = pkq_max(vmx, x0);
+        vmn1 = pkq_min(vmn1, x1);
+        vmx1 = pkq_max(vmx1, x1);
+        vmn2 = pkq_min(vmn2, x2);
+        vmx2 = pkq_max(vmx2, x2);
+        vmn3 = pkq_min(vmn3, x3);
+        vmx3 = pkq_max(vmx3, x3);
+    }
+    for (; c + PKQ_W <= dim; c += PKQ_W) {
         pkq_vf x = pkq_load(row, half, c);
         vmn = pkq_min(vmn, x);
         vmx = pkq_max(vmx, x);
     }
+    vmn = pkq_min(pkq_min(vmn, vmn1), pkq_min(vmn2, vmn3));
+    vmx = pkq_max(pkq_max(vmx, vmx1), pkq_max(vmx2, vmx3));
     float mn, mx;
     pkq_reduce(vmn, vmx, &mn, &mx);
     for (; c < dim; c++) {
