@@ -104,6 +104,17 @@ def test_quantize_bit_exact_with_torch(isa, rng, bits, dtype):
 
 
 @pytest.mark.parametrize("bits", BITS)
+def test_quantize_large_table_bit_exact_and_nonfinite(isa, rng, bits):
+    """Tables beyond the kernels' cache-resident size (8 MiB of input) take another row loop."""
+    t = random_table(rng, 17_000, 136)                    # 9.2 MB
+    t[::7] = 0.0                                          # zero rows: the exact min/max redo
+    np.testing.assert_array_equal(pk.quantize_rowwise(t, bits=bits), PREPACK[bits](torch.from_numpy(t)).numpy())
+    t[16_998, 135] = np.nan
+    with pytest.raises(ValueError, match="row 16998"):
+        pk.quantize_rowwise(t, bits=bits)
+
+
+@pytest.mark.parametrize("bits", BITS)
 def test_quantize_matches_scalar_for_any_dim(isa, rng, bits):
     """Any D is accepted (zero-padded last byte); every ISA writes the scalar path's bytes."""
     for dim in AWKWARD_DIMS:

@@ -71,8 +71,8 @@ static __attribute__((noinline, cold)) int pkq_row_nonfinite(const void *row, in
     return 0;
 }
 
-/* One row; returns nonzero if it holds NaN or inf (its output bytes are then unspecified). */
-PKQ_INLINE int pkq_row(int bits, int half, const void *row, size_t dim, uint8_t *out)
+/* Pass 1 of a row: its min/max, its trailer written to `out`, the codes pass's parameters. */
+PKQ_INLINE pk_q_params pkq_prepare(int bits, int half, const void *row, size_t dim, uint8_t *out)
 {
     /* four independent min and max chains: one chain would make the row's latency, not the
      * instruction count, the limit */
@@ -108,9 +108,17 @@ PKQ_INLINE int pkq_row(int bits, int half, const void *row, size_t dim, uint8_t 
     if (__builtin_expect(mn == 0.0f || mx == 0.0f, 0)) pkq_exact(row, half, dim, &mn, &mx);
 
     const size_t codes_bytes = bits == 8 ? dim : pk_q_codes_bytes(bits, dim);
-    const pk_q_params p = pk_q_params_for(bits, mn, mx, out, codes_bytes);
+    return pk_q_params_for(bits, mn, mx, out, codes_bytes);
+}
+
+/* Pass 2 of a row: its codes.  Returns nonzero if the row holds NaN or inf (its output bytes are
+ * then unspecified). */
+PKQ_INLINE int pkq_encode(int bits, int half, const void *row, size_t dim, uint8_t *out,
+                          pk_q_params p)
+{
     const pkq_vf sub = pkq_set1(p.sub), inv = pkq_set1(p.inv);
     pkq_vl low = pkq_low_init();
+    size_t c;
     for (c = 0; c + PKQ_B <= dim; c += PKQ_B) {
         pkq_vb q = pkq_codes(pkq_load(row, half, c), pkq_load(row, half, c + PKQ_W),
                              pkq_load(row, half, c + 2 * PKQ_W), pkq_load(row, half, c + 3 * PKQ_W),
@@ -134,17 +142,43 @@ PKQ_INLINE int pkq_row(int bits, int half, const void *row, size_t dim, uint8_t 
 /* Rows one after another, written with ordinary stores.  (Staging the output in L1 and leaving
  * it as non-temporal 64-byte lines was tried for tables that exceed the caches: no faster once the
  * output pages exist, and slower when they are fresh, since the kernel's zeroing has just pulled
- * them into cache.) */
+ * them into cache.)
+ *
+ * A table whose input stays in cache is compute-bound, and there the rows are software-pipelined:
+ * row r + 1's pass 1 (a long dependency chain: min/max, reductions, two divisions) is issued
+ * before row r's codes pass, so the two overlap (8-bit, D = 128, 2,000 and 20,000 rows:
+ * 18.6 -> 15.2 and 18.9 -> 17.1 ns a row).  Tables beyond that are memory-bound and keep the plain
+ * order, which streams better (the pipelined order was 5-25% slower from 15 MB of input up,
+ * measured side by side on AMD Zen 4 with a 32 MiB L3). */
+#define PKQ_PIPELINE_MAX_BYTES ((size_t)8 << 20)
+
 PKQ_INLINE pk_status pkq_rows(int bits, int half, const void *weight, size_t rows, size_t dim,
                               uint8_t *packed, size_t *bad_row)
 {
     const size_t row_bytes = pk_quantized_row_bytes(bits, dim);
     const size_t in_row = dim * (half ? 2 : 4);
+    if (rows == 0) return PK_OK;
+    if (rows * in_row > PKQ_PIPELINE_MAX_BYTES) {
+        for (size_t r = 0; r < rows; r++) {
+            const char *row = (const char *)weight + r * in_row;
+            uint8_t *out = packed + r * row_bytes;
+            if (pkq_encode(bits, half, row, dim, out, pkq_prepare(bits, half, row, dim, out))) {
+                *bad_row = r;
+                return PK_ERR_NONFINITE;
+            }
+        }
+        return PK_OK;
+    }
+    pk_q_params p = pkq_prepare(bits, half, weight, dim, packed);
     for (size_t r = 0; r < rows; r++) {
-        if (pkq_row(bits, half, (const char *)weight + r * in_row, dim, packed + r * row_bytes)) {
+        const char *row = (const char *)weight + r * in_row;
+        pk_q_params next = p;
+        if (r + 1 < rows) next = pkq_prepare(bits, half, row + in_row, dim, packed + (r + 1) * row_bytes);
+        if (pkq_encode(bits, half, row, dim, packed + r * row_bytes, p)) {
             *bad_row = r;
             return PK_ERR_NONFINITE;
         }
+        p = next;
     }
     return PK_OK;
 }
