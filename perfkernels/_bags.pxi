@@ -9,7 +9,8 @@
 #     keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
 #                         include_last_offset, padding_idx, positional_weights, rows,
 #                         scratch, BAGS_SCRATCH)
-#     dst = bags_output(&bags, out, checked_out, D, rows)   # sets bags.out / bags.out_stride
+#     checked = None if out is None else bags_out_for_kernel(out, bags.num_bags, D, table, keep)
+#     dst = bags_output(&bags, out, checked, D, rows)       # sets bags.out / bags.out_stride
 #     ... call the kernel ...
 #     check_bags_status(&bags, status, bad_pos, rows, "name")
 #
@@ -291,6 +292,45 @@ cdef int raise_index_error(const pk_bags *bags, int64_t pos, int64_t rows) excep
     pre-scan)."""
     cdef int64_t value = pk_bags_index(bags, pos)
     raise IndexError(f"indices[{pos}] = {value} is out of range for a table of {rows} rows")
+
+
+cdef inline bint bags_may_overlap(cnp.ndarray out, object other):
+    """Conservative overlap test by address ranges (np.may_share_memory costs ~1 us a call,
+    more than the whole tiny lookup).  Arrays here have non-negative strides or are copies."""
+    cdef cnp.ndarray a
+    cdef char *lo
+    cdef char *hi
+    cdef char *olo = <char *>cnp.PyArray_DATA(out)
+    cdef char *ohi = olo + cnp.PyArray_NBYTES(out)
+    cdef int k
+    if other is None:
+        return False
+    a = <cnp.ndarray>other
+    if cnp.PyArray_SIZE(a) == 0:
+        return False
+    lo = <char *>cnp.PyArray_DATA(a)
+    hi = lo + cnp.PyArray_ITEMSIZE(a)
+    for k in range(cnp.PyArray_NDIM(a)):
+        if cnp.PyArray_STRIDE(a, k) < 0:
+            return True
+        hi += (cnp.PyArray_DIM(a, k) - 1) * cnp.PyArray_STRIDE(a, k)
+    return lo < ohi and olo < hi
+
+
+cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, cnp.ndarray table,
+                                     tuple keep):
+    """The array the kernel writes: out itself on the fast path (float32, C-contiguous, aligned,
+    right shape, no overlap with an input), else check_out's validation and temporary."""
+    cdef cnp.ndarray o
+    if (cnp.PyArray_Check(out) and cnp.PyArray_TYPE(<cnp.ndarray>out) == cnp.NPY_FLOAT32
+            and cnp.PyArray_NDIM(<cnp.ndarray>out) == 2):
+        o = <cnp.ndarray>out
+        if (cnp.PyArray_DIM(o, 0) == num_bags and cnp.PyArray_DIM(o, 1) == dim
+                and cnp.PyArray_ISCARRAY(o) and cnp.PyArray_ISNOTSWAPPED(o)
+                and not bags_may_overlap(o, table) and not bags_may_overlap(o, keep[0])
+                and not bags_may_overlap(o, keep[1]) and not bags_may_overlap(o, keep[2])):
+            return o
+    return check_out(out, cnp.NPY_FLOAT32, "float32", (num_bags, dim), (table,) + keep)
 
 
 cdef cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int64_t dim,

@@ -63,45 +63,6 @@ cdef cnp.ndarray _as_table(object weight):
     return a
 
 
-cdef inline bint _may_overlap(cnp.ndarray out, object other):
-    """Conservative overlap test by address ranges (np.may_share_memory costs ~1 us a call,
-    more than the whole tiny lookup).  Arrays here have non-negative strides or are copies."""
-    cdef cnp.ndarray a
-    cdef char *lo
-    cdef char *hi
-    cdef char *olo = <char *>cnp.PyArray_DATA(out)
-    cdef char *ohi = olo + cnp.PyArray_NBYTES(out)
-    cdef int k
-    if other is None:
-        return False
-    a = <cnp.ndarray>other
-    if cnp.PyArray_SIZE(a) == 0:
-        return False
-    lo = <char *>cnp.PyArray_DATA(a)
-    hi = lo + cnp.PyArray_ITEMSIZE(a)
-    for k in range(cnp.PyArray_NDIM(a)):
-        if cnp.PyArray_STRIDE(a, k) < 0:
-            return True
-        hi += (cnp.PyArray_DIM(a, k) - 1) * cnp.PyArray_STRIDE(a, k)
-    return lo < ohi and olo < hi
-
-
-cdef cnp.ndarray _out_for_kernel(object out, int64_t num_bags, int64_t dim, cnp.ndarray table,
-                                 tuple keep):
-    """The array the kernel writes: out itself on the fast path (float32, C-contiguous, aligned,
-    right shape, no overlap with an input), else check_out's validation and temporary."""
-    cdef cnp.ndarray o
-    if (cnp.PyArray_Check(out) and cnp.PyArray_TYPE(<cnp.ndarray>out) == cnp.NPY_FLOAT32
-            and cnp.PyArray_NDIM(<cnp.ndarray>out) == 2):
-        o = <cnp.ndarray>out
-        if (cnp.PyArray_DIM(o, 0) == num_bags and cnp.PyArray_DIM(o, 1) == dim
-                and cnp.PyArray_ISCARRAY(o) and cnp.PyArray_ISNOTSWAPPED(o)
-                and not _may_overlap(o, table) and not _may_overlap(o, keep[0])
-                and not _may_overlap(o, keep[1]) and not _may_overlap(o, keep[2])):
-            return o
-    return check_out(out, cnp.NPY_FLOAT32, "float32", (num_bags, dim), (table,) + keep)
-
-
 def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_weights=None,
                   mode="sum", include_last_offset=False, padding_idx=None,
                   positional_weights=False, out=None):
@@ -182,7 +143,7 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
                                     scratch, BAGS_SCRATCH)
     cdef int64_t bad = -1
     cdef cnp.ndarray dst = bags_output(
-        &bags, out, None if out is None else _out_for_kernel(out, bags.num_bags, dim, table, keep),
+        &bags, out, None if out is None else bags_out_for_kernel(out, bags.num_bags, dim, table, keep),
         dim, rows)
 
     cdef int t = cnp.PyArray_TYPE(table)

@@ -228,9 +228,7 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
                                     scratch, BAGS_SCRATCH)
     cdef int64_t bad = -1
     cdef cnp.ndarray dst = bags_output(
-        &bags, out,
-        None if out is None else check_out(out, cnp.NPY_FLOAT32, "float32", (bags.num_bags, d),
-                                           (p,) + keep),
+        &bags, out, None if out is None else bags_out_for_kernel(out, bags.num_bags, d, p, keep),
         d, rows)
     cdef const uint8_t *data = <const uint8_t *>cnp.PyArray_DATA(p)
     cdef const pk_quantized_kernels *k = _kernels
