@@ -51,53 +51,9 @@ void pk_dequantize_rowwise_avx512(int bits, const uint8_t *packed, size_t rows, 
 
 /* ---- embedding bags ------------------------------------------------------------------------ */
 
-#define PK_ALWAYS_INLINE static inline __attribute__((always_inline))
-/* Rows ahead for the two prefetch modes (see prefetch_row). */
-#ifndef PREFETCH_NEAR
-#define PREFETCH_NEAR PK_BAGS_PREFETCH_DISTANCE
-#endif
-#ifndef PREFETCH_FAR
-#define PREFETCH_FAR 32
-#endif
-#define FAR_FOOTPRINT ((int64_t)4 << 20)   /* bytes of rows a call may touch from which it is far */
+#include "quantized_bags_head.h"
+
 #define BLOCK_VECS 16    /* output floats held in registers per pass: 16 x 16 (D = 256 in one pass) */
-
-/* What the bag loop reads per row, hoisted out of pk_bags once per call. */
-typedef struct bag_loop {
-    const void *indices;
-    const float *weights;
-    int positional, mean;
-    int64_t n_indices, padding_idx, rows;
-    const uint8_t *packed;
-    int far;   /* prefetch mode of the call, see prefetch_row */
-} bag_loop;
-
-PK_ALWAYS_INLINE int64_t index_at(const int index_64, const void *indices, int64_t j)
-{
-    return index_64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
-}
-
-/* Prefetch of the row PREFETCH_NEAR or PREFETCH_FAR indices ahead.  A call whose rows may not fit in
- * L2 (it has FAR_FOOTPRINT bytes of rows or more, counting each index, at most the whole table) is
- * "far": T1 (to L2), PREFETCH_FAR ahead, on the row's first byte, its last byte and every 64th byte
- * from the first that is more than 64 bytes before the last (every line of a row of up to 64 bytes
- * and of a 72-byte row at an 8-byte offset).  Side by side with torch (FBGEMM) on 8-bit DLRM
- * 1M x 64 B=2048 L=100 that is 1.3-2x faster than T0 16 ahead on uniform indices and ~5-10% on
- * Zipf ones.  A smaller call keeps T0 on every line PREFETCH_NEAR ahead, 10-20% faster on
- * cache-resident rows (fbgemm 4M x D with 1000 indices, cache 20k x 128).  Prefetches never fault,
- * so an index not yet checked is harmless here; the address is formed in integers. */
-PK_ALWAYS_INLINE void prefetch_row(const uint8_t *packed, int64_t idx, int64_t row_bytes, const int far)
-{
-    const uintptr_t p = (uintptr_t)packed + (uint64_t)idx * (uint64_t)row_bytes;
-    if (far) {
-        _mm_prefetch((const char *)p, _MM_HINT_T1);
-        for (int64_t off = 64; off < row_bytes - 64; off += 64) _mm_prefetch((const char *)(p + off), _MM_HINT_T1);
-        _mm_prefetch((const char *)(p + row_bytes - 1), _MM_HINT_T1);
-    } else {
-        for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch((const char *)(p + off), _MM_HINT_T0);
-        if (row_bytes % 64 != 1) _mm_prefetch((const char *)(p + row_bytes - 1), _MM_HINT_T0);
-    }
-}
 
 /* Sum one bag over output columns [d0, d0 + 16*nv) (the last vector limited by `last`) with that
  * slice of the output row in registers.  bits, nv, index_64, weighted (and row_bytes when D is
@@ -230,56 +186,7 @@ PK_ALWAYS_INLINE pk_status bags_loop(const int bits, const int D, const int inde
     return PK_OK;
 }
 
-/* One function per (bits, D, far); the index width and whether there are weights picked once per call. */
-#define BAGS_FOR_FAR(BITS, D, FAR)                                                                       \
-    static pk_status bags_##BITS##bit_d##D##_##FAR(const bag_loop *a, const pk_bags *g,          \
-                                           int64_t dim, int64_t row_bytes, int64_t *bad)          \
-    {                                                                                             \
-        const int weighted = g->weights != NULL;                                                  \
-        if (g->index_64)                                                                          \
-            return weighted ? bags_loop(BITS, D, 1, 1, FAR, a, g->offsets, g->num_bags, g->out,       \
-                                        g->out_stride, dim, row_bytes, bad)                       \
-                            : bags_loop(BITS, D, 1, 0, FAR, a, g->offsets, g->num_bags, g->out,       \
-                                        g->out_stride, dim, row_bytes, bad);                      \
-        return weighted ? bags_loop(BITS, D, 0, 1, FAR, a, g->offsets, g->num_bags, g->out,           \
-                                    g->out_stride, dim, row_bytes, bad)                           \
-                        : bags_loop(BITS, D, 0, 0, FAR, a, g->offsets, g->num_bags, g->out,           \
-                                    g->out_stride, dim, row_bytes, bad);                          \
-    }
-#define BAGS_FOR(BITS, D)                                                                         \
-    BAGS_FOR_FAR(BITS, D, 0) BAGS_FOR_FAR(BITS, D, 1)                                             \
-    static pk_status bags_##BITS##bit_d##D(const bag_loop *a, const pk_bags *g, int64_t dim,      \
-                                           int64_t row_bytes, int64_t *bad)                       \
-    {                                                                                             \
-        return a->far ? bags_##BITS##bit_d##D##_1(a, g, dim, row_bytes, bad)                      \
-                      : bags_##BITS##bit_d##D##_0(a, g, dim, row_bytes, bad);                     \
-    }
-BAGS_FOR(8, 0) BAGS_FOR(8, 32) BAGS_FOR(8, 64) BAGS_FOR(8, 128) BAGS_FOR(8, 256)
-BAGS_FOR(4, 0) BAGS_FOR(4, 32) BAGS_FOR(4, 64) BAGS_FOR(4, 128) BAGS_FOR(4, 256)
-BAGS_FOR(2, 0)
-#undef BAGS_FOR_FAR
-#undef BAGS_FOR
-
-pk_status pk_embedding_bag_quantized_avx512(int bits, const pk_bags *bags, const uint8_t *packed,
-                                            int64_t rows, int64_t row_bytes, int64_t dim,
-                                            int64_t *bad_pos)
-{
-    const bag_loop a = {bags->indices, bags->weights, bags->positional, bags->mean,
-                        bags->n_indices, bags->padding_idx, rows, packed,
-                        row_bytes > 0 && (bags->n_indices < rows ? bags->n_indices : rows)
-                                             >= FAR_FOOTPRINT / row_bytes};
-#define BY_DIM(BITS)                                                                              \
-    switch (row_bytes == (int64_t)pk_quantized_row_bytes(BITS, (size_t)dim) ? dim : 0) {                                                                                \
-    case 32: return bags_##BITS##bit_d32(&a, bags, dim, row_bytes, bad_pos);                      \
-    case 64: return bags_##BITS##bit_d64(&a, bags, dim, row_bytes, bad_pos);                      \
-    case 128: return bags_##BITS##bit_d128(&a, bags, dim, row_bytes, bad_pos);                    \
-    case 256: return bags_##BITS##bit_d256(&a, bags, dim, row_bytes, bad_pos);                    \
-    default: return bags_##BITS##bit_d0(&a, bags, dim, row_bytes, bad_pos);                       \
-    }
-    if (bits == 8) BY_DIM(8)
-    if (bits == 4) BY_DIM(4)
-#undef BY_DIM
-    return bags_2bit_d0(&a, bags, dim, row_bytes, bad_pos);
-}
+#define PKQB_KERNEL pk_embedding_bag_quantized_avx512
+#include "quantized_bags_entry.h"
 
 #endif /* PK_X86_64 */
