@@ -49,6 +49,27 @@ static inline int64_t pk_bags_index(const pk_bags *bags, int64_t j)
                           : (int64_t)((const int32_t *)bags->indices)[j];
 }
 
+/* The reference (scalar) reading of entry j of the bag starting at `begin`: -1 with *bad_pos = j
+ * if its index is out of [0, rows), 0 if it is padding_idx (skipped), else 1 with its row in *idx
+ * and its weight (1 without weights; per position in the bag when positional) in *w. */
+static inline int pk_bags_entry(const pk_bags *bags, int64_t j, int64_t begin, int64_t rows,
+                                int64_t *idx, float *w, int64_t *bad_pos)
+{
+    *idx = pk_bags_index(bags, j);
+    if ((uint64_t)*idx >= (uint64_t)rows) { *bad_pos = j; return -1; }
+    if (*idx == bags->padding_idx) return 0;
+    *w = bags->weights ? bags->weights[bags->positional ? j - begin : j] : 1.0f;
+    return 1;
+}
+
+/* mode "mean": out[0:dim] *= 1 / count (count = the bag's non-padding entries; empty bags stay 0). */
+static inline void pk_bags_finish_mean(const pk_bags *bags, float *out, int64_t dim, int64_t count)
+{
+    if (!bags->mean || count == 0) return;
+    const float inv = 1.0f / (float)count;
+    for (int64_t d = 0; d < dim; d++) out[d] *= inv;
+}
+
 /* First position j whose index is out of [0, rows), or -1.  The cheap pre-scan a wrapper runs when
  * it must not let a kernel start writing a caller's out=.  x is in [0, rows) exactly when neither x
  * nor rows - 1 - x is negative, so OR-ing both into one word and testing its sign bit checks a

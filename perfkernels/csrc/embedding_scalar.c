@@ -25,18 +25,16 @@ static inline pk_status bags_scalar(const pk_bags *bags, const void *table, int6
         int64_t count = 0;
         for (int64_t d = 0; d < dim; d++) out[d] = 0.0f;
         for (int64_t j = begin; j < end; j++) {
-            const int64_t idx = pk_bags_index(bags, j);
-            if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return PK_ERR_INDEX; }
-            if (idx == bags->padding_idx) continue;
+            int64_t idx;
+            float w;
+            const int use = pk_bags_entry(bags, j, begin, rows, &idx, &w, bad_pos);
+            if (use < 0) return PK_ERR_INDEX;
+            if (!use) continue;
             count++;
-            const float w = bags->weights ? bags->weights[bags->positional ? j - begin : j] : 1.0f;
             const char *row = (const char *)table + (size_t)idx * (size_t)row_stride * elem;
             for (int64_t d = 0; d < dim; d++) out[d] += w * element(row, d, type);
         }
-        if (bags->mean && count > 0) {
-            const float scale = 1.0f / (float)count;
-            for (int64_t d = 0; d < dim; d++) out[d] *= scale;
-        }
+        pk_bags_finish_mean(bags, out, dim, count);
     }
     return PK_OK;
 }

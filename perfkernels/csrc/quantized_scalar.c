@@ -70,11 +70,12 @@ pk_status pk_embedding_bag_quantized_scalar(int bits, const pk_bags *bags, const
         int64_t count = 0;
         for (int64_t d = 0; d < dim; d++) out[d] = 0.0f;
         for (int64_t j = begin; j < end; j++) {
-            const int64_t idx = pk_bags_index(bags, j);
-            if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return PK_ERR_INDEX; }
-            if (idx == bags->padding_idx) continue;
+            int64_t idx;
+            float w;
+            const int use = pk_bags_entry(bags, j, begin, rows, &idx, &w, bad_pos);
+            if (use < 0) return PK_ERR_INDEX;
+            if (!use) continue;
             count++;
-            const float w = bags->weights ? bags->weights[bags->positional ? j - begin : j] : 1.0f;
             const uint8_t *row = packed + (size_t)idx * (size_t)row_bytes;
             float scale, bias;
             pk_q_read_trailer(bits, row, codes_bytes, &scale, &bias);
@@ -84,10 +85,7 @@ pk_status pk_embedding_bag_quantized_scalar(int bits, const pk_bags *bags, const
                 out[d] = (float)q * ws + (out[d] + wb);
             }
         }
-        if (bags->mean && count > 0) {
-            const float inv = 1.0f / (float)count;
-            for (int64_t d = 0; d < dim; d++) out[d] *= inv;
-        }
+        pk_bags_finish_mean(bags, out, dim, count);
     }
     return PK_OK;
 }
