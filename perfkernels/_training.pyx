@@ -22,9 +22,11 @@ cdef extern from "perfkernels/training.h":
         uint64_t *keys_tmp
         int64_t *entry_bag
         float *entry_coef
+        float *bag_scale
         int64_t *group_start
         int64_t *histogram
-        int entry_bits
+        int per_entry
+        int payload_bits
         int64_t num_entries
         int64_t num_groups
     enum:
@@ -43,7 +45,7 @@ cdef extern from "perfkernels/training.h":
     const pk_training_kernels *pk_training_table(int isa) noexcept nogil
     pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work *work,
                                 int64_t *bad_pos) noexcept nogil
-    int pk_training_fits(int64_t rows, int64_t n_indices) noexcept nogil
+    int pk_training_fits(int64_t rows, int64_t n_indices, int64_t num_bags) noexcept nogil
 
 cdef const pk_training_kernels *_kernels = NULL
 
@@ -250,7 +252,7 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     cdef int64_t rows = cnp.PyArray_DIM(table, 0)
     cdef int64_t dim = cnp.PyArray_DIM(table, 1)
     cdef int64_t row_stride = cnp.PyArray_STRIDE(table, 0) // cnp.PyArray_ITEMSIZE(table)
-    cdef cnp.ndarray st, grad, keys, keys_tmp, ebag, ecoef, gstart, hist, scratch
+    cdef cnp.ndarray st, grad, keys, keys_tmp, ebag, ecoef, bscale, gstart, hist, scratch
     cdef int t = cnp.PyArray_TYPE(table)
     cdef pk_training_update_fn fn
     cdef void *data
@@ -287,15 +289,17 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
         grad = grad.copy()   # it is read while rows are written
     grad_stride = dim
     n = bags.n_indices
-    if not pk_training_fits(rows, n):
+    if not pk_training_fits(rows, n, bags.num_bags):
         raise ValueError(f"{n} indices into a table of {rows} rows: the row and entry numbers "
                          "need more than 64 bits together")
 
     # the workspace, sized for this call (the kernels never allocate)
     keys = np.empty(n, dtype=np.uint64)
     keys_tmp = np.empty(n, dtype=np.uint64)
-    ebag = np.empty(n, dtype=np.int64)
-    ecoef = np.empty(n, dtype=np.float32)
+    weighted = bags.weights != NULL
+    ebag = np.empty(n if weighted else 0, dtype=np.int64)
+    ecoef = np.empty(n if weighted else 0, dtype=np.float32)
+    bscale = np.empty(0 if weighted else bags.num_bags, dtype=np.float32)
     gstart = np.empty(n + 1, dtype=np.int64)
     hist = np.empty(PK_TRAINING_HISTOGRAM, dtype=np.int64)
     scratch = np.empty(2 * dim + 16, dtype=np.float32)
@@ -303,6 +307,7 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     work.keys_tmp = <uint64_t *>cnp.PyArray_DATA(keys_tmp)
     work.entry_bag = <int64_t *>cnp.PyArray_DATA(ebag)
     work.entry_coef = <float *>cnp.PyArray_DATA(ecoef)
+    work.bag_scale = <float *>cnp.PyArray_DATA(bscale)
     work.group_start = <int64_t *>cnp.PyArray_DATA(gstart)
     work.histogram = <int64_t *>cnp.PyArray_DATA(hist)
 

@@ -17,8 +17,11 @@
  * Two steps:
  *   1. pk_training_group (portable C, any ISA): reads every entry once, checks its index
  *      (PK_ERR_INDEX with *bad_pos, before anything is written), and groups the entries by row with
- *      a stable LSD radix sort of packed (row << entry_bits | entry) keys, so each row's entries stay
- *      in index order.  Writes only the caller's workspace.
+ *      a stable LSD radix sort of packed (row << payload_bits | payload) keys, so each row's entries
+ *      stay in index order.  The payload says where the entry's gradient comes from: without
+ *      weights its bag b (coefficient bag_scale[b]: 1, or 1 / count_b for mean), so a row's walk
+ *      reads only the keys, a tiny per-bag array and G; with weights the entry number m (bag and
+ *      coefficient in entry_bag[m], entry_coef[m]).  Writes only the caller's workspace.
  *   2. an update kernel (one per ISA and table type) updates the rows of groups [g_begin, g_end).
  *      Each row belongs to exactly one group, so disjoint group ranges may run on different threads
  *      and the result does not depend on how the groups are split.
@@ -51,13 +54,16 @@ typedef struct pk_sparse_optim {
 
 /* The workspace of one call, n = bags->n_indices entries (sizes in elements). */
 typedef struct pk_training_work {
-    uint64_t *keys;        /* n: sorted packed keys (row << entry_bits | entry) on return */
+    uint64_t *keys;        /* n: sorted packed keys (row << payload_bits | payload) on return */
     uint64_t *keys_tmp;    /* n: the radix sort's other buffer */
-    int64_t *entry_bag;    /* n: bag of entry m (m counts the non-padding entries in index order) */
-    float *entry_coef;     /* n: scale_b * w_j of entry m */
+    int64_t *entry_bag;    /* n (weighted calls only): bag of entry m (m counts the non-padding
+                              entries in index order) */
+    float *entry_coef;     /* n (weighted calls only): scale_b * w_j of entry m */
+    float *bag_scale;      /* num_bags: 1, or 1 / count_b for mean (unweighted calls) */
     int64_t *group_start;  /* n + 1: group u is keys[group_start[u] : group_start[u + 1]] */
     int64_t *histogram;    /* PK_TRAINING_HISTOGRAM entries */
-    int entry_bits;        /* bits of the entry number in a key (set by pk_training_group) */
+    int per_entry;         /* payload is m (weighted), else b (set by pk_training_group) */
+    int payload_bits;      /* bits of the payload in a key (set by pk_training_group) */
     int64_t num_entries;   /* non-padding entries (set by pk_training_group) */
     int64_t num_groups;    /* distinct rows touched (set by pk_training_group) */
 } pk_training_work;
@@ -74,11 +80,13 @@ static inline int pk_bit_length(uint64_t x)
     return n;
 }
 
-/* Whether a call's keys fit a 64-bit word: bits(rows - 1) + bits(n_indices - 1) <= 64. */
-static inline int pk_training_fits(int64_t rows, int64_t n_indices)
+/* Whether a call's keys fit a 64-bit word: bits(rows - 1) + bits(max(n_indices, num_bags) - 1)
+ * <= 64. */
+static inline int pk_training_fits(int64_t rows, int64_t n_indices, int64_t num_bags)
 {
+    const int64_t payloads = n_indices > num_bags ? n_indices : num_bags;
     return pk_bit_length(rows > 0 ? (uint64_t)(rows - 1) : 0)
-         + pk_bit_length(n_indices > 0 ? (uint64_t)(n_indices - 1) : 0) <= 64;
+         + pk_bit_length(payloads > 0 ? (uint64_t)(payloads - 1) : 0) <= 64;
 }
 
 pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work *work,

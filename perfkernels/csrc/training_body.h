@@ -23,7 +23,9 @@
 #define PK_TRAINING_BODY_H
 
 /* Groups ahead whose weight / state rows are prefetched. */
+#ifndef TRAIN_PREFETCH_GROUPS
 #define TRAIN_PREFETCH_GROUPS 8
+#endif
 
 typedef struct row_ctx {
     const pk_training_work *work;
@@ -70,9 +72,9 @@ ALWAYS_INLINE vf row_block(const row_ctx *c, int64_t col, const int nv, const in
     UNROLL(MAX_VECS + 1)
     for (int v = 0; v <= nv; v++) acc[v] = v_zero();
     for (int64_t k = c->k0; k < c->k1; k++) {
-        const int64_t m = key_entry(work, work->keys[k]);
-        const vf cf = v_set1(work->entry_coef[m]);
-        const float *G = c->grad + work->entry_bag[m] * c->grad_stride + col;
+        float coef;
+        const float *G = entry_grad(work, work->keys[k], c->grad, c->grad_stride, &coef) + col;
+        const vf cf = v_set1(coef);
         UNROLL(MAX_VECS)
         for (int v = 0; v < nv; v++) acc[v] = v_fmadd(cf, v_loadu(G + v * VL), acc[v]);
         if (tail) acc[nv] = v_fmadd(cf, v_load_tail(G + nv * VL, tail), acc[nv]);

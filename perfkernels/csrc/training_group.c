@@ -1,15 +1,16 @@
 /* Grouping the entries of a call by table row (training.h step 1).  Portable C, baseline flags:
  * the work is integer loads, stores and counting, bound by memory rather than arithmetic.
  *
- * Each non-padding entry m (in index order) becomes the key (row << entry_bits) | m.  A stable LSD
- * radix sort on the row bits only (digits of at most PK_TRAINING_RADIX_BITS bits, all histograms
+ * Each non-padding entry m (in index order) becomes the key (row << payload_bits) | payload, the
+ * payload its bag b (unweighted calls) or m (weighted calls).  A stable LSD radix sort on the row
+ * bits only (digits of at most PK_TRAINING_RADIX_BITS bits, all histograms
  * counted in one read) leaves the keys ordered by row and, within a row, by m, i.e. in index order.
  * That order makes each row's gradient sum the same whatever thread later updates the row. */
 #include "perfkernels/training.h"
 
 static void radix_sort(pk_training_work *work, int64_t n, int row_bits)
 {
-    const int shift0 = work->entry_bits;
+    const int shift0 = work->payload_bits;
     const int passes = (row_bits + PK_TRAINING_RADIX_BITS - 1) / PK_TRAINING_RADIX_BITS;
     const int digit = passes ? (row_bits + passes - 1) / passes : 0;
     const uint64_t mask = ((uint64_t)1 << digit) - 1u;
@@ -45,10 +46,13 @@ pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work 
                             int64_t *bad_pos)
 {
     const int64_t n_indices = bags->n_indices;
-    const int entry_bits = pk_bit_length(n_indices > 0 ? (uint64_t)(n_indices - 1) : 0);
+    const int per_entry = bags->weights != NULL;
+    const int64_t payloads = per_entry ? n_indices : bags->num_bags;
+    const int payload_bits = pk_bit_length(payloads > 0 ? (uint64_t)(payloads - 1) : 0);
     const int row_bits = pk_bit_length(rows > 0 ? (uint64_t)(rows - 1) : 0);
-    if (entry_bits + row_bits > 64) return PK_ERR_VALUE;
-    work->entry_bits = entry_bits;
+    if (payload_bits + row_bits > 64) return PK_ERR_VALUE;
+    work->payload_bits = payload_bits;
+    work->per_entry = per_entry;
 
     /* every entry read once, every index checked, before anything outside the workspace is written */
     uint64_t *keys = work->keys;
@@ -61,14 +65,22 @@ pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work 
             const int use = pk_bags_entry(bags, j, begin, rows, &idx, &w, bad_pos);
             if (use < 0) return PK_ERR_INDEX;
             if (!use) continue;
-            keys[m] = ((uint64_t)idx << entry_bits) | (uint64_t)m;
-            work->entry_bag[m] = b;
-            work->entry_coef[m] = w;
+            if (per_entry) {
+                keys[m] = ((uint64_t)idx << payload_bits) | (uint64_t)m;
+                work->entry_bag[m] = b;
+                work->entry_coef[m] = w;
+            } else {
+                keys[m] = ((uint64_t)idx << payload_bits) | (uint64_t)b;
+            }
             m++;
         }
-        if (bags->mean && m > first) {
-            const float inv = 1.0f / (float)(m - first);   /* as the forward's mean scales the bag */
-            for (int64_t k = first; k < m; k++) work->entry_coef[k] *= inv;
+        /* mode mean scales the bag by 1 / count, as the forward does */
+        const float scale = (bags->mean && m > first) ? 1.0f / (float)(m - first) : 1.0f;
+        if (per_entry) {
+            if (scale != 1.0f)
+                for (int64_t k = first; k < m; k++) work->entry_coef[k] *= scale;
+        } else {
+            work->bag_scale[b] = scale;
         }
     }
     work->num_entries = m;
@@ -81,7 +93,7 @@ pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work 
     if (m > 0) {
         work->group_start[0] = 0;
         for (int64_t k = 1; k < m; k++)
-            if ((keys[k] >> entry_bits) != (keys[k - 1] >> entry_bits)) work->group_start[++u] = k;
+            if ((keys[k] >> payload_bits) != (keys[k - 1] >> payload_bits)) work->group_start[++u] = k;
         work->group_start[++u] = m;
     }
     work->num_groups = u;

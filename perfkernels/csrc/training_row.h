@@ -20,12 +20,21 @@ enum training_table { TRAIN_F32, TRAIN_F16, TRAIN_BF16 };
 /* The row a group updates. */
 static inline int64_t group_row(const pk_training_work *work, int64_t u)
 {
-    return (int64_t)(work->keys[work->group_start[u]] >> work->entry_bits);
+    return (int64_t)(work->keys[work->group_start[u]] >> work->payload_bits);
 }
 
-static inline int64_t key_entry(const pk_training_work *work, uint64_t key)
+/* An entry's upstream gradient row G[b] and its coefficient scale_b * w_j. */
+static inline const float *entry_grad(const pk_training_work *work, uint64_t key, const float *grad,
+                                      int64_t grad_stride, float *coef)
 {
-    return work->entry_bits ? (int64_t)(key & (((uint64_t)1 << work->entry_bits) - 1u)) : 0;
+    const uint64_t mask = work->payload_bits ? (~(uint64_t)0 >> (64 - work->payload_bits)) : 0;
+    const int64_t p = (int64_t)(key & mask);
+    if (work->per_entry) {
+        *coef = work->entry_coef[p];
+        return grad + work->entry_bag[p] * grad_stride;
+    }
+    *coef = work->bag_scale[p];
+    return grad + p * grad_stride;
 }
 
 /* Random bits for stochastic rounding: a hash (splitmix64's finaliser) of (seed, row, column), so

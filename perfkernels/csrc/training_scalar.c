@@ -13,9 +13,8 @@ static inline void update_scalar(const pk_training_work *work, int64_t g_begin, 
         char *row = table_row(table, r, row_stride, type);
         for (int64_t d = 0; d < dim; d++) g[d] = 0.0f;
         for (int64_t k = work->group_start[u]; k < work->group_start[u + 1]; k++) {
-            const int64_t m = key_entry(work, work->keys[k]);
-            const float c = work->entry_coef[m];
-            const float *G = grad + work->entry_bag[m] * grad_stride;
+            float c;
+            const float *G = entry_grad(work, work->keys[k], grad, grad_stride, &c);
             for (int64_t d = 0; d < dim; d++) g[d] += c * G[d];
         }
         if (opt->optimizer == PK_OPT_SGD) {
