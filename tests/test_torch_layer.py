@@ -285,3 +285,119 @@ def test_route_functional():
 def test_import_perfkernels_does_not_import_torch():
     r = run_python(["-c", "import sys, perfkernels; assert 'torch' not in sys.modules, 'torch'"])
     assert r.returncode == 0, r.stderr
+
+
+# --------------------------------------------------------------------------- quantized tables
+
+def _ao_module(bits, rows, dim, mode="sum", seed=0):
+    from torch.ao.nn.quantized import EmbeddingBag as QEmbeddingBag
+    from torch.ao.quantization.qconfig import (float_qparams_weight_only_qconfig,
+                                               float_qparams_weight_only_qconfig_4bit)
+    torch.manual_seed(seed)
+    f = torch.nn.EmbeddingBag(rows, dim, mode=mode)
+    f.qconfig = float_qparams_weight_only_qconfig if bits == 8 else \
+        float_qparams_weight_only_qconfig_4bit
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return f, QEmbeddingBag.from_float(f)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_from_torch_ao_and_its_state_dict(isa, bits):
+    _, ao = _ao_module(bits, 60, 16)
+    gen = torch.Generator().manual_seed(bits)
+    ix, off = _bags(gen, 60, 9, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = ao(ix, off)
+        sd = ao.state_dict()
+    ours = pt.QuantizedEmbeddingBag.from_torch_ao(ao)
+    torch.testing.assert_close(ours(ix, off), want, rtol=1e-6, atol=1e-5)
+    fresh = pt.QuantizedEmbeddingBag(60, 16, dtype=ao.dtype)
+    fresh.load_state_dict(sd)                        # torch's checkpoint loads unchanged
+    assert torch.equal(fresh.packed_weight, ours.packed_weight)
+    again = pt.QuantizedEmbeddingBag(60, 16, dtype=bits)
+    again.load_state_dict(ours.state_dict())         # ours round-trips
+    assert torch.equal(again.packed_weight, ours.packed_weight)
+    assert list(ours.state_dict()) == ["packed_weight"]
+    model = torch.nn.Sequential(ao)
+    new = pt.convert(model)
+    assert type(new[0]) is pt.QuantizedEmbeddingBag
+
+
+@pytest.mark.parametrize("bits,name", [(8, "byte"), (4, "4bit"), (2, "2bit")])
+def test_quantized_from_packed_and_op_aliases_match_torch_ops(isa, bits, name):
+    gen = torch.Generator().manual_seed(bits)
+    weight = torch.randn(70, 32, generator=gen)
+    prepack = getattr(torch.ops.quantized, f"embedding_bag_{name}_prepack")
+    packed = prepack(weight)
+    ix, off = _bags(gen, 70, 11, 6)
+    psw = torch.rand(ix.shape, generator=gen)
+    torch_op = getattr(torch.ops.quantized, f"embedding_bag_{name}_rowwise_offsets")
+    ours_op = getattr(pt, f"embedding_bag_{name}_rowwise_offsets")
+    for kwargs in (dict(), dict(per_sample_weights=psw)):
+        want = torch_op(packed, ix, off, **kwargs)
+        torch.testing.assert_close(ours_op(packed, ix, off, **kwargs), want,
+                                   rtol=1e-5, atol=1e-5)
+        m = pt.QuantizedEmbeddingBag.from_packed(packed, bits=bits)
+        assert m.packed_weight.data_ptr() == packed.data_ptr()       # used in place
+        torch.testing.assert_close(m(ix, off, **kwargs), want, rtol=1e-5, atol=1e-5)
+    ilo = torch.cat([off, torch.tensor([ix.numel()])])
+    torch.testing.assert_close(ours_op(packed, ix, ilo, include_last_offset=True),
+                               torch_op(packed, ix, ilo, include_last_offset=True),
+                               rtol=1e-5, atol=1e-5)
+    # our quantizer is bit-exact with torch's prepack, so from_float == from_packed
+    f = torch.nn.EmbeddingBag.from_pretrained(weight, mode="sum")
+    assert torch.equal(pt.QuantizedEmbeddingBag.from_float(f, bits=bits).packed_weight, packed)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_convert_quantizes_float_tables(bits):
+    model = torch.nn.ModuleList([torch.nn.EmbeddingBag(80, 16, mode="mean", padding_idx=0),
+                                 torch.nn.EmbeddingBag(80, 16, mode="sum")])
+    gen = torch.Generator().manual_seed(0)
+    ix, off = _bags(gen, 80, 10, 6, pad=0)
+    new = pt.convert(model, bits=bits)
+    assert all(type(m) is pt.QuantizedEmbeddingBag and m.bits == bits for m in new)
+    for f, q in zip(model, new):
+        # against the dequantized table looked up by torch: the same rows, float rounding apart
+        deq = torch.nn.EmbeddingBag.from_pretrained(q.dequantize(), mode=f.mode,
+                                                    padding_idx=f.padding_idx)
+        torch.testing.assert_close(q(ix, off), deq(ix, off), rtol=1e-5, atol=1e-5)
+        tol = 0.02 if bits == 8 else 0.3
+        torch.testing.assert_close(q(ix, off), f(ix, off).detach(), rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------- compile / export
+
+class _SmallRec(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.EmbeddingBag(40, 8, mode="sum")
+        self.q = pt.QuantizedEmbeddingBag.from_float(torch.nn.EmbeddingBag(40, 8), bits=4)
+        self.top = torch.nn.Linear(16, 1)
+
+    def forward(self, ix, off, psw):
+        return self.top(torch.cat([self.emb(ix, off, psw), self.q(ix, off)], 1))
+
+
+def test_torch_compile_fullgraph_and_export_agree_with_eager():
+    torch._dynamo.reset()
+    model = pt.convert(_SmallRec())
+    gen = torch.Generator().manual_seed(5)
+    ix, off = _bags(gen, 40, 6, 5)
+    psw = torch.rand(ix.shape, generator=gen)
+    eager = model(ix, off, psw)
+    eager.sum().backward()
+    grad_eager = model.emb.weight.grad.clone()
+    model.zero_grad()
+    # aot_eager traces through dynamo and AOTAutograd (fake tensors, the registered autograd)
+    # without inductor's C++ compile, which would add a minute to the suite
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    out = compiled(ix, off, psw)
+    torch.testing.assert_close(out, eager)
+    out.sum().backward()
+    torch.testing.assert_close(model.emb.weight.grad, grad_eager)
+    ep = torch.export.export(model, (ix, off, psw))
+    torch.testing.assert_close(ep.module()(ix, off, psw), eager)
+    assert "perfkernels.embedding_bag" in str(ep.graph)
