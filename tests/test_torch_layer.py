@@ -401,3 +401,39 @@ def test_torch_compile_fullgraph_and_export_agree_with_eager():
     ep = torch.export.export(model, (ix, off, psw))
     torch.testing.assert_close(ep.module()(ix, off, psw), eager)
     assert "perfkernels.embedding_bag" in str(ep.graph)
+
+
+# --------------------------------------------------------------------------- collection
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_embedding_bag_collection_matches_per_feature_torch(isa, weighted):
+    gen = torch.Generator().manual_seed(int(weighted))
+    tables = [pt.EmbeddingBagConfig(50, 8, name="t0", feature_names=["f0", "f2"]),
+              pt.EmbeddingBagConfig(30, 5, name="t1", feature_names=["f1"],
+                                    pooling="sum" if weighted else "mean")]   # torch: no weighted mean
+    ebc = pt.EmbeddingBagCollection(tables, is_weighted=weighted)
+    keys, batch = ["f0", "f1", "f2"], 4
+    lengths = torch.randint(0, 4, (len(keys) * batch,), generator=gen)
+    lengths[0] = 0
+    rows = {"f0": 50, "f1": 30, "f2": 50}
+    values = torch.cat([torch.randint(0, rows[k], (int(lengths[i * batch:(i + 1) * batch].sum()),),
+                                      generator=gen) for i, k in enumerate(keys)])
+    weights = torch.rand(values.shape, generator=gen) if weighted else None
+    kjt = pt.KeyedJaggedTensor(keys, values, weights=weights, lengths=lengths)
+    out = ebc(kjt)
+    assert out.keys() == ["f0", "f2", "f1"] and out.length_per_key() == [8, 8, 5]
+    assert out.values().shape == (batch, 21)
+    offsets = kjt.offsets()
+    table_of = {"f0": "t0", "f2": "t0", "f1": "t1"}
+    for k in out.keys():
+        f = keys.index(k)
+        off = offsets[f * batch:(f + 1) * batch + 1]
+        seg = values[off[0]:off[-1]]
+        w = None if weights is None else weights[off[0]:off[-1]]
+        bag = ebc.embedding_bags[table_of[k]]
+        want = torch.nn.functional.embedding_bag(seg, bag.weight, off - off[0], mode=bag.mode,
+                                                 per_sample_weights=w, include_last_offset=True)
+        torch.testing.assert_close(out[k], want, rtol=1e-5, atol=1e-6)
+    out.values().sum().backward()
+    assert ebc.embedding_bags["t0"].weight.grad is not None
+    assert list(ebc.state_dict()) == ["embedding_bags.t0.weight", "embedding_bags.t1.weight"]

@@ -26,6 +26,8 @@ from ._bags import BagBackward
 from ._embedding_bag import EmbeddingBag
 from ._quantized import (QuantizedEmbeddingBag, embedding_bag_2bit_rowwise_offsets,
                          embedding_bag_4bit_rowwise_offsets, embedding_bag_byte_rowwise_offsets)
+from ._collection import (EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor,
+                          KeyedTensor)
 from ._convert import ConversionReport, convert, embedding_bag, last_report, route_functional
 
 __all__ = [
@@ -33,5 +35,6 @@ __all__ = [
     "EmbeddingBag", "QuantizedEmbeddingBag",
     "embedding_bag_byte_rowwise_offsets", "embedding_bag_4bit_rowwise_offsets",
     "embedding_bag_2bit_rowwise_offsets",
+    "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor",
     "convert", "ConversionReport", "last_report", "embedding_bag", "route_functional",
 ]
