@@ -28,6 +28,7 @@ from ._quantized import (QuantizedEmbeddingBag, embedding_bag_2bit_rowwise_offse
                          embedding_bag_4bit_rowwise_offsets, embedding_bag_byte_rowwise_offsets)
 from ._collection import (EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor,
                           KeyedTensor)
+from ._lstm import LSTMCell, lstm_unit
 from ._convert import ConversionReport, convert, embedding_bag, last_report, route_functional
 
 __all__ = [
@@ -36,5 +37,6 @@ __all__ = [
     "embedding_bag_byte_rowwise_offsets", "embedding_bag_4bit_rowwise_offsets",
     "embedding_bag_2bit_rowwise_offsets",
     "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor",
+    "LSTMCell", "lstm_unit",
     "convert", "ConversionReport", "last_report", "embedding_bag", "route_functional",
 ]
