@@ -2,8 +2,11 @@
 include "_arrays.pxi"
 include "_bags.pxi"
 
+from libc.stdint cimport uintptr_t
+
 import math
 import os
+import threading
 
 import ml_dtypes
 
@@ -252,7 +255,10 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     cdef int64_t rows = cnp.PyArray_DIM(table, 0)
     cdef int64_t dim = cnp.PyArray_DIM(table, 1)
     cdef int64_t row_stride = cnp.PyArray_STRIDE(table, 0) // cnp.PyArray_ITEMSIZE(table)
-    cdef cnp.ndarray st, grad, keys, keys_tmp, ebag, ecoef, bscale, gstart, hist, scratch
+    cdef cnp.ndarray st, grad, space
+    cdef int64_t sizes[7]
+    cdef char *parts[7]
+    cdef float *scratch_row
     cdef int t = cnp.PyArray_TYPE(table)
     cdef pk_training_update_fn fn
     cdef void *data
@@ -294,22 +300,23 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
                          "need more than 64 bits together")
 
     # the workspace, sized for this call (the kernels never allocate)
-    keys = np.empty(n, dtype=np.uint64)
-    keys_tmp = np.empty(n, dtype=np.uint64)
     weighted = bags.weights != NULL
-    ebag = np.empty(n if weighted else 0, dtype=np.int64)
-    ecoef = np.empty(n if weighted else 0, dtype=np.float32)
-    bscale = np.empty(0 if weighted else bags.num_bags, dtype=np.float32)
-    gstart = np.empty(n + 1, dtype=np.int64)
-    hist = np.empty(PK_TRAINING_HISTOGRAM, dtype=np.int64)
-    scratch = np.empty(2 * dim + 16, dtype=np.float32)
-    work.keys = <uint64_t *>cnp.PyArray_DATA(keys)
-    work.keys_tmp = <uint64_t *>cnp.PyArray_DATA(keys_tmp)
-    work.entry_bag = <int64_t *>cnp.PyArray_DATA(ebag)
-    work.entry_coef = <float *>cnp.PyArray_DATA(ecoef)
-    work.bag_scale = <float *>cnp.PyArray_DATA(bscale)
-    work.group_start = <int64_t *>cnp.PyArray_DATA(gstart)
-    work.histogram = <int64_t *>cnp.PyArray_DATA(hist)
+    sizes[0] = 8 * n                                       # keys
+    sizes[1] = 8 * n                                       # keys_tmp
+    sizes[2] = 8 * (n + 1)                                 # group_start
+    sizes[3] = 8 * PK_TRAINING_HISTOGRAM                   # histogram
+    sizes[4] = 8 * n if weighted else 0                    # entry_bag
+    sizes[5] = 4 * n if weighted else 4 * bags.num_bags    # entry_coef or bag_scale
+    sizes[6] = 4 * (2 * dim + 16)                          # scratch row
+    space = _workspace(sizes, 7, parts)
+    work.keys = <uint64_t *>parts[0]
+    work.keys_tmp = <uint64_t *>parts[1]
+    work.group_start = <int64_t *>parts[2]
+    work.histogram = <int64_t *>parts[3]
+    work.entry_bag = <int64_t *>parts[4]
+    work.entry_coef = <float *>parts[5]
+    work.bag_scale = <float *>parts[5]
+    scratch_row = <float *>parts[6]
 
     fn = (_kernels.update_f32 if t == cnp.NPY_FLOAT32 else
           (_kernels.update_f16 if t == cnp.NPY_FLOAT16 else _kernels.update_bf16))
@@ -321,8 +328,35 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
         return None
     with nogil:
         fn(&work, 0, work.num_groups, <const float *>cnp.PyArray_DATA(grad), grad_stride, data,
-           dim, row_stride, &opt, <float *>cnp.PyArray_DATA(scratch))
+           dim, row_stride, &opt, scratch_row)
     return None
+
+
+_local = threading.local()
+
+
+cdef cnp.ndarray _workspace(const int64_t *sizes, int count, char **parts):
+    """One buffer holding `count` parts of sizes[i] bytes, each 64-byte aligned; parts[i] points
+    at part i.  The buffer is kept per thread and grown when a call needs more, so repeated calls
+    reuse memory that is already mapped (a fresh multi-megabyte array costs page faults and
+    zeroing every call) and concurrent calls from different threads never share one."""
+    cdef int64_t total = 64, off
+    cdef int i
+    cdef cnp.ndarray buf
+    cdef char *base
+    for i in range(count):
+        total += (sizes[i] + 63) // 64 * 64
+    buf = getattr(_local, "buffer", None)
+    if buf is None or cnp.PyArray_NBYTES(buf) < total:
+        buf = np.empty(max(total, 2 * (0 if buf is None else cnp.PyArray_NBYTES(buf))),
+                       dtype=np.uint8)
+        _local.buffer = buf
+    base = <char *>cnp.PyArray_DATA(buf)
+    off = (64 - (<uintptr_t>base) % 64) % 64
+    for i in range(count):
+        parts[i] = base + off
+        off += (sizes[i] + 63) // 64 * 64
+    return buf
 
 
 cdef int64_t _num_threads(object num_threads) except -1:
