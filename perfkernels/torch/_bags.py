@@ -68,13 +68,13 @@ def bag_of_entries(indices: Tensor, offsets: Optional[Tensor], include_last_offs
         num_bags, length = indices.shape
         return torch.arange(num_bags, device=indices.device).repeat_interleave(length), num_bags
     num_bags = offsets.numel() - 1 if include_last_offset else offsets.numel()
-    starts = offsets[:num_bags].long()
-    if include_last_offset:
-        ends = offsets[1:].long()
-    else:
-        ends = torch.cat([offsets[1:].long(), starts.new_full((1,), n)])[:num_bags]
-    bag = torch.repeat_interleave(torch.arange(num_bags, device=indices.device), ends - starts,
-                                  output_size=n)
+    # A 1 where each bag (after the first) starts, then a running sum: O(n), unlike
+    # repeat_interleave on CPU; empty bags add several marks at one place, trailing ones land on
+    # the extra last slot.
+    marks = torch.zeros(n + 1, dtype=torch.int64, device=indices.device)
+    starts = offsets[1:num_bags].long()
+    marks.index_add_(0, starts, torch.ones_like(starts))
+    bag = marks[:n].cumsum(0)
     return bag, num_bags
 
 
