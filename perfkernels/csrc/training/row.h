@@ -7,13 +7,7 @@
 #include <math.h>
 
 #include "perfkernels/training.h"
-#include "convert_bits.h"
-
-/* Every helper is static (NumPy#25274: non-static inline functions built with different ISA flags
- * may be merged by the linker). */
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-#define PK_TRAIN_PRAGMA_(x) _Pragma(#x)
-#define UNROLL(n) PK_TRAIN_PRAGMA_(GCC unroll n)
+#include "common/half_bits.h"
 
 enum training_table { TRAIN_F32, TRAIN_F16, TRAIN_BF16 };
 

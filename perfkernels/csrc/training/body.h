@@ -1,5 +1,5 @@
-/* The training update loops (training.h step 2), written once for the vector ISAs
- * (training_avx2.c, training_avx512.c).
+/* The training update loops (training.h step 2), written once over the SIMD primitive layer
+ * (training/avx2.c, training/avx512.c include simd/<isa>.h, then this).
  *
  * A row's gradient is summed column block by column block: up to MAX_VECS vectors (plus a tail
  * vector) held in registers while the row's entries are walked in index order,
@@ -9,18 +9,42 @@
  * (a switch over 1 .. MAX_VECS), so the accumulators stay in registers.  The next rows (weight and
  * state) are prefetched a few groups ahead: they are the random DRAM accesses of the kernel.
  * Stochastic rounding writes the new float32 row to scratch and rounds it element by element.
- *
- * The including file includes training_row.h and <immintrin.h>, then defines, all static:
- *   vf, VL (floats per vector), MAX_VECS,
- *   v_zero(), v_set1(a), v_add, v_sub, v_mul, v_div, v_sqrt, v_fmadd(a, b, c) = a * b + c,
- *   v_fnmadd(a, b, c) = c - a * b, v_hsum(x), v_loadu(p), v_storeu(p, x),
- *   v_load_tail(p, n), v_store_tail(p, x, n)   (n = 1 .. VL - 1 floats; nothing past them touched),
- *   load_table(row, col, type), load_table_tail(row, col, n, type),
- *   store_table(row, col, x, type), store_table_tail(row, col, x, n, type)   (nearest-even),
- *   TRAINING_UPDATE_F32 / _F16 / _BF16: the names of the exported kernels,
- * and then includes this. */
+ */
 #ifndef PK_TRAINING_BODY_H
 #define PK_TRAINING_BODY_H
+
+#include "training/row.h"
+
+/* accumulators per column block: half the vector registers (D = 64 in one walk on AVX2, 128 on
+ * AVX-512), the rest for the coefficient and the loads */
+#define MAX_VECS (V_REGS / 2 > 8 ? 8 : V_REGS / 2)
+
+/* Table elements at col as floats, and back (nearest even); tails touch only their lanes. */
+PK_INLINE vf load_table(const char *row, int64_t col, const int type)
+{
+    if (type == TRAIN_F32) return v_load((const float *)row + col);
+    const vh h = vh_load((const uint16_t *)row + col);
+    return type == TRAIN_F16 ? v_from_f16(h) : v_from_bf16(h);
+}
+
+PK_INLINE vf load_table_tail(const char *row, int64_t col, v_tail t, const int type)
+{
+    if (type == TRAIN_F32) return v_load_tail((const float *)row + col, t);
+    const vh h = vh_load_tail((const uint16_t *)row + col, t);
+    return type == TRAIN_F16 ? v_from_f16(h) : v_from_bf16(h);
+}
+
+PK_INLINE void store_table(char *row, int64_t col, vf x, const int type)
+{
+    if (type == TRAIN_F32) v_store((float *)row + col, x);
+    else vh_store((uint16_t *)row + col, type == TRAIN_F16 ? v_to_f16(x) : v_to_bf16(x));
+}
+
+PK_INLINE void store_table_tail(char *row, int64_t col, vf x, v_tail t, const int type)
+{
+    if (type == TRAIN_F32) v_store_tail((float *)row + col, x, t);
+    else vh_store_tail((uint16_t *)row + col, type == TRAIN_F16 ? v_to_f16(x) : v_to_bf16(x), t);
+}
 
 /* Groups ahead whose weight / state rows are prefetched. */
 #ifndef TRAIN_PREFETCH_GROUPS
@@ -40,46 +64,48 @@ typedef struct row_ctx {
     float *wout;        /* scratch: the new row before stochastic rounding, or NULL */
 } row_ctx;
 
-ALWAYS_INLINE vf load_part(const float *p, const int n)
+/* n: 0 for a full vector, else the tail's lane count */
+PK_INLINE vf load_part(const float *p, const int n)
 {
-    return n ? v_load_tail(p, n) : v_loadu(p);
+    return n ? v_load_tail(p, v_tail_of((size_t)n)) : v_load(p);
 }
 
-ALWAYS_INLINE void store_part(float *p, vf x, const int n)
+PK_INLINE void store_part(float *p, vf x, const int n)
 {
-    if (n) v_store_tail(p, x, n); else v_storeu(p, x);
+    if (n) v_store_tail(p, x, v_tail_of((size_t)n)); else v_store(p, x);
 }
 
-ALWAYS_INLINE vf load_w(const row_ctx *c, int64_t col, const int n, const int type)
+PK_INLINE vf load_w(const row_ctx *c, int64_t col, const int n, const int type)
 {
-    return n ? load_table_tail(c->row, col, n, type) : load_table(c->row, col, type);
+    return n ? load_table_tail(c->row, col, v_tail_of((size_t)n), type)
+             : load_table(c->row, col, type);
 }
 
-ALWAYS_INLINE void store_w(const row_ctx *c, int64_t col, vf x, const int n, const int type)
+PK_INLINE void store_w(const row_ctx *c, int64_t col, vf x, const int n, const int type)
 {
     if (c->wout) store_part(c->wout + col, x, n);
-    else if (n) store_table_tail(c->row, col, x, n, type);
+    else if (n) store_table_tail(c->row, col, x, v_tail_of((size_t)n), type);
     else store_table(c->row, col, x, type);
 }
 
 /* Columns [col, col + nv * VL + tail) of one row: sum the gradient, then update (sgd, adagrad) or
  * park g and add its squares to ss (rowwise_adagrad).  nv and optim are compile-time constants. */
-ALWAYS_INLINE vf row_block(const row_ctx *c, int64_t col, const int nv, const int tail,
+PK_INLINE vf row_block(const row_ctx *c, int64_t col, const int nv, const int tail,
                            const int type, const int optim, vf ss)
 {
     vf acc[MAX_VECS + 1];
     const pk_training_work *work = c->work;
-    UNROLL(MAX_VECS + 1)
+    PK_UNROLL(MAX_VECS + 1)
     for (int v = 0; v <= nv; v++) acc[v] = v_zero();
     for (int64_t k = c->k0; k < c->k1; k++) {
         float coef;
         const float *G = entry_grad(work, work->keys[k], c->grad, c->grad_stride, &coef) + col;
         const vf cf = v_set1(coef);
-        UNROLL(MAX_VECS)
-        for (int v = 0; v < nv; v++) acc[v] = v_fmadd(cf, v_loadu(G + v * VL), acc[v]);
-        if (tail) acc[nv] = v_fmadd(cf, v_load_tail(G + nv * VL, tail), acc[nv]);
+        PK_UNROLL(MAX_VECS)
+        for (int v = 0; v < nv; v++) acc[v] = v_fmadd(cf, v_load(G + v * VL), acc[v]);
+        if (tail) acc[nv] = v_fmadd(cf, load_part(G + nv * VL, tail), acc[nv]);
     }
-    UNROLL(MAX_VECS + 1)
+    PK_UNROLL(MAX_VECS + 1)
     for (int v = 0; v <= nv; v++) {
         const int n = v == nv ? tail : 0;
         if (v == nv && !tail) break;
@@ -104,7 +130,7 @@ ALWAYS_INLINE vf row_block(const row_ctx *c, int64_t col, const int nv, const in
 }
 
 /* A block of nv full vectors (nv a run-time value 1 .. MAX_VECS, made a constant by the switch). */
-ALWAYS_INLINE vf row_block_n(const row_ctx *c, int64_t col, int nv, const int tail, const int type,
+PK_INLINE vf row_block_n(const row_ctx *c, int64_t col, int nv, const int tail, const int type,
                              const int optim, vf ss)
 {
     switch (nv) {
@@ -116,13 +142,13 @@ ALWAYS_INLINE vf row_block_n(const row_ctx *c, int64_t col, int nv, const int ta
     }
 }
 
-ALWAYS_INLINE void prefetch_row(const char *p, size_t nbytes)
+PK_INLINE void prefetch_row(const char *p, size_t nbytes)
 {
-    for (size_t off = 0; off < nbytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
-    _mm_prefetch(p + nbytes - 1, _MM_HINT_T0);
+    for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t0(p + off);
+    pk_prefetch_t0(p + nbytes - 1);
 }
 
-ALWAYS_INLINE void update_rows(const pk_training_work *work, int64_t g_begin, int64_t g_end,
+PK_INLINE void update_rows(const pk_training_work *work, int64_t g_begin, int64_t g_end,
                                const float *grad, int64_t grad_stride, void *table, int64_t dim,
                                int64_t row_stride, const pk_sparse_optim *opt, float *scratch,
                                const int type, const int optim)
@@ -147,7 +173,7 @@ ALWAYS_INLINE void update_rows(const pk_training_work *work, int64_t g_begin, in
             if (optim == PK_OPT_ADAGRAD)
                 prefetch_row((const char *)(opt->state + pr * opt->state_stride), (size_t)dim * 4u);
             else if (optim == PK_OPT_ROWWISE_ADAGRAD)
-                _mm_prefetch((const char *)(opt->state + pr * opt->state_stride), _MM_HINT_T0);
+                pk_prefetch_t0(opt->state + pr * opt->state_stride);
         }
         const int64_t r = group_row(work, u);
         c.row = table_row(table, r, row_stride, type);
@@ -168,9 +194,9 @@ ALWAYS_INLINE void update_rows(const pk_training_work *work, int64_t g_begin, in
             *c.h += v_hsum(ss) / (float)dim;
             const vf step = v_set1(opt->lr / (sqrtf(*c.h) + opt->eps));
             for (col = 0; col + VL <= dim; col += VL)
-                store_w(&c, col, v_fnmadd(step, v_loadu(c.g + col), load_w(&c, col, 0, type)), 0, type);
+                store_w(&c, col, v_fnmadd(step, v_load(c.g + col), load_w(&c, col, 0, type)), 0, type);
             if (tail)
-                store_w(&c, col, v_fnmadd(step, v_load_tail(c.g + col, tail),
+                store_w(&c, col, v_fnmadd(step, load_part(c.g + col, tail),
                                           load_w(&c, col, tail, type)), tail, type);
         }
         if (c.wout)
@@ -194,8 +220,8 @@ ALWAYS_INLINE void update_rows(const pk_training_work *work, int64_t g_begin, in
                         scratch, type, PK_OPT_ROWWISE_ADAGRAD);                                   \
     }
 
-PK_TRAINING_VECTOR(TRAINING_UPDATE_F32, TRAIN_F32)
-PK_TRAINING_VECTOR(TRAINING_UPDATE_F16, TRAIN_F16)
-PK_TRAINING_VECTOR(TRAINING_UPDATE_BF16, TRAIN_BF16)
+PK_TRAINING_VECTOR(PK_ISA_FN(pk_training_update_f32), TRAIN_F32)
+PK_TRAINING_VECTOR(PK_ISA_FN(pk_training_update_f16), TRAIN_F16)
+PK_TRAINING_VECTOR(PK_ISA_FN(pk_training_update_bf16), TRAIN_BF16)
 
 #endif
