@@ -197,4 +197,4 @@ class EmbeddingBagCollection(torch.nn.Module):
         seg = values[start:end]
         w = None if weights is None else weights[start:end]
         return _bags.bag_forward(bag.weight, seg, offsets - start, w, bag._spec(),
-                                 torch.float32, None)
+                                 torch.float32)
