@@ -465,3 +465,34 @@ def test_lstm_unit_opcheck():
     c = torch.randn(3, 4, generator=gen, requires_grad=True)
     gates = torch.randn(3, 16, generator=gen, requires_grad=True)
     torch.library.opcheck(torch.ops.perfkernels.lstm_unit.default, (c, gates, 0.5))
+
+
+def test_registered_ops_pass_opcheck():
+    """torch.library's consistency checks (schema, fake vs real, autograd registration)."""
+    gen = torch.Generator().manual_seed(9)
+    weight = torch.randn(20, 6, generator=gen, requires_grad=True)
+    ix, off = torch.tensor([1, 5, 5, 19, 0]), torch.tensor([0, 2, 2])
+    psw = torch.rand(5, generator=gen, requires_grad=True)
+    for args in [(weight, ix, off, None, "sum", False, None),
+                 (weight, ix, off, psw, "mean", False, 5),
+                 (weight, ix.reshape(1, 5), None, None, "sum", False, None)]:
+        torch.library.opcheck(torch.ops.perfkernels.embedding_bag.default, args)
+    packed = torch.ops.quantized.embedding_bag_4bit_prepack(weight.detach())
+    torch.library.opcheck(torch.ops.perfkernels.embedding_bag_quantized.default,
+                          (packed, ix, off, None, "sum", False, None, 4, 6))
+
+
+def test_weight_backward_can_be_replaced():
+    """The hook a fused optimizer uses: it sees each entry's gradient row and may consume it."""
+    m = pt.EmbeddingBag(10, 3, mode="sum")
+    seen = []
+
+    def consume(b):
+        seen.append((b.indices.clone(), b.entry_grads.clone()))
+        return None
+
+    m.weight_backward = consume
+    m(torch.tensor([2, 7, 2]), torch.tensor([0, 1])).sum().backward()
+    assert m.weight.grad is None
+    assert torch.equal(seen[0][0], torch.tensor([2, 7, 2]))
+    assert torch.equal(seen[0][1], torch.ones(3, 3))
