@@ -496,3 +496,27 @@ def test_weight_backward_can_be_replaced():
     assert m.weight.grad is None
     assert torch.equal(seen[0][0], torch.tensor([2, 7, 2]))
     assert torch.equal(seen[0][1], torch.ones(3, 3))
+
+
+def test_torchrec_collection_converts_and_our_collection_takes_its_inputs():
+    """With TorchRec installed: convert() swaps the tables inside its unsharded
+    EmbeddingBagCollection (called with input=/offsets= keywords), and ours loads its state_dict,
+    takes its KeyedJaggedTensor and gives the same values."""
+    torchrec = pytest.importorskip("torchrec")
+    tables = [torchrec.EmbeddingBagConfig(name="t0", embedding_dim=8, num_embeddings=40,
+                                          feature_names=["f0", "f1"]),
+              torchrec.EmbeddingBagConfig(name="t1", embedding_dim=4, num_embeddings=30,
+                                          feature_names=["f2"],
+                                          pooling=torchrec.PoolingType.MEAN)]
+    ebc = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+    gen = torch.Generator().manual_seed(11)
+    lengths = torch.randint(0, 4, (3 * 5,), generator=gen)
+    values = torch.randint(0, 30, (int(lengths.sum()),), generator=gen)
+    kjt = torchrec.KeyedJaggedTensor(keys=["f0", "f1", "f2"], values=values, lengths=lengths)
+    want = ebc(kjt).values()
+    converted = pt.convert(ebc)
+    assert all(type(m) is pt.EmbeddingBag for m in converted.embedding_bags.values())
+    torch.testing.assert_close(converted(kjt).values(), want)
+    ours = pt.EmbeddingBagCollection(tables)
+    ours.load_state_dict(ebc.state_dict())
+    torch.testing.assert_close(ours(kjt).values(), want)
