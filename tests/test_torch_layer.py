@@ -434,6 +434,47 @@ def test_embedding_bag_collection_matches_per_feature_torch(isa, weighted):
     out.values().sum().backward()
     assert ebc.embedding_bags["t0"].weight.grad is not None
     assert list(ebc.state_dict()) == ["embedding_bags.t0.weight", "embedding_bags.t1.weight"]
+    with torch.no_grad():    # the one-call multi-table path (when this build has it)
+        torch.testing.assert_close(ebc(kjt).values(), out.values(), rtol=0, atol=0)
+
+
+def _multi_standin(tables, indices, *, offsets, per_sample_weights, modes, padding_idx):
+    """A loop of single-table calls with embedding_bags_multi's signature and layout."""
+    import perfkernels as pk
+    batch = (len(offsets) - 1) // len(tables)
+    cols = []
+    for f, table in enumerate(tables):
+        off = offsets[f * batch:(f + 1) * batch + 1]
+        seg = slice(off[0], off[-1])
+        cols.append(pk.embedding_bag(table, indices[seg], off - off[0], include_last_offset=True,
+                                     mode=modes[f], padding_idx=padding_idx[f],
+                                     per_sample_weights=None if per_sample_weights is None
+                                     else per_sample_weights[seg]))
+    return np.concatenate(cols, axis=1)
+
+
+@pytest.mark.parametrize("impl", ["this build", "stand-in"])
+def test_embedding_bag_collection_one_call_path_any_key_order(impl, monkeypatch):
+    from perfkernels.torch import _collection
+    if impl == "stand-in":
+        monkeypatch.setattr(_collection, "_multi_lookup", _multi_standin)
+    elif _collection._multi_lookup is None:
+        pytest.skip("this build has no perfkernels.embedding_bags_multi")
+    gen = torch.Generator().manual_seed(12)
+    tables = [pt.EmbeddingBagConfig(50, 8, name="t0", feature_names=["a", "b"]),
+              pt.EmbeddingBagConfig(30, 3, name="t1", feature_names=["c"], pooling="mean")]
+    ebc = pt.EmbeddingBagCollection(tables)
+    keys, batch = ["c", "a", "b"], 3                       # not the tables' feature order
+    lengths = torch.randint(0, 4, (len(keys) * batch,), generator=gen)
+    values = torch.randint(0, 30, (int(lengths.sum()),), generator=gen)
+    kjt = pt.KeyedJaggedTensor(keys, values, lengths=lengths)
+    want = ebc(kjt)                                        # grad enabled: one call per feature
+    with torch.no_grad():
+        got = ebc(kjt)
+    assert got.keys() == want.keys() == ["a", "b", "c"]
+    torch.testing.assert_close(got.values(), want.values(), rtol=0, atol=0)
+    with torch.no_grad(), pytest.raises(pt.IndexOutOfRangeError):
+        ebc(pt.KeyedJaggedTensor(keys, values + 40, lengths=lengths))
 
 
 # --------------------------------------------------------------------------- LSTM unit
