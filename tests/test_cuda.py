@@ -379,11 +379,18 @@ def test_reference_special_floats_round_trip():
 # ---- on a GPU -------------------------------------------------------------------------------------
 
 @pytest.fixture
-def cp():
-    if not GPU:
-        pytest.skip(f"no GPU: {pkc.unavailable_reason()}")
-    import cupy
-    return cupy
+def cp(request):
+    """CuPy on a GPU; without one, the NumPy-backed stand-in whose kernels run in the warp
+    simulator (tests/cuda_sim, docs/cuda-simulator.md), with a fiber order seeded per test."""
+    if GPU:
+        import cupy
+        yield cupy
+        return
+    import zlib
+    import cuda_sim
+    libraries = request.getfixturevalue("cuda_sim_libraries")
+    with cuda_sim.installed(libraries, seed=zlib.crc32(request.node.nodeid.encode()) % 8) as fake:
+        yield fake
 
 
 def special_floats(rng, n):
