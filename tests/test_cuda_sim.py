@@ -234,8 +234,8 @@ def test_launch_checks(sim):
 
 # ---- part 2: perfkernels.cuda end to end -----------------------------------------------------------
 
-from test_cuda import (assert_bags_close, bags_of, random_bags, ref_dequantize,  # noqa: E402
-                       ref_embedding_bag, ref_quantize)
+from perfkernels import reference  # noqa: E402
+from test_cuda import random_bags  # noqa: E402
 
 FORMAT_NAMES = {_bags.F32: "f32", _bags.F16: "f16", _bags.BF16: "bf16", _bags.Q8: "q8",
                 _bags.Q4: "q4", _bags.Q2: "q2"}
@@ -251,7 +251,8 @@ def simcp(request, cuda_sim_libraries):
 
 
 def make_table(cp, rng, fmt, rows, d, offset=0, parent=None):
-    """(device table as the runtime will see it, float64 values it holds, call keywords).  The
+    """(device table as the runtime will see it, its host copy, the float64 values it holds, call
+    keywords).  The
     table is the column slice [:, offset:offset + row] of a device array of ``parent`` columns."""
     x = rng.standard_normal((rows, d)).astype(np.float32)
     if fmt in FLOAT_DTYPES:
@@ -259,8 +260,8 @@ def make_table(cp, rng, fmt, rows, d, offset=0, parent=None):
         values = host.astype(np.float64)
         kw = {}
     else:
-        host = ref_quantize(x, BITS[fmt])
-        values = ref_dequantize(host, BITS[fmt], d)
+        host = reference.quantize_rowwise(x, BITS[fmt])
+        values = reference.dequantize_rowwise(host, BITS[fmt], d)
         kw = {"bits": BITS[fmt], "dim": d}
     row = host.shape[1]
     parent = parent or row + offset
@@ -275,6 +276,10 @@ def make_table(cp, rng, fmt, rows, d, offset=0, parent=None):
 def run_bags(fmt, table, *args, **kw):
     fn = pkc.embedding_bag if fmt in FLOAT_DTYPES else pkc.embedding_bag_quantized
     return fn(table, *args, **kw)
+
+
+def assert_bags_close(got, want, magnitude=None):
+    reference.assert_close(got, want, magnitude, rtol=1e-5, atol=1e-6)
 
 
 def cpu_bags(fmt, host, *args, **kw):
@@ -322,12 +327,12 @@ def test_every_launch_configuration(simcp, rng, config):
         expected_name = _bags.bag_kernel_name(fmt, width, str(np.dtype(it)), lanes, vpl)
         assert [l.name for l in bag_launches(simcp)] == [expected_name]
         assert bag_launches(simcp)[0].grid[1] == _bags.launch_config(fmt, d, width)[3]
-        ref, mag = ref_embedding_bag(values, indices, bags_of(offsets, None, indices, False), psw,
-                                     mode=mode, padding_idx=3)
-        assert_bags_close(got, ref, mag)
+        want = reference.embedding_bag(values, indices, offsets, mode=mode, padding_idx=3,
+                                       per_sample_weights=psw)
+        assert_bags_close(got, want)
         cpu = cpu_bags(fmt, host, indices, offsets, mode=mode, padding_idx=3, per_sample_weights=psw,
                        **kw)
-        assert_bags_close(got, cpu, mag)
+        assert_bags_close(got, cpu, want.magnitude)
 
 
 @pytest.mark.parametrize("fmt", list(FORMAT_NAMES), ids=list(FORMAT_NAMES.values()))
@@ -341,9 +346,9 @@ def test_awkward_dims_every_format(simcp, rng, fmt, d):
     mode = "mean" if d % 3 else "sum"
     got = run_bags(fmt, table, simcp.asarray(indices), lengths=simcp.asarray(lengths), mode=mode,
                    **kw).get()
-    ref, mag = ref_embedding_bag(values, indices, bags_of(offsets, None, indices, False), mode=mode)
-    assert_bags_close(got, ref, mag)
-    assert_bags_close(got, cpu_bags(fmt, host, indices, offsets, mode=mode, **kw), mag)
+    want = reference.embedding_bag(values, indices, lengths=lengths, mode=mode)
+    assert_bags_close(got, want)
+    assert_bags_close(got, cpu_bags(fmt, host, indices, offsets, mode=mode, **kw), want.magnitude)
 
 
 @pytest.mark.parametrize("simcp", [0, 2, 3, 7, 11], indirect=True)
@@ -359,11 +364,10 @@ def test_results_do_not_depend_on_fiber_order(simcp, rng, fmt, d):
     again = run_bags(fmt, table, simcp.asarray(indices), simcp.asarray(offsets), **kw).get()
     simcp.simulator.seed = seed
     np.testing.assert_array_equal(got.view(np.uint32), again.view(np.uint32))
-    ref, mag = ref_embedding_bag(values, indices, bags_of(offsets, None, indices, False))
-    assert_bags_close(got, ref, mag)
+    assert_bags_close(got, reference.embedding_bag(values, indices, offsets))
     x = rng.standard_normal((37, d)).astype(np.float32)
     q = pkc.quantize_rowwise(simcp.asarray(x), bits=4).get()
-    np.testing.assert_array_equal(q, ref_quantize(x, 4))
+    np.testing.assert_array_equal(q, reference.quantize_rowwise(x, 4))
 
 
 @pytest.mark.parametrize("sm_count", [1, 132])
@@ -372,11 +376,14 @@ def test_grid_stride_loops(cuda_sim_libraries, rng, sm_count):
     with cuda_sim.installed(cuda_sim_libraries, seed=4, sm_count=sm_count) as cp:
         x = rng.standard_normal((300, 33)).astype(np.float32)
         np.testing.assert_array_equal(pkc.quantize_rowwise(cp.asarray(x), bits=8).get(),
-                                      ref_quantize(x, 8))
-        np.testing.assert_array_equal(pkc.float_to_half(cp.asarray(x)).get(), x.astype(np.float16))
+                                      reference.quantize_rowwise(x, 8))
+        np.testing.assert_array_equal(pkc.float_to_half(cp.asarray(x)).get(),
+                                      reference.float_to_half(x))
         h, c = pkc.lstm_unit(cp.asarray(x[:, :8]), cp.asarray(x[:, 8:16]), cp.asarray(x[:, :32]))
-        ch, cc = perfkernels.lstm_unit(x[:, :8], x[:, 8:16], np.ascontiguousarray(x[:, :32]))
-        np.testing.assert_allclose(h.get(), ch, rtol=1e-5, atol=1e-6)
+        args = (x[:, :8], x[:, 8:16], np.ascontiguousarray(x[:, :32]))
+        for want in (reference.lstm_unit(*args), perfkernels.lstm_unit(*args)):
+            np.testing.assert_allclose(h.get(), want[0], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(c.get(), want[1], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("fmt", list(FORMAT_NAMES), ids=list(FORMAT_NAMES.values()))
@@ -502,3 +509,42 @@ def test_kernels_run_on_the_current_stream(simcp, rng):
     assert len(launches) == 4 and all(l.stream == s.ptr for l in launches)
     pkc.float_to_half(x)
     assert launches[-1].stream == 0
+
+
+_IDX = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], np.int64)
+BAD_BAG_CALLS = {
+    "offsets-not-from-0": (_IDX, dict(offsets=np.array([1, 4, 7]))),
+    "offsets-decreasing": (_IDX, dict(offsets=np.array([0, 6, 4, 8]))),
+    "offsets-past-the-end": (_IDX, dict(offsets=np.array([0, 4, 11]))),
+    "offsets-empty": (_IDX, dict(offsets=np.zeros(0, np.int64))),
+    "last-offset-wrong": (_IDX, dict(offsets=np.array([0, 4, 9]), include_last_offset=True)),
+    "last-offset-missing": (_IDX, dict(offsets=np.zeros(0, np.int32), include_last_offset=True)),
+    "lengths-negative": (_IDX, dict(lengths=np.array([2, -1, 9]))),
+    "lengths-too-long": (_IDX, dict(lengths=np.array([4, 7, -3]))),
+    "lengths-too-short": (_IDX, dict(lengths=np.array([4, 3], np.int32))),
+    "positional-short": (_IDX, dict(offsets=np.array([0, 2, 7]), positional_weights=True,
+                                    per_sample_weights=np.ones(2, np.float32))),
+    "positional-short-2d": (_IDX.reshape(2, 5), dict(positional_weights=True,
+                                                     per_sample_weights=np.ones(4, np.float32))),
+    "offsets-and-lengths": (_IDX, dict(offsets=np.array([0]), lengths=np.array([10]))),
+    "no-bags-given": (_IDX, {}),
+    "2d-with-offsets": (_IDX.reshape(2, 5), dict(offsets=np.array([0, 5]))),
+    "bad-mode": (_IDX, dict(offsets=np.array([0]), mode="max")),
+    "padding-out-of-range": (_IDX, dict(offsets=np.array([0]), padding_idx=-11)),
+    "padding-not-int": (_IDX, dict(offsets=np.array([0]), padding_idx=2.0)),
+    "index-too-large": (np.array([0, 10, 2, 10], np.int32), dict(offsets=np.array([0, 2], np.int32))),
+    "index-negative": (np.array([0, 3, -2, 1]), dict(lengths=np.array([1, 3]))),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BAG_CALLS))
+def test_errors_match_the_cpu_package(simcp, case):
+    """Bad bag arguments raise the CPU package's exception type with its exact message."""
+    indices, kw = BAD_BAG_CALLS[case]
+    w = np.ones((10, 4), np.float32)
+    with pytest.raises((ValueError, IndexError, TypeError)) as cpu_error:
+        perfkernels.embedding_bag(w, indices, **kw)
+    dev_kw = {k: simcp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+    with pytest.raises(type(cpu_error.value)) as gpu_error:
+        pkc.embedding_bag(simcp.asarray(w), simcp.asarray(indices), **dev_kw)
+    assert str(gpu_error.value) == str(cpu_error.value)
