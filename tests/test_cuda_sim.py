@@ -537,14 +537,75 @@ BAD_BAG_CALLS = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_BAG_CALLS))
+_X = np.ones((3, 8), np.float32)
+_P8 = np.zeros((3, 12), np.uint8)
+_G = np.ones((3, 32), np.float32)
+BAD_CALLS = {f"embedding_bag-{k}": ("embedding_bag", (np.ones((10, 4), np.float32), i), kw)
+             for k, (i, kw) in BAD_BAG_CALLS.items()}
+BAD_CALLS.update({
+    "quantized-bits": ("embedding_bag_quantized", (_P8, _IDX[:2], np.array([0])), dict(bits=3)),
+    "quantized-bits-bool": ("embedding_bag_quantized", (_P8, _IDX[:2], np.array([0])), dict(bits=True)),
+    "quantized-row-too-short": ("embedding_bag_quantized", (_P8[:, :8], _IDX[:2], np.array([0])), {}),
+    "quantized-4bit-too-short": ("embedding_bag_quantized", (_P8[:, :4], _IDX[:2], np.array([0])),
+                                 dict(bits=4)),
+    "quantized-dim-mismatch": ("embedding_bag_quantized", (_P8, _IDX[:2], np.array([0])),
+                               dict(bits=4, dim=5)),
+    "quantized-dim-zero": ("embedding_bag_quantized", (_P8, _IDX[:2], np.array([0])), dict(dim=0)),
+    "quantized-dim-bool": ("embedding_bag_quantized", (_P8, _IDX[:2], np.array([0])), dict(dim=True)),
+    "quantized-index": ("embedding_bag_quantized", (_P8, np.array([0, 3]), np.array([0])), {}),
+    "quantized-3d": ("embedding_bag_quantized", (_P8.reshape(3, 2, 6), _IDX[:2], np.array([0])), {}),
+    "quantize-no-columns": ("quantize_rowwise", (np.zeros((3, 0), np.float32),), {}),
+    "quantize-no-rows-no-columns": ("quantize_rowwise", (np.zeros((0, 0), np.float32),), {}),
+    "quantize-1d": ("quantize_rowwise", (np.ones(4, np.float32),), {}),
+    "quantize-bits": ("quantize_rowwise", (_X,), dict(bits=1)),
+    "dequantize-too-short": ("dequantize_rowwise", (_P8[:, :8],), {}),
+    "dequantize-dim": ("dequantize_rowwise", (_P8,), dict(bits=2, dim=40)),
+    "lstm-t-negative": ("lstm_unit", (_X, _X, _G), dict(t=-1)),
+    "lstm-t-bool": ("lstm_unit", (_X, _X, _G), dict(t=True)),
+    "lstm-t-float": ("lstm_unit", (_X, _X, _G), dict(t=1.0)),
+    "lstm-forget-bias": ("lstm_unit", (_X, _X, _G), dict(forget_bias="x")),
+    "lstm-gate-order": ("lstm_unit", (_X, _X, _G), dict(gate_order="iofg")),
+    "lstm-gates-shape": ("lstm_unit", (_X, _X, _G[:, :31]), {}),
+    "lstm-c-shape": ("lstm_unit", (_X, _X[:2], _G), {}),
+    "lstm-h-1d": ("lstm_unit", (_X[0], _X, _G), {}),
+    "lstm-seq-shape": ("lstm_unit", (_X, _X, _G), dict(seq_lengths=np.zeros(4, np.int64))),
+    "lstm-backward-dh-shape": ("lstm_unit_backward", (_X, _G, _X, _X[:, :4], _X), {}),
+    "lstm-backward-t": ("lstm_unit_backward", (_X, _G, _X, _X, _X), dict(t=-2)),
+    "half-out-shape": ("float_to_half", (_X,), dict(out=np.zeros((8, 3), np.float16))),
+    "half-out-dtype": ("float_to_half", (_X,), dict(out=np.zeros((3, 8), np.float32))),
+    "float-dtype": ("half_to_float", (_X,), {}),
+})
+
+
+def _to_device(cp, v):
+    if isinstance(v, np.ndarray):
+        return cp.asarray(v)
+    if isinstance(v, dict):
+        return {k: _to_device(cp, x) for k, x in v.items()}
+    if isinstance(v, tuple):
+        return tuple(_to_device(cp, x) for x in v)
+    return v
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
 def test_errors_match_the_cpu_package(simcp, case):
-    """Bad bag arguments raise the CPU package's exception type with its exact message."""
-    indices, kw = BAD_BAG_CALLS[case]
-    w = np.ones((10, 4), np.float32)
+    """Bad arguments raise the CPU package's exception type with its exact message."""
+    name, args, kw = BAD_CALLS[case]
     with pytest.raises((ValueError, IndexError, TypeError)) as cpu_error:
-        perfkernels.embedding_bag(w, indices, **kw)
-    dev_kw = {k: simcp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+        getattr(perfkernels, name)(*args, **kw)
     with pytest.raises(type(cpu_error.value)) as gpu_error:
-        pkc.embedding_bag(simcp.asarray(w), simcp.asarray(indices), **dev_kw)
+        getattr(pkc, name)(*_to_device(simcp, args), **_to_device(simcp, kw))
     assert str(gpu_error.value) == str(cpu_error.value)
+
+
+def test_lstm_time_step_beyond_int64(simcp, rng):
+    """t is clamped as the CPU API does (every row is then past its length), not an OverflowError."""
+    x = rng.standard_normal((4, 20)).astype(np.float32)
+    seq = np.array([0, 3, 2**62, 9])
+    args = (x[:, :5], x[:, 5:10], x)
+    for t in (2**63, 2**70):
+        want = perfkernels.lstm_unit(*args, seq_lengths=seq, t=t, drop_states=True)
+        got = pkc.lstm_unit(*(simcp.asarray(a) for a in args), seq_lengths=simcp.asarray(seq), t=t,
+                            drop_states=True)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.get(), w)

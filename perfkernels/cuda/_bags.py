@@ -232,37 +232,52 @@ def float_table(weight):
     return a, fmt
 
 
-def quantized_table(packed, bits: int, dim):
-    if bits not in (8, 4, 2):
+def packed_row_bytes(dim: int, bits: int) -> int:
+    """Bytes of a packed row: D codes + 8 (8-bit), ceil(D * bits / 8) + 4 (4-, 2-bit)."""
+    return dim + 8 if bits == 8 else -(-dim // (8 // bits)) + 4
+
+
+def check_bits(bits) -> int:
+    if isinstance(bits, bool) or bits not in (8, 4, 2):
         raise ValueError(f"bits must be 8, 4 or 2; got {bits!r}")
+    return int(bits)
+
+
+def packed_dim(width: int, bits: int, dim) -> int:
+    """D of packed rows ``width`` bytes wide, validated against ``dim=`` (the CPU API's rules and
+    messages)."""
+    per, trailer = 8 // bits, (8 if bits == 8 else 4)
+    layout = ("D uint8 codes + float32 scale + float32 bias" if bits == 8 else
+              f"ceil(D/{per}) bytes of {bits}-bit codes + float16 scale + float16 bias")
+    if width <= trailer:
+        raise ValueError(f"packed rows of {width} bytes are too short for {bits}-bit rows ({layout})")
+    if dim is None:
+        return (width - trailer) * per
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        raise ValueError(f"dim must be a positive integer; got {dim!r}")
+    d = int(dim)
+    expected = packed_row_bytes(d, bits)
+    if expected != width:
+        raise ValueError(f"packed rows of {width} bytes do not hold dim={d} with bits={bits} "
+                         f"(expected {expected} bytes: {layout})")
+    return d
+
+
+def quantized_table(packed, bits: int, dim):
+    """(2-D uint8 table with unit stride inside rows, format, D, byte offset of scale and bias)."""
+    bits = check_bits(bits)
     g = rt.as_gpu(packed, "packed")
     rt.check_dtype(g, "packed", ("uint8",), "uint8")
     a = g.a
     if a.ndim != 2:
-        raise ValueError(f"packed must be 2-D [rows, row bytes]; got shape {tuple(a.shape)}")
+        raise ValueError(f"packed must be 2-D (rows x row bytes); got {a.ndim}-D with shape "
+                         f"{tuple(a.shape)}")
     if a.shape[1] > 1 and a.strides[1] != 1 or a.strides[0] < 0:
         a = rt.contiguous(a)
     row_bytes = int(a.shape[1])
-    if bits == 8:
-        if row_bytes < 8:
-            raise ValueError(f"8-bit packed rows are D + 8 bytes; got rows of {row_bytes} bytes")
-        d = row_bytes - 8
-        if dim is not None and dim != d:
-            raise ValueError(f"dim = {dim} does not match 8-bit rows of {row_bytes} bytes (D = {d})")
-        return a, Q8, d, d
-    per_byte = 8 // bits
-    if row_bytes < 4:
-        raise ValueError(f"{bits}-bit packed rows are ceil(D / {per_byte}) + 4 bytes; got rows of "
-                         f"{row_bytes} bytes")
-    code_bytes = row_bytes - 4
-    if dim is None:
-        d = code_bytes * per_byte
-    else:
-        d = operator.index(dim)
-        if d < 0 or -(-d // per_byte) != code_bytes:
-            raise ValueError(f"dim = {dim} does not match {bits}-bit rows of {row_bytes} bytes "
-                             f"(ceil(dim / {per_byte}) + 4 must equal the row size)")
-    return a, (Q4 if bits == 4 else Q2), d, code_bytes
+    d = packed_dim(row_bytes, bits, dim)
+    fmt = {8: Q8, 4: Q4, 2: Q2}[bits]
+    return a, fmt, d, (d if bits == 8 else row_bytes - 4)
 
 
 def instantiations(full: bool = False) -> list[str]:
