@@ -643,6 +643,7 @@ def test_kernels_under_sanitizers(asan_env):
     access, no undefined behaviour (misaligned accesses included)."""
     proc = run_python([str(cuda_sim.build.HERE / "asan_driver.py"), "kernels"], env=asan_env,
                       timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    report = proc.stderr
+    assert proc.returncode == 0, report[:4000] + ("\n...\n" + report[-2000:] if len(report) > 6000 else "")
     assert proc.stdout.strip().endswith("ok")
     assert "AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
