@@ -647,3 +647,36 @@ def test_kernels_under_sanitizers(asan_env):
     assert proc.returncode == 0, report[:4000] + ("\n...\n" + report[-2000:] if len(report) > 6000 else "")
     assert proc.stdout.strip().endswith("ok")
     assert "AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+
+
+@pytest.mark.parametrize("simcp", [0, 1, 5], indirect=True)
+def test_out_overlapping_an_input_goes_through_a_temporary(simcp, rng):
+    """out= sharing memory with per_sample_weights: the kernel must not write bags while other
+    bags still read the weights (the CPU package's answer, computed from a copy)."""
+    d, b = 4, 16
+    lengths = rng.integers(1, 12, b)
+    lengths[0] = 1
+    n = int(lengths.sum())
+    buf = simcp.asarray(rng.standard_normal(max(n, b * d)).astype(np.float32))
+    psw, out = buf[:n], buf[:b * d].reshape(b, d)
+    w = rng.standard_normal((30, d)).astype(np.float32)
+    idx = rng.integers(0, 30, n)
+    weights = psw.get()                                        # before the call overwrites them
+    want = reference.embedding_bag(w, idx, lengths=lengths, per_sample_weights=weights)
+    got = pkc.embedding_bag(simcp.asarray(w), simcp.asarray(idx), lengths=simcp.asarray(lengths),
+                            per_sample_weights=psw, out=out)
+    assert got is out
+    assert_bags_close(out.get(), want)
+    assert_bags_close(out.get(), perfkernels.embedding_bag(w, idx, lengths=lengths,
+                                                           per_sample_weights=weights), want.magnitude)
+
+
+@pytest.mark.parametrize("shift", [1, 2, 3])
+def test_misaligned_contiguous_out(simcp, rng, shift):
+    """A C-contiguous out= whose data is not 16-byte aligned takes the scalar stores (a float4
+    store there would fault on the GPU; the simulator checks it)."""
+    w = rng.standard_normal((20, 16)).astype(np.float32)
+    idx, off = rng.integers(0, 20, 12), np.array([0, 5, 9])
+    out = simcp.zeros(3 * 16 + shift, np.float32)[shift:].reshape(3, 16)
+    pkc.embedding_bag(simcp.asarray(w), simcp.asarray(idx), simcp.asarray(off), out=out)
+    assert_bags_close(out.get(), perfkernels.embedding_bag(w, idx, off))

@@ -107,7 +107,7 @@ def run(table, fmt: int, rows: int, dim: int, row_bytes: int, meta_off: int, ind
     idx = _index_array(indices, "indices", allow_2d=True)
     n = int(idx.size)
     fixed_len = 0
-    offs = None
+    offs = lens = None
     offsets_mode = 0
     if idx.ndim == 2:
         if offsets is not None or lengths is not None:
@@ -170,7 +170,11 @@ def run(table, fmt: int, rows: int, dim: int, row_bytes: int, meta_off: int, ind
     elif positional_weights:
         raise ValueError("positional_weights=True needs per_sample_weights")
 
-    dst, user_out = rt.check_out(out, (num_bags, dim), np.float32, "float32", inputs_for_overlap)
+    # out= sharing memory with any input (the table, indices, offsets or lengths, weights) goes
+    # through a temporary: bags are written while other bags still read their inputs.
+    inputs = tuple(inputs_for_overlap) + tuple(
+        a for a in (idx, offs, lens, weights) if a is not None)
+    dst, user_out = rt.check_out(out, (num_bags, dim), np.float32, "float32", inputs)
 
     index_type = str(idx.dtype)
     errors = rt.error_slots(cp)
