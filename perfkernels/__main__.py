@@ -1,9 +1,10 @@
-"""Command line: ``python -m perfkernels info | bench | check``.
+"""Command line: ``python -m perfkernels info | bench | check | history``.
 
 info   print the build, the CPU features and the chosen ISA level (show_runtime)
 bench  time every kernel family on its default workload, for every ISA level this CPU runs,
        side by side with NumPy and PyTorch (when installed), single-threaded; prints GB/s and ratios
 check  run each family's quick workload on every ISA level and compare with the NumPy baseline
+history  asv performance history of the last N commits (asv run + asv publish), from a checkout
 """
 from __future__ import annotations
 
@@ -194,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--plot", metavar="FILE.png", help="save a chart of the speed-ups")
     c = sub.add_parser("check", help="compare every ISA path with NumPy on small inputs")
     c.add_argument("--family", action="append")
+    from . import _history
+    _history.add_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "info":
@@ -202,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "check":
         return cmd_check(args)
+    if args.command == "history":
+        return _history.cmd_history(args)
 
     import perfkernels
     from perfkernels import benchsuite
