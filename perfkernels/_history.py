@@ -9,7 +9,7 @@ time benchmark; ``--full`` times every benchmark under every ISA level of the ma
 asv builds every commit in its own environment.  What keeps that fast here:
 
 - ccache, when installed: ``CC="ccache gcc"`` with ``CCACHE_BASEDIR`` at the checkout, so a
-  commit's C sources that did not change are not compiled again;
+  commit's C sources (and Cython's C output) that did not change are not compiled again;
 - one environment per ISA level chosen (``-E``), not the whole matrix, unless asked;
 - ``--skip-existing``: commits that already have results on this machine are not run again;
 - the forkserver launch method: the benchmark suite (NumPy, PyTorch, perfkernels) is imported once
@@ -138,8 +138,10 @@ def build_environment() -> dict[str, str]:
     if shutil.which("ccache") and "CC" not in env:
         env["CC"] = "ccache gcc"
         # asv builds in .asv/env/<hash>/project: paths relative to the checkout are the same for
-        # every commit and every clone, so unchanged sources hit the cache.
+        # every commit and every clone, so unchanged sources hit the cache (also across clones:
+        # the build directory is left out of the hash, at the cost of its name in debug info).
         env.setdefault("CCACHE_BASEDIR", os.getcwd())
+        env.setdefault("CCACHE_NOHASHDIR", "1")
     return env
 
 

@@ -39,6 +39,13 @@ HEADLINE_GRAPHS = [
 ]
 
 
+def _skip(reason: str):
+    """Skip, unless CI installed the browser and libraries (then a skip would hide a failure)."""
+    if os.environ.get("PERFKERNELS_REQUIRE_BROWSER"):
+        pytest.fail(f"PERFKERNELS_REQUIRE_BROWSER is set, but: {reason}")
+    pytest.skip(reason)
+
+
 def _chromium():
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
         path = shutil.which(name)
@@ -161,11 +168,11 @@ _PLOT_STATE = """
 def published(tmp_path_factory):
     """The committed results published with asv into a temporary folder, libraries made local."""
     if shutil.which("asv") is None:
-        pytest.skip("asv is not installed (the [test] extra has it)")
+        _skip("asv is not installed (the [test] extra has it)")
     if not (RESULTS / "benchmarks.json").is_file():
-        pytest.skip(f"no committed asv results in {RESULTS}")
+        _skip(f"no committed asv results in {RESULTS}")
     if not (ROOT / ".git").exists():
-        pytest.skip("not a git checkout: asv publish needs the repository's history")
+        _skip("not a git checkout: asv publish needs the repository's history")
     html = tmp_path_factory.mktemp("asv-html")
     proc = subprocess.run(["asv", "publish", "--html-dir", str(html)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
@@ -173,7 +180,7 @@ def published(tmp_path_factory):
     assert (html / "index.html").is_file()
     remaining = _history.localize_html(html)
     if remaining:
-        pytest.skip("the page libraries asv loads from CDNs have no local copy (apt-get install "
+        _skip("the page libraries asv loads from CDNs have no local copy (apt-get install "
                     "libjs-jquery libghc-js-flot-data libjs-bootstrap libjs-jquery-stupidtable "
                     f"node-blueimp-md5): {', '.join(remaining)}")
     return html
@@ -183,7 +190,7 @@ def published(tmp_path_factory):
 def browser(published, tmp_path_factory):
     path = _chromium()
     if path is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium; CI installs it)")
+        _skip("Chromium is not installed (Debian: apt-get install chromium; CI installs it)")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(published))
     handler.log_message = lambda *a: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
