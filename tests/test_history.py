@@ -129,3 +129,23 @@ def test_gpu_benchmarks_skip_once_without_a_gpu(monkeypatch):
         with pytest.raises(NotImplementedError, match="GPU"):
             cls().setup(*([mod.NO_GPU] if cls is mod.GpuKernels else []))
     sys.modules.pop("benchmarks.bench_cuda", None)
+
+
+def test_speedup_is_their_time_over_ours_sampled_in_turn(monkeypatch):
+    """The ratio the headline graphs track: theirs / ours, each round timing both in turn, with
+    PyTorch at its default thread count (or both at one thread) and the threads restored after."""
+    torch = pytest.importorskip("torch", reason="the speed-ups are over PyTorch")
+    import time
+    monkeypatch.syspath_prepend(str(ROOT))
+    common = importlib.import_module("benchmarks.common")
+    log, seen = [], []
+    ours = lambda: (log.append("ours"), seen.append(torch.get_num_threads()), time.sleep(0.002))  # noqa: E731
+    theirs = lambda: (log.append("theirs"), time.sleep(0.006))  # noqa: E731
+    before = torch.get_num_threads()
+    ratio = common.speedup(ours, theirs, one_thread=False, rounds=5, min_time=0.0)
+    assert 1.5 < ratio < 30, ratio     # ~3: theirs sleeps 3x longer (sleeps overrun under load)
+    assert log[4:] == ["ours", "theirs"] * 5           # after two warm-up calls each, in turn
+    assert set(seen) == {common.TORCH_DEFAULT_THREADS} and torch.get_num_threads() == before
+    seen.clear()
+    common.speedup(ours, theirs, one_thread=True, rounds=2, min_time=0.0)
+    assert set(seen) == {1} and torch.get_num_threads() == before

@@ -129,14 +129,15 @@ class DevTools:
         return value
 
     def close(self):
+        """Closing the command pipe makes the browser exit; kill it if it does not."""
+        os.close(self._to_browser)
         try:
-            os.close(self._to_browser)
             self.proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001
+        except subprocess.TimeoutExpired:
             self.proc.kill()
-        finally:
-            os.close(self._from_browser)
-            self.proc.stderr.close()
+            self.proc.wait()
+        os.close(self._from_browser)
+        self.proc.stderr.close()
 
 
 #: JavaScript: a summary of the flot plot drawn into the element `el` (null until it is drawn):
@@ -186,13 +187,17 @@ def published(tmp_path_factory):
     return html
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
 @pytest.fixture(scope="module")
 def browser(published, tmp_path_factory):
     path = _chromium()
     if path is None:
         _skip("Chromium is not installed (Debian: apt-get install chromium; CI installs it)")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(published))
-    handler.log_message = lambda *a: None
+    handler = functools.partial(_QuietHandler, directory=str(published))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     tools = DevTools(path, str(tmp_path_factory.mktemp("chromium-profile")))
@@ -212,7 +217,7 @@ def test_summary_page_draws_the_headline_plots(browser, tmp_path):
     states = {}
     for name in HEADLINE_GRAPHS:
         el = f"document.getElementById('summarygrid-{name}')"
-        assert browser.evaluate(f"!!{el}"), f"{name} is not on the summary page"
+        assert browser.wait_for(f"!!{el}"), f"{name} is not on the summary page"
         # plots are drawn when they scroll into view
         browser.evaluate(f"{el}.scrollIntoView(); jQuery(window).trigger('scroll'); true")
         states[name] = browser.wait_for(_PLOT_STATE % el)
@@ -222,7 +227,9 @@ def test_summary_page_draws_the_headline_plots(browser, tmp_path):
     print(f"summary page screenshot: {out}")
     for name, state in states.items():
         assert state, f"{name}: no plot drawn on the summary page"
-        assert state["points"] >= 1 and state["coloured"] > 20, f"{name}: {state}"
+        assert state["points"] >= 1, f"{name}: no data points: {state}"
+        if state["points"] >= 2:      # thumbnails draw lines only: one point alone is invisible
+            assert state["coloured"] > 20, f"{name}: no line drawn: {state}"
 
 
 @pytest.mark.parametrize("name", HEADLINE_GRAPHS)
