@@ -140,10 +140,15 @@ class EmbeddingBagCollection(torch.nn.Module):
     order of the tables and their ``feature_names``.  The parameters are
     ``embedding_bags.<table name>.weight``, as in TorchRec's unsharded collection, so its
     ``state_dict`` loads unchanged.  Gradients: each table's ``sparse`` setting (dense by
-    default; set ``module.embedding_bags[name].sparse = True`` for COO gradients).
+    default; set ``module.embedding_bags[name].sparse = True`` for COO gradients), or with
+    ``fused_optimizer=("rowwise_adagrad", {"lr": ..., "eps": ...})`` every table is updated during
+    backward and returns no gradient (FBGEMM's fused table-batched embeddings), its optimizer state
+    in ``state_dict`` as ``embedding_bags.<table name>.momentum1``.  A table shared by several
+    features is updated once per feature.
     """
 
-    def __init__(self, tables: Sequence[Any], is_weighted: bool = False, device=None) -> None:
+    def __init__(self, tables: Sequence[Any], is_weighted: bool = False, device=None,
+                 fused_optimizer: Optional[Any] = None) -> None:
         super().__init__()
         self._is_weighted = is_weighted
         self._configs = list(tables)
@@ -161,6 +166,8 @@ class EmbeddingBagCollection(torch.nn.Module):
             bound = math.sqrt(1.0 / cfg.num_embeddings)
             with torch.no_grad():
                 bag.weight.uniform_(-bound if lo is None else lo, bound if hi is None else hi)
+            if fused_optimizer is not None:
+                bag.set_fused_optimizer(fused_optimizer)
             self.embedding_bags[cfg.name] = bag
             for feature in (cfg.feature_names or [cfg.name]):
                 self._feature_table.append((feature, cfg.name, cfg.embedding_dim))

@@ -9,7 +9,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags
+from . import _bags, _fused
 from ._bridge import IndexOutOfRangeError, TableViewCache
 from ._fallback import unsupported_reason, warn_once
 
@@ -45,12 +45,37 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     :attr:`weight_backward` replaces the weight-gradient computation when set: a callable taking
     a :class:`~perfkernels.torch._bags.BagBackward` and returning the gradient, or None when it
     consumed it (e.g. a fused optimizer updating the table during backward).
+
+    ``fused_optimizer=("rowwise_adagrad", {"lr": 0.01, "eps": 1e-8})`` (or ``"adagrad"``,
+    ``"sgd"``; also :meth:`set_fused_optimizer`) makes backward update the table in place with
+    :func:`perfkernels.embedding_bag_backward_update` instead of returning a gradient for it
+    (FBGEMM's fused table-batched embeddings work this way): ``weight.grad`` stays None, and the
+    optimizer state is the buffer ``momentum1``, saved in ``state_dict``.  Eager mode, CPU
+    tables; under ``torch.compile`` the registered op gives the usual dense gradient instead.
     """
 
     #: dtype of the lookup's result; None: the weight's dtype (torch's behaviour)
     output_dtype: Optional[torch.dtype] = None
     #: replacement for the weight gradient (see the class docstring); None: torch's gradient
     weight_backward: Optional[_bags.WeightBackward] = None
+    #: the optimizer that updates the table during backward, if any (see the class docstring)
+    fused_optimizer: Optional[_fused.FusedOptimizer] = None
+
+    def __init__(self, *args, fused_optimizer: Optional[_fused.FusedOptimizerSpec] = None,
+                 **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if fused_optimizer is not None:
+            self.set_fused_optimizer(fused_optimizer)
+
+    def set_fused_optimizer(self, spec: Optional[_fused.FusedOptimizerSpec]) -> None:
+        """Update the table during backward with ``spec`` = ``(name, {"lr": ..., ...})`` (see
+        :class:`~perfkernels.torch.FusedOptimizer`); None returns to ordinary gradients.  The
+        state starts at ``initial_accumulator_value`` (0)."""
+        _fused.enable(self, spec)
+
+    def _fused_weight_backward(self, b: _bags.BagBackward) -> None:
+        self.fused_optimizer.update(self.weight, self._buffers.get("momentum1"), b)
+        return None
 
     def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
                 per_sample_weights: Optional[Tensor] = None) -> Tensor:
