@@ -680,3 +680,41 @@ def test_misaligned_contiguous_out(simcp, rng, shift):
     out = simcp.zeros(3 * 16 + shift, np.float32)[shift:].reshape(3, 16)
     pkc.embedding_bag(simcp.asarray(w), simcp.asarray(idx), simcp.asarray(off), out=out)
     assert_bags_close(out.get(), perfkernels.embedding_bag(w, idx, off))
+
+
+@pytest.mark.parametrize("d", AWKWARD_DIMS)
+def test_quantize_dequantize_awkward_dims(simcp, rng, d):
+    for bits in (8, 4, 2):
+        for src in (np.float32, np.float16):
+            x = (rng.standard_normal((9, d)) * rng.uniform(0.01, 100, (9, 1))).astype(src)
+            x[0] = x[0, 0]                                               # a constant row
+            got = pkc.quantize_rowwise(simcp.asarray(x), bits=bits).get()
+            reference.assert_same_bits(got, reference.quantize_rowwise(x.astype(np.float32), bits))
+            reference.assert_same_bits(got, perfkernels.quantize_rowwise(x, bits=bits))
+            back = pkc.dequantize_rowwise(simcp.asarray(got), bits=bits, dim=d).get()
+            reference.assert_close(back, reference.dequantize_rowwise(got, bits, d), rtol=1e-6, atol=1e-6)
+            reference.assert_close(back, perfkernels.dequantize_rowwise(got, bits=bits, dim=d),
+                                   rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("d", AWKWARD_DIMS)
+def test_lstm_awkward_dims(simcp, rng, d):
+    n = 5
+    h_prev, c_prev, dh, dc = (rng.standard_normal((n, d)).astype(np.float32) for _ in range(4))
+    gates = (rng.standard_normal((n, 4 * d)) * 4).astype(np.float32)
+    seq = np.array([0, 1, 2, 3, 9], np.int32)
+    kw = dict(seq_lengths=seq, t=2, forget_bias=0.25, drop_states=d % 2 == 1,
+              gate_order="ifgo" if d % 3 else "ifog")
+    dev = {**kw, "seq_lengths": simcp.asarray(seq)}
+    h, c = pkc.lstm_unit(simcp.asarray(h_prev), simcp.asarray(c_prev), simcp.asarray(gates), **dev)
+    for want in (reference.lstm_unit(h_prev, c_prev, gates, **kw),
+                 perfkernels.lstm_unit(h_prev, c_prev, gates, **kw)):
+        reference.assert_close(h.get(), want[0], rtol=1e-5, atol=1e-6)
+        reference.assert_close(c.get(), want[1], rtol=1e-5, atol=1e-6)
+    grads = pkc.lstm_unit_backward(simcp.asarray(c_prev), simcp.asarray(gates), c,
+                                   simcp.asarray(dh), simcp.asarray(dc), **dev)
+    cpu_c = c.get()
+    for want in (reference.lstm_unit_backward(c_prev, gates, cpu_c, dh, dc, **kw),
+                 perfkernels.lstm_unit_backward(c_prev, gates, cpu_c, dh, dc, **kw)):
+        for g, w in zip(grads, want):
+            reference.assert_close(g.get(), w, rtol=1e-4, atol=1e-5)
