@@ -291,12 +291,8 @@ def _embedding_bag_quantized_fake(packed, indices, offsets, per_sample_weights, 
 
 def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
                 per_sample_weights: Optional[Tensor], spec: BagSpec,
-                output_dtype: Optional[torch.dtype] = None,
-                cpu_no_grad: Optional[Callable[..., Tensor]] = None) -> Tensor:
-    """A float-table lookup by the cheapest route that keeps autograd and tracing right.
-
-    ``cpu_no_grad(input, offsets, per_sample_weights)``, when given, replaces :func:`lookup` for
-    CPU calls that need no gradient (the modules pass one that reuses a cached weight view)."""
+                output_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """A float-table lookup by the cheapest route that keeps autograd and tracing right."""
     if torch.compiler.is_compiling():
         out = torch.ops.perfkernels.embedding_bag(weight, input, offsets, per_sample_weights,
                                                   spec.mode, spec.include_last_offset,
@@ -304,8 +300,6 @@ def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
     elif torch.is_grad_enabled() and (weight.requires_grad or (
             per_sample_weights is not None and per_sample_weights.requires_grad)):
         out = BagFunction.apply(weight, per_sample_weights, input, offsets, spec)
-    elif cpu_no_grad is not None and weight.device.type == "cpu":
-        out = cpu_no_grad(input, offsets, per_sample_weights)
     else:
         out = lookup(weight, input, offsets, per_sample_weights, spec.mode,
                      spec.include_last_offset, spec.padding_idx)

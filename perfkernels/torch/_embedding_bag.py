@@ -80,29 +80,33 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
                 per_sample_weights: Optional[Tensor] = None) -> Tensor:
         """Pooled rows per bag, as :meth:`torch.nn.EmbeddingBag.forward`."""
-        w = self.weight
+        w = self._parameters.get("weight")
+        if w is None:                       # a plain tensor assigned in place of the Parameter
+            w = self.weight
         if (self.max_norm is not None or self.scale_grad_by_freq
                 or (self.mode != "sum" and self.mode != "mean") or w.dtype not in _KERNEL_DTYPES):
             return self._torch_forward(input, offsets, per_sample_weights)
+        if ((not torch.is_grad_enabled() or not (w.requires_grad or (
+                per_sample_weights is not None and per_sample_weights.requires_grad)))
+                and not torch.compiler.is_compiling()):
+            table = self._table_array(w)
+            if table is not None:
+                # Inference on CPU, the cheapest path (a tiny lookup costs about as much as the
+                # Python around it): straight to the kernel on a cached view of the weight.
+                if per_sample_weights is not None:
+                    per_sample_weights = per_sample_weights.float().numpy()
+                try:
+                    out = torch.from_numpy(pk.embedding_bag(
+                        table, input.numpy(), None if offsets is None else offsets.numpy(),
+                        per_sample_weights=per_sample_weights, mode=self.mode,
+                        include_last_offset=self.include_last_offset,
+                        padding_idx=self.padding_idx))
+                except IndexError as exc:
+                    raise IndexOutOfRangeError(str(exc)) from None
+                dtype = self.output_dtype or w.dtype
+                return out if dtype is torch.float32 else out.to(dtype)
         return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
-                                 self.output_dtype, self._lookup_no_grad)
-
-    def _lookup_no_grad(self, input: Tensor, offsets: Optional[Tensor],
-                        per_sample_weights: Optional[Tensor]) -> Tensor:
-        """The cheapest eager path: straight to the NumPy kernel on a cached view of the weight."""
-        if per_sample_weights is not None:
-            if per_sample_weights.dtype is not torch.float32:
-                per_sample_weights = per_sample_weights.float()
-            per_sample_weights = per_sample_weights.numpy()
-        try:
-            out = pk.embedding_bag(self._table_array(self.weight), input.numpy(),
-                                   None if offsets is None else offsets.numpy(),
-                                   per_sample_weights=per_sample_weights, mode=self.mode,
-                                   include_last_offset=self.include_last_offset,
-                                   padding_idx=self.padding_idx)
-        except IndexError as exc:
-            raise IndexOutOfRangeError(str(exc)) from None
-        return torch.from_numpy(out)
+                                 self.output_dtype)
 
     def _spec(self) -> _bags.BagSpec:
         return _bags.BagSpec(self.mode, self.include_last_offset, self.padding_idx, self.sparse,
