@@ -19,6 +19,32 @@ AVX2_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
 AVX512_FLAGS = AVX2_FLAGS + ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"]
 ISA_FLAGS = {"_avx2.c": AVX2_FLAGS, "_avx512.c": AVX512_FLAGS}
 BASE_FLAGS = ["-O3", "-std=c11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function"]
+SANITIZERS = ("address", "undefined")
+
+
+def sanitizer_flags(value: str) -> tuple[list[str], list[str]]:
+    """Compile and link flags for ``PERFKERNELS_SANITIZE`` (e.g. ``address,undefined``).
+
+    Applied to every C source and Cython module.  UBSan stops at the first report
+    (``-fno-sanitize-recover``) so that any report fails the test that triggered it; frame pointers
+    and -O1 keep ASan's stack traces readable.  An empty value gives no flags; an unknown name is an
+    error, so a typo never silently builds an uninstrumented extension.
+    """
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SANITIZERS]
+    if unknown:
+        raise SystemExit(f"PERFKERNELS_SANITIZE={value!r}: unknown sanitizer(s) {', '.join(unknown)}; "
+                         f"valid: {', '.join(SANITIZERS)}")
+    if not names:
+        return [], []
+    sanitize = "-fsanitize=" + ",".join(names)
+    compile_flags = [sanitize, "-fno-omit-frame-pointer", "-O1", "-g"]
+    if "undefined" in names:
+        compile_flags.append("-fno-sanitize-recover=undefined")
+    return compile_flags, [sanitize]
+
+
+SANITIZE_COMPILE, SANITIZE_LINK = sanitizer_flags(os.environ.get("PERFKERNELS_SANITIZE", ""))
 
 
 def _target_is_x86_64() -> bool:
@@ -68,7 +94,8 @@ def _extensions():
                 sources=sources,
                 include_dirs=include,
                 define_macros=macros,
-                extra_compile_args=BASE_FLAGS,
+                extra_compile_args=BASE_FLAGS + SANITIZE_COMPILE,
+                extra_link_args=SANITIZE_LINK,
                 depends=sorted(glob("include/perfkernels/*.h") + glob("perfkernels/csrc/*.h")
                                + glob("perfkernels/*.pxi")),
             )
