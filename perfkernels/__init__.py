@@ -6,7 +6,16 @@ LSTM unit.  NumPy arrays in, NumPy arrays out; the best ISA level is chosen once
 """
 __version__ = "0.1.0"
 
-from . import _dispatch
+import os as _os
+
+from . import _source_tree
+
+# Run from a checkout's root after `pip install .`, Python finds this uncompiled source folder
+# first: continue from the installed, compiled copy (or raise a clear ImportError).
+__path__[:] = [_source_tree.package_dir(__path__[0])]
+__file__ = _os.path.join(__path__[0], "__init__.py")
+
+from . import _dispatch  # noqa: E402
 
 _dispatch._init_from_environment()
 
