@@ -226,7 +226,10 @@ def draw_bags(d: Draw, rows: int):
         pad = d.int(-rows, rows - 1)
         if d.invalid(16, ValueError):
             pad = d.pick((rows, -rows - 1, 2 ** 40, -2 ** 63))
-        kw["padding_idx"] = ref_kw["padding_idx"] = pad
+        ref_kw["padding_idx"] = pad
+        kw["padding_idx"] = d.pick((pad, np.int64(pad)))   # any integer type
+        if d.invalid(30, TypeError):
+            kw["padding_idx"] = d.pick((float(pad), str(pad), [pad]))
     if d.chance(3):
         if d.chance(3):   # positional: one weight per position inside a bag
             need = max(lens, default=0)
@@ -288,7 +291,8 @@ def fuzz_embedding_bag_quantized(d: Draw):
     ref_packed = packed
     packed = layout(d, packed)
     indices, bag_args, kw, ref_kw, nbags = draw_bags(d, rows)
-    kw.update(bits=kw_bits, dim=dim_kw)
+    kw.update(bits=d.pick((kw_bits, np.int64(kw_bits))) if kw_bits is not True else kw_bits,
+              dim=dim_kw if dim_kw is None or d.chance(2) else np.int64(dim_kw))
     out = draw_out(d, (nbags, dim), np.float32, [packed, indices] + list(bag_args))
 
     def reference():
@@ -419,8 +423,59 @@ def fuzz_lstm(d: Draw):
     return pk.lstm_unit, tuple(inputs), kw, out, ref_call, "lstm"
 
 
+def fuzz_torch_embedding_bag(d: Draw):
+    """perfkernels.torch.embedding_bag (torch.nn.functional.embedding_bag's signature) on CPU
+    tensors: same float64 reference; the result keeps the table's dtype, as torch's does."""
+    import torch
+    import perfkernels.torch as pkt
+    rows, dim = d.int(0, 30), d.pick(DIMS)
+    dtype = d.pick((np.float32, np.float16, BF16))
+    table = d.floats(rows * dim).astype(dtype).reshape(rows, dim)
+    nbags = d.int(0, 8)
+    lens = [d.pick((0, 1, 2, 3, 17)) for _ in range(nbags)]
+    n = sum(lens)
+    values = np.array([d.int(0, rows - 1) if rows else 0 for _ in range(n)], np.int64)
+    if n and (rows == 0 or d.chance(8)):
+        values[d.int(0, n - 1)] = d.pick(HUGE_INDICES + (rows,))
+        d.errors.update((IndexError, RuntimeError))
+    ix_t = d.pick((torch.int32, torch.int64))
+    if ix_t == torch.int32:
+        values = np.where((values >= 2 ** 31) | (values < -2 ** 31), -1, values)
+    kw, ref_kw = {}, {}
+    offsets = np.cumsum([0] + lens[:-1]).astype(np.int64) if nbags else np.zeros(0, np.int64)
+    if nbags and len(set(lens)) == 1 and d.chance(2):
+        indices, offs = values.reshape(nbags, lens[0]), None
+    else:
+        indices, offs = values, offsets
+        if d.chance(2):
+            offs = np.append(offs, n)
+            kw["include_last_offset"] = ref_kw["include_last_offset"] = True
+        ref_kw["offsets"] = offs
+    mode = d.pick(("sum", "mean"))
+    kw["mode"] = ref_kw["mode"] = mode
+    if mode == "sum" and d.chance(3):
+        w = d.floats(n).reshape(indices.shape)
+        kw["per_sample_weights"] = torch.from_numpy(w)
+        ref_kw["per_sample_weights"] = w
+    if rows and d.chance(4):
+        pad = d.int(-rows, rows - 1)
+        kw["padding_idx"] = ref_kw["padding_idx"] = pad
+    args = (torch.from_numpy(indices).to(ix_t), torch.from_numpy(table.view(np.uint16) if dtype == BF16
+                                                                  else table))
+    if dtype == BF16:
+        args = (args[0], args[1].view(torch.bfloat16))
+    if offs is not None:
+        args += (torch.from_numpy(offs).to(ix_t),)
+
+    def reference():
+        want = ref.embedding_bag(table, indices, **ref_kw)
+        return want, np.dtype(dtype)
+
+    return pkt.embedding_bag, args, kw, None, reference, "torch"
+
+
 TARGETS = (fuzz_embedding_bag, fuzz_embedding_bag_quantized, fuzz_quantize, fuzz_dequantize,
-           fuzz_convert, fuzz_lstm)
+           fuzz_convert, fuzz_lstm, fuzz_torch_embedding_bag)
 
 
 # --- the oracle ----------------------------------------------------------------------------------
@@ -464,6 +519,19 @@ def _check_result(kind: str, got, want, out) -> None:
     elif kind == "dequantize":
         # q * scale + bias in float32: at most two roundings of terms that may cancel
         _assert_close_where_defined(got, want, rtol=2.5e-7, atol=1e-43)
+    elif kind == "torch":
+        (value, magnitude), dtype = want
+        assert str(got.dtype).replace("torch.", "") == dtype.name, (got.dtype, dtype)
+        out = got.float().numpy()
+        # the float32 sum, then one rounding to the table's dtype
+        rtol = 2e-6 + float(np.finfo(np.float32 if dtype == np.float32 else np.float16).eps
+                            if dtype != BF16 else 2.0 ** -8)
+        # sums past the dtype's largest value may round to inf in it: not compared
+        fits = magnitude < float(ml_dtypes.finfo(dtype).max) / 2
+        _assert_close_where_defined(np.where(fits, out, 0.0),
+                                    ref.Expected(np.where(fits, value, 0.0), np.where(fits, magnitude, 0.0)),
+                                    rtol=rtol, atol=1e-43 if dtype == np.float32 else 6e-8)
+        return
     elif kind == "lstm":
         # sigmoid/tanh are good to ~1e-6 relative; products with inputs up to 4 scale that
         for g, w in zip(got, want):
@@ -495,8 +563,8 @@ def _one_input(data: bytes) -> None:
     with pk.use_isa(isa):
         try:
             got = fn(*args, **kw)
-        except (TypeError, ValueError, IndexError) as exc:
-            if type(exc) not in d.errors:
+        except (TypeError, ValueError, IndexError, RuntimeError) as exc:
+            if not any(isinstance(exc, e) for e in d.errors):
                 raise AssertionError(f"{fn.__name__} raised {type(exc).__name__}: {exc}, "
                                      f"expected {sorted(e.__name__ for e in d.errors) or 'success'}") from exc
             assert _same(_snapshot(out), before), f"{fn.__name__} changed out= before raising {exc!r}"
@@ -525,6 +593,11 @@ def main(argv) -> None:
         replay(argv[2:])
         return
     import atheris
+    try:
+        with atheris.instrument_imports(include=["perfkernels.torch"]):   # its Python code guides too
+            import perfkernels.torch  # noqa: F401
+    except ImportError:   # no torch: that target then fails loudly on its first input
+        pass
     atheris.instrument_func(one_input)
     atheris.instrument_func(_one_input)
     for target in TARGETS:
