@@ -10,7 +10,9 @@ from perfkernels._c_lstm cimport (pk_lstm_params, pk_lstm_kernels, pk_lstm_table
 cdef const pk_lstm_kernels *_kernels = NULL
 
 cdef tuple F32 = (cnp.NPY_FLOAT32,)
-cdef tuple INTS = (cnp.NPY_INT32, cnp.NPY_INT64)
+# Every signed integer type of 4 or 8 bytes: int64 is NPY_LONG or NPY_LONGLONG depending on the
+# platform and on how the array was made, and both print as "int64".
+cdef tuple INTS = (cnp.NPY_INT, cnp.NPY_LONG, cnp.NPY_LONGLONG, cnp.NPY_INT32, cnp.NPY_INT64)
 cdef dict GATE_ORDERS = {"ifog": PK_LSTM_IFOG, "ifgo": PK_LSTM_IFGO}
 _MATH = {"exp": PK_MATH_EXP, "sigmoid": PK_MATH_SIGMOID, "tanh": PK_MATH_TANH}
 
@@ -66,7 +68,7 @@ cdef object _params(pk_lstm_params *p, Py_ssize_t n, Py_ssize_t d, object seq_le
         if lens.ndim != 1 or lens.shape[0] != n:
             raise ValueError(f"seq_lengths must have shape ({n},) (one length per row); "
                              f"got {(<object>lens).shape}")
-        if cnp.PyArray_TYPE(lens) == cnp.NPY_INT32:
+        if cnp.PyArray_ITEMSIZE(lens) == 4:
             p.seq_lengths32 = <const int32_t *>cnp.PyArray_DATA(lens)
         else:
             p.seq_lengths64 = <const int64_t *>cnp.PyArray_DATA(lens)
