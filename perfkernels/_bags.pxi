@@ -1,7 +1,8 @@
 # Bag handling shared by the embedding-bag families (float tables here, quantized tables in
-# _quantized.pyx).  Textually included after "_arrays.pxi":
+# _quantized.pyx).  Textually included after "_arrays.pxi" and "_threads.pxi":
 #
 #     include "_arrays.pxi"
+#     include "_threads.pxi"
 #     include "_bags.pxi"
 #
 #     cdef pk_bags bags
@@ -11,7 +12,7 @@
 #                         scratch, BAGS_SCRATCH)
 #     checked = None if out is None else bags_out_for_kernel(out, bags.num_bags, D, table, keep)
 #     dst = bags_output(&bags, out, checked, D, rows)       # sets bags.out / bags.out_stride
-#     ... call the kernel ...
+#     ... call the kernel (run_bags: on up to num_threads threads when the call is big enough) ...
 #     check_bags_status(&bags, status, bad_pos, rows, "name")
 #
 # `keep` holds the arrays the pointers in `bags` point into: keep it alive until the kernel
@@ -45,6 +46,18 @@ cdef extern from "perfkernels/bags.h":
         int64_t out_stride
     int64_t pk_bags_index(const pk_bags *bags, int64_t j) noexcept nogil
     int64_t pk_bags_first_bad_index(const pk_bags *bags, int64_t rows) noexcept nogil
+
+cdef extern from "bags_parallel.h":
+    ctypedef pk_status (*pk_bags_call)(const void *args, const pk_bags *bags,
+                                       int64_t *bad_pos) noexcept nogil
+    ctypedef struct pk_bags_part:
+        pk_bags bags
+        pk_bags_call call
+        const void *args
+        int64_t index_cost
+        int64_t bag_cost
+    pk_status pk_bags_run(const pk_parallel_api *api, int n_threads, const pk_bags_part *parts,
+                          int n_parts, int64_t *bad_pos, int *bad_part) noexcept nogil
 
 cdef enum:
     BAGS_SCRATCH = 64   # normalised offsets of calls with < 64 bags live on the caller's stack
@@ -366,3 +379,17 @@ cdef int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, i
     elif status != PK_OK:
         raise RuntimeError(f"{name} kernel failed with status {<int>status}")
     return 0
+
+
+cdef inline pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args,
+                               int64_t row_bytes, int64_t dim, int n_threads,
+                               int64_t *bad_pos) noexcept nogil:
+    """One table's bags on up to n_threads threads (bags_parallel.h), GIL released by the caller."""
+    cdef pk_bags_part part
+    cdef int bad_part = 0
+    part.bags = bags[0]
+    part.call = call
+    part.args = args
+    part.index_cost = row_bytes + (8 if bags.index_64 else 4)
+    part.bag_cost = dim * 4 + 8
+    return pk_bags_run(pool, n_threads, &part, 1, bad_pos, &bad_part)
