@@ -3,11 +3,12 @@ from .common import isa_or_skip, torch_or_skip  # first: it settles PERFKERNELS_
 
 import numpy as np
 
-from perfkernels.benchsuite.convert import CONVERSIONS, _to_torch, make_input
+from perfkernels._variants import CONVERSIONS, CONVERT_SIZES
+from perfkernels.benchsuite.convert import _to_torch, make_input
 
-NAMES = [c[0] for c in CONVERSIONS]
-SPEC = {c[0]: c for c in CONVERSIONS}
-SIZES = [64 << 10, 16 << 20]
+NAMES = [c.name for c in CONVERSIONS]
+SPEC = {c.name: c for c in CONVERSIONS}
+SIZES = sorted(CONVERT_SIZES.values())
 
 
 class Convert:

@@ -28,14 +28,14 @@ _CACHE = {}
 def _names():
     # Parameter names must be known without a GPU: build them from the suite's shapes.
     from perfkernels.benchsuite import cuda as suite
-    names = [f"{op} 16Mi" for op in ("float_to_half", "half_to_float", "float_to_bfloat16",
-                                     "bfloat16_to_float")]
-    for shape, (rows, d, b, l) in suite.BAG_SHAPES.items():
+    from perfkernels._variants import CONVERSIONS, LSTM_SHAPES
+    names = [f"{c.name} 16Mi" for c in CONVERSIONS]
+    for shape, rows, d, b, l in suite.BAG_SHAPES:
         for t in ("float32", "float16", "float32 zipf"):
             names.append(f"embedding_bag {t} {shape} ({rows}x{d}, B {b}, L {l})")
         for bits in (8, 4):
             names.append(f"embedding_bag_quantized {bits}-bit {shape} ({rows}x{d}, B {b}, L {l})")
-    names += ["lstm_unit N 256 D 1024", "lstm_unit N 64 D 256"]
+    names += [f"lstm_unit N {n} D {d}" for n, d in LSTM_SHAPES.values()]
     return names
 
 

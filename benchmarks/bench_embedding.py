@@ -2,7 +2,8 @@
 
 One build is timed under every ISA: the level comes from the PERFKERNELS_ISA environment variable
 (asv.conf.json's matrix.env_nobuild), read by perfkernels at import, so nothing here loops over
-ISAs.  Shapes are BENCHMARKS.md's (rows, D, bags, bag length); inputs are seeded and built by
+ISAs.  Shapes (rows, D, bags, bag length) and dtypes are those of perfkernels._variants, shared
+with the tests and ``python -m perfkernels bench``; inputs are seeded and built by
 perfkernels.benchsuite.embedding.  ``time_torch`` is skipped (NotImplementedError in setup) when
 PyTorch is not installed.
 """
@@ -15,15 +16,12 @@ except ImportError:
     torch = None
 
 import perfkernels as pk
-from perfkernels.benchsuite.embedding import TABLE_DTYPES, make_inputs
+from perfkernels._variants import BAG_SHAPES, TABLE_DTYPES
+from perfkernels.benchsuite.embedding import make_inputs
 
 
 class _Bags:
-    params = ([(4_000_000, 32, 10, 100), (4_000_000, 64, 10, 100), (4_000_000, 128, 10, 100),
-               (4_000_000, 256, 10, 100), (1_000_000, 64, 2048, 100), (20_000, 128, 512, 40),
-               (1_000, 64, 1, 1)],
-              ["float32", "float16", "bfloat16"],
-              ["uniform", "zipf"])
+    params = ([tuple(s[1:]) for s in BAG_SHAPES], list(TABLE_DTYPES), ["uniform", "zipf"])
     param_names = ["shape", "dtype", "indices"]
     timeout = 300
 

@@ -13,6 +13,7 @@ except ImportError:
     torch = None
 
 import perfkernels as pk
+from perfkernels._variants import BAG_SHAPES, BENCH_BITS, BITS, QUANTIZE_SHAPE
 from perfkernels.benchsuite.quantized import packed_table
 
 _TORCH_LOOKUP = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit_rowwise_offsets"}
@@ -24,9 +25,8 @@ def _need_torch():
 
 
 class _Lookup:
-    # (rows, D, bags, bag length): DLRM, cache-resident, FBGEMM's own, tiny call (BENCHMARKS.md)
-    params = ([(1_000_000, 64, 2048, 100), (20_000, 128, 512, 40), (4_000_000, 128, 10, 100),
-               (1_000, 64, 1, 1)], [8, 4])
+    # (rows, D, bags, bag length): the bag shapes of every bag family
+    params = ([tuple(s[1:]) for s in BAG_SHAPES], list(BENCH_BITS))
     param_names = ["shape", "bits"]
     timeout = 300
 
@@ -56,11 +56,11 @@ class QuantizedLookupTorch(_Lookup):
 
 
 class _Quantize:
-    params = [8, 4, 2]
+    params = list(BITS)
     param_names = ["bits"]
 
     def setup(self, bits):
-        self.weight = np.random.default_rng(0).standard_normal((200_000, 128), dtype=np.float32)
+        self.weight = np.random.default_rng(0).standard_normal(QUANTIZE_SHAPE, dtype=np.float32)
 
 
 class Quantize(_Quantize):
@@ -82,11 +82,11 @@ class QuantizeTorch(_Quantize):
 
 
 class Dequantize:
-    params = [8, 4, 2]
+    params = list(BITS)
     param_names = ["bits"]
 
     def setup(self, bits):
-        w = np.random.default_rng(0).standard_normal((200_000, 128), dtype=np.float32)
+        w = np.random.default_rng(0).standard_normal(QUANTIZE_SHAPE, dtype=np.float32)
         self.packed = pk.quantize_rowwise(w, bits=bits)
 
     def time_perfkernels(self, bits):

@@ -8,7 +8,16 @@ Large calls run on several threads (``set_num_threads``, ``PERFKERNELS_NUM_THREA
 """
 __version__ = "0.1.0"
 
-from . import _dispatch, _parallel
+import os as _os
+
+from . import _source_tree
+
+# Run from a checkout's root after `pip install .`, Python finds this uncompiled source folder
+# first: continue from the installed, compiled copy (or raise a clear ImportError).
+__path__[:] = [_source_tree.package_dir(__path__[0])]
+__file__ = _os.path.join(__path__[0], "__init__.py")
+
+from . import _dispatch, _parallel  # noqa: E402
 
 _dispatch._init_from_environment()
 _parallel._init_from_environment()

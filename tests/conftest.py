@@ -13,6 +13,10 @@ import pytest
 
 import perfkernels
 from perfkernels import _dispatch
+# The variant lists (declared once, shared with the benchmarks), re-exported for the test modules.
+from perfkernels._variants import (  # noqa: F401
+    AWKWARD_DIMS, BITS, CONVERSIONS, GATE_ORDERS, INDEX_DTYPES, MODES, QUANTIZE_DTYPES,
+    SPECIALISED_DIMS, TABLE_DTYPES)
 
 ALL_ISAS = _dispatch.ISAS
 
@@ -27,9 +31,6 @@ def _isa_param(isa):
 
 
 ISA_PARAMS = [_isa_param(isa) for isa in ALL_ISAS]
-
-#: The awkward dimensions every kernel is tested on (DEVELOPERS.md).
-AWKWARD_DIMS = (1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000)
 
 
 @pytest.fixture(params=ISA_PARAMS)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import perfkernels as pk
@@ -64,7 +65,7 @@ def test_bench_plot_writes_a_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_check_compares_every_path_with_numpy():
+def test_check_compares_every_path_with_the_references():
     proc = run("check", "--family", "convert")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all checks passed" in proc.stdout
@@ -93,3 +94,19 @@ def test_asv_suite_is_well_formed():
     proc = subprocess.run(["asv", "check", "--python=same"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_check_fails_on_a_wrong_result():
+    """`check` compares with the references: one wrong bit or one wrong element is a failure."""
+    from perfkernels import _selfcheck
+
+    for check in _selfcheck.checks(["convert", "embedding", "lstm"]):
+        got = check.run()
+        assert _selfcheck.compare(check, got)[0], check.name
+        first = got[0] if isinstance(got, tuple) else got
+        if check.rtol is None:
+            first.view(np.uint8).reshape(-1)[0] ^= 1
+        else:
+            first.reshape(-1)[first.size // 2] += 1e-3 + abs(first.reshape(-1)[first.size // 2])
+        ok, detail = _selfcheck.compare(check, got)
+        assert not ok, (check.name, detail)

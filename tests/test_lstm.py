@@ -1,64 +1,29 @@
-"""lstm_unit / lstm_unit_backward (SPEC.md section 4) on every ISA level, against a float64 NumPy
-reference written from the spec, against torch.nn.LSTMCell and PyTorch autograd, and the accuracy of
-the vectorised exp / sigmoid / tanh over a dense sweep."""
+"""lstm_unit / lstm_unit_backward on every ISA level, against the float64 reference
+(perfkernels.reference), against torch.nn.LSTMCell and PyTorch autograd, and the accuracy of the
+vectorised exp / sigmoid / tanh over a dense sweep."""
 import threading
 
 import numpy as np
 import pytest
 
 import perfkernels
-from perfkernels import _lstm
+from perfkernels import _lstm, reference
 from conftest import AWKWARD_DIMS, readonly, unaligned
 
-# ---------------------------------------------------------------------------------------------
-# float64 reference, straight from SPEC.md section 4 (independent of the kernels)
+ref_forward, ref_backward = reference.lstm_unit, reference.lstm_unit_backward
+
 
 def _split(gates, gate_order):
+    """The (i, f, o, g) blocks of `gates` in `gate_order` (for the PyTorch formulation below)."""
     d = gates.shape[1] // 4
     blocks = {name: gates[:, k * d:(k + 1) * d] for k, name in enumerate(gate_order)}
     return blocks["i"], blocks["f"], blocks["o"], blocks["g"]
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
 
 
 def _valid(n, seq_lengths, t):
     if seq_lengths is None:
         return np.ones(n, bool)
     return t < np.asarray(seq_lengths, np.int64)
-
-
-def ref_forward(h_prev, c_prev, gates, seq_lengths=None, t=0, forget_bias=0.0, drop_states=False,
-                gate_order="ifog"):
-    h_prev, c_prev, gates = (np.asarray(a, np.float64) for a in (h_prev, c_prev, gates))
-    xi, xf, xo, xg = _split(gates, gate_order)
-    fb = np.float64(np.float32(forget_bias))
-    i, f, o, g = _sigmoid(xi), _sigmoid(xf + fb), _sigmoid(xo), np.tanh(xg)
-    c = f * c_prev + i * g
-    h = o * np.tanh(c)
-    valid = _valid(len(h_prev), seq_lengths, t)[:, None]
-    keep_h, keep_c = (0.0, 0.0) if drop_states else (h_prev, c_prev)
-    return np.where(valid, h, keep_h), np.where(valid, c, keep_c)
-
-
-def ref_backward(c_prev, gates, c, dh, dc, seq_lengths=None, t=0, forget_bias=0.0,
-                 drop_states=False, gate_order="ifog"):
-    c_prev, gates, c, dh, dc = (np.asarray(a, np.float64) for a in (c_prev, gates, c, dh, dc))
-    xi, xf, xo, xg = _split(gates, gate_order)
-    fb = np.float64(np.float32(forget_bias))
-    i, f, o, g = _sigmoid(xi), _sigmoid(xf + fb), _sigmoid(xo), np.tanh(xg)
-    tc = np.tanh(c)
-    dct = dc + dh * o * (1 - tc * tc)
-    grads = {"i": dct * g * i * (1 - i), "f": dct * c_prev * f * (1 - f),
-             "o": dh * tc * o * (1 - o), "g": dct * i * (1 - g * g)}
-    dgates = np.concatenate([grads[name] for name in gate_order], axis=1)
-    valid = _valid(len(c_prev), seq_lengths, t)[:, None]
-    keep_dh, keep_dc = (0.0, 0.0) if drop_states else (dh, dc)
-    dh_prev = np.where(valid, np.zeros_like(dh), keep_dh)
-    dc_prev = np.where(valid, dct * f, keep_dc)
-    dgates = np.where(valid, dgates, 0.0)
-    return dh_prev, dc_prev, dgates
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,7 +65,7 @@ def _kw(rng, n, opts):
 
 
 def _close(actual, expected, rtol=1e-5, atol=2e-6):
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=atol)
+    reference.assert_close(actual, expected, rtol=rtol, atol=atol)
 
 
 # ---------------------------------------------------------------------------------------------

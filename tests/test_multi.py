@@ -1,36 +1,32 @@
 """embedding_bags_multi: many tables in one call from TorchRec's KeyedJaggedTensor layout.
 
 Checked against a loop of single-table embedding_bag / embedding_bag_quantized calls (bit for bit:
-the same kernels on the same bags), against a float64 reference of the layout written from its
-definition, and against torch.nn.functional.embedding_bag per feature.
+the same kernels on the same bags), against the float64 reference (perfkernels.reference) and
+against torch.nn.functional.embedding_bag per feature.
 """
 import ml_dtypes
 import numpy as np
 import pytest
 
 import perfkernels as pk
+from perfkernels import reference
 
 from conftest import AWKWARD_DIMS, readonly, unaligned
 
-FLOAT_KINDS = (np.float32, np.float16, ml_dtypes.bfloat16)
-
 
 def make_tables(rng, kinds, dims, rows):
-    """(tables, bits, float64 tables) for per-feature kinds: a float dtype or 8/4/2 (packed)."""
-    tables, bits, exact = [], [], []
+    """(tables, bits) for per-feature kinds: a float dtype or 8/4/2 (packed)."""
+    tables, bits = [], []
     for kind, D, R in zip(kinds, dims, rows):
         w = rng.standard_normal((R, D)).astype(np.float32)
         if kind in (8, 4, 2):
             p = pk.quantize_rowwise(w, kind)
             tables.append(p)
             bits.append(kind)
-            exact.append(pk.dequantize_rowwise(p, kind, D).astype(np.float64))
         else:
-            t = w.astype(kind)
-            tables.append(t)
+            tables.append(w.astype(kind))
             bits.append(None)
-            exact.append(t.astype(np.float64))
-    return tables, bits, exact
+    return tables, bits
 
 
 def make_kjt(rng, rows, B, max_len, index_dtype=np.int64, empty_features=()):
@@ -70,35 +66,8 @@ def loop_of_single_calls(tables, bits, dims, indices, lengths, weights=None, mod
     return np.concatenate(outs, axis=1) if outs else np.zeros((B, 0), np.float32)
 
 
-def float64_reference(exact, indices, lengths, weights=None, modes="sum", padding_idx=None):
-    """The layout's definition in float64: (result, sum of |terms|)."""
-    F = len(exact)
-    B = lengths.size // F
-    modes = modes if isinstance(modes, list) else [modes] * F
-    pads = padding_idx if isinstance(padding_idx, list) else [padding_idx] * F
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    cols = []
-    for f in range(F):
-        R, D = exact[f].shape
-        pad = None if pads[f] is None else pads[f] % R
-        out = np.zeros((B, D))
-        mag = np.zeros((B, D))
-        for b in range(B):
-            j = np.arange(offsets[f * B + b], offsets[f * B + b + 1])
-            j = j[indices[j] != pad] if pad is not None else j
-            w = np.ones(j.size) if weights is None else weights[j].astype(np.float64)
-            terms = w[:, None] * exact[f][indices[j]]
-            out[b], mag[b] = terms.sum(0), np.abs(terms).sum(0)
-            if modes[f] == "mean" and j.size:
-                out[b] /= j.size
-                mag[b] /= j.size
-        cols.append((out, mag))
-    return np.concatenate([c[0] for c in cols], 1), np.concatenate([c[1] for c in cols], 1)
-
-
-def check_close(got, ref, mag):
-    err = np.abs(got.astype(np.float64) - ref)
-    assert np.all(err <= 1e-5 * (mag + 1.0)), err.max()
+def check_close(got, expected):
+    reference.assert_close(got, expected.value, expected.magnitude + 1.0, rtol=1e-5)
 
 
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
@@ -106,7 +75,7 @@ def test_mixed_formats_equal_a_loop_of_single_calls(isa, rng, index_dtype):
     kinds = [np.float32, 8, np.float16, 4, ml_dtypes.bfloat16, 2, np.float32, 8]
     dims = [1, 7, 16, 17, 63, 64, 129, 128]
     rows = [50, 300, 1, 1000, 20, 77, 500, 5]
-    tables, bits, exact = make_tables(rng, kinds, dims, rows)
+    tables, bits = make_tables(rng, kinds, dims, rows)
     indices, lengths = make_kjt(rng, rows, 37, 9, index_dtype, empty_features=(2,))
     weights = rng.standard_normal(indices.size).astype(np.float32)
     modes = ["sum", "mean"] * 4
@@ -117,22 +86,24 @@ def test_mixed_formats_equal_a_loop_of_single_calls(isa, rng, index_dtype):
     expected = loop_of_single_calls(tables, bits, pdims, indices, lengths, weights, modes, pads)
     assert got.shape == (37, sum(dims)) and got.dtype == np.float32
     assert got.tobytes() == expected.tobytes()
-    check_close(got, *float64_reference(exact, indices, lengths, weights, modes, pads))
+    check_close(got, reference.embedding_bags_multi(
+        tables, indices, lengths=lengths, per_sample_weights=weights, modes=modes, padding_idx=pads,
+        bits=bits, dims=pdims))
 
 
 @pytest.mark.parametrize("D", AWKWARD_DIMS)
 def test_awkward_dims_with_offsets(isa, rng, D):
     kinds = [np.float32, 8, np.float16]
-    tables, bits, exact = make_tables(rng, kinds, [D] * 3, [40, 40, 40])
+    tables, bits = make_tables(rng, kinds, [D] * 3, [40, 40, 40])
     indices, lengths = make_kjt(rng, [40] * 3, 5, 6)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     got = pk.embedding_bags_multi(tables, indices, offsets=offsets, bits=bits)
     assert got.tobytes() == loop_of_single_calls(tables, bits, [None] * 3, indices, lengths).tobytes()
-    check_close(got, *float64_reference(exact, indices, lengths))
+    check_close(got, reference.embedding_bags_multi(tables, indices, lengths=lengths, bits=bits))
 
 
 def test_one_feature_and_hundred_features(rng):
-    tables, bits, exact = make_tables(rng, [np.float32], [32], [100])
+    tables, bits = make_tables(rng, [np.float32], [32], [100])
     indices, lengths = make_kjt(rng, [100], 10, 5)
     got = pk.embedding_bags_multi(tables, indices, lengths=lengths)
     np.testing.assert_array_equal(got, pk.embedding_bag(tables[0], indices, lengths=lengths))
@@ -141,17 +112,17 @@ def test_one_feature_and_hundred_features(rng):
     kinds = [(np.float32, 8, np.float16, 4)[f % 4] for f in range(F)]
     dims = [int(d) for d in rng.integers(1, 40, size=F) * 2]
     rows = [int(r) for r in rng.integers(1, 200, size=F)]
-    tables, bits, exact = make_tables(rng, kinds, dims, rows)
+    tables, bits = make_tables(rng, kinds, dims, rows)
     indices, lengths = make_kjt(rng, rows, 16, 4)
     for nt in (1, 2, 3, 8):
         got = pk.embedding_bags_multi(tables, indices, lengths=lengths, bits=bits, num_threads=nt)
         assert got.tobytes() == loop_of_single_calls(tables, bits, [None] * F, indices,
                                                      lengths).tobytes()
-    check_close(got, *float64_reference(exact, indices, lengths))
+    check_close(got, reference.embedding_bags_multi(tables, indices, lengths=lengths, bits=bits))
 
 
 def test_empty_batch_and_empty_values(rng):
-    tables, bits, _ = make_tables(rng, [np.float32, 8], [8, 16], [10, 10])
+    tables, bits = make_tables(rng, [np.float32, 8], [8, 16], [10, 10])
     got = pk.embedding_bags_multi(tables, np.zeros(0, np.int64), lengths=np.zeros(0, np.int64),
                                   bits=bits)
     assert got.shape == (0, 24)
@@ -164,7 +135,7 @@ def test_large_batch_same_for_any_thread_count_and_matches_torch(isa, rng):
     torch = pytest.importorskip("torch")
     F, B = 6, 512
     rows = [20000, 5000, 100, 20000, 3000, 1]
-    tables, bits, exact = make_tables(rng, [np.float32] * F, [64] * F, rows)
+    tables, bits = make_tables(rng, [np.float32] * F, [64] * F, rows)
     indices, lengths = make_kjt(rng, rows, B, 40, empty_features=(4,))
     results = [pk.embedding_bags_multi(tables, indices, lengths=lengths, modes="mean",
                                        num_threads=nt) for nt in (1, 2, 3, 8)]
@@ -180,7 +151,7 @@ def test_large_batch_same_for_any_thread_count_and_matches_torch(isa, rng):
 
 
 def test_out_and_unusual_inputs(isa, rng):
-    tables, bits, _ = make_tables(rng, [np.float32, 4], [9, 8], [30, 30])
+    tables, bits = make_tables(rng, [np.float32, 4], [9, 8], [30, 30])
     indices, lengths = make_kjt(rng, [30, 30], 4, 5, np.int32)
     expected = pk.embedding_bags_multi(tables, indices, lengths=lengths, bits=bits)
     out = np.full((4, 17), 5.0, np.float32)
@@ -196,7 +167,7 @@ def test_out_and_unusual_inputs(isa, rng):
 
 @pytest.mark.parametrize("with_out", [False, True])
 def test_bad_index_names_feature_and_position(isa, rng, with_out):
-    tables, bits, _ = make_tables(rng, [np.float32, 8, np.float32], [8, 8, 8], [10, 20, 30])
+    tables, bits = make_tables(rng, [np.float32, 8, np.float32], [8, 8, 8], [10, 20, 30])
     indices, lengths = make_kjt(rng, [10, 20, 30], 50, 30)
     B = 50
     start1 = int(lengths[:B].sum())

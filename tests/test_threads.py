@@ -7,7 +7,6 @@ than this machine's cores), on every ISA level; the results must be bit-identica
 call and agree with an independent float64 / NumPy / ml_dtypes reference.
 """
 import os
-import signal
 import threading
 
 import ml_dtypes
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 
 import perfkernels as pk
-from perfkernels import _parallel
+from perfkernels import _parallel, reference
 
 from conftest import run_python
 
@@ -23,29 +22,14 @@ THREADS = (1, 2, 3, 8)
 SPLIT_BYTES = 8 * _parallel.MIN_BYTES_PER_THREAD + 4096   # enough work for 8 threads
 
 
-def bags_reference(table64, indices, offsets, weights=None, mean=False, padding=None):
-    """float64 bags and the sum of |terms| (for a float32-accumulation tolerance)."""
-    n, D = indices.size, table64.shape[1]
-    bounds = np.append(offsets, n)
-    out = np.zeros((offsets.size, D))
-    mag = np.zeros_like(out)
-    for b in range(offsets.size):
-        sl = slice(bounds[b], bounds[b + 1])
-        idx = indices[sl].astype(np.int64)
-        w = np.ones(idx.size) if weights is None else weights[sl].astype(np.float64)
-        keep = idx != padding if padding is not None else np.ones(idx.size, bool)
-        terms = w[keep, None] * table64[idx[keep]]
-        out[b] = terms.sum(0)
-        mag[b] = np.abs(terms).sum(0)
-        if mean and keep.sum():
-            out[b] /= keep.sum()
-            mag[b] /= keep.sum()
-    return out, mag
+def bags_reference(table, indices, offsets, weights=None, mean=False, padding=None):
+    """The float64 reference bags (value, magnitude)."""
+    return reference.embedding_bag(table, indices, offsets, per_sample_weights=weights,
+                                   mode="mean" if mean else "sum", padding_idx=padding)
 
 
 def assert_close(got, ref, mag, rtol=2e-6):
-    err = np.abs(got.astype(np.float64) - ref)
-    assert np.all(err <= rtol * mag + 1e-6 * np.abs(ref) + 1e-30), err.max()
+    reference.assert_close(got, ref, mag, rtol=rtol, atol=1e-30)
 
 
 def assert_same_for_every_thread_count(call):
@@ -166,7 +150,7 @@ def test_embedding_bag_same_for_any_thread_count(isa, rng, dtype, D):
     got = assert_same_for_every_thread_count(lambda nt: pk.embedding_bag(
         table, indices, offsets, per_sample_weights=weights, mode="mean" if mean else "sum",
         padding_idx=7, num_threads=nt))
-    ref, mag = bags_reference(table.astype(np.float64), indices, offsets, weights, mean, 7)
+    ref, mag = bags_reference(table, indices, offsets, weights, mean, 7)
     assert_close(got, ref, mag)
 
 
@@ -178,7 +162,7 @@ def test_embedding_bag_quantized_same_for_any_thread_count(isa, rng, bits, D):
     indices, offsets = bag_inputs(rng, rows, D, packed.shape[1] / D)
     got = assert_same_for_every_thread_count(lambda nt: pk.embedding_bag_quantized(
         packed, indices, offsets, bits=bits, dim=D, num_threads=nt))
-    table64 = pk.dequantize_rowwise(packed, bits, D).astype(np.float64)
+    table64 = reference.dequantize_rowwise(packed, bits, D)
     ref, mag = bags_reference(table64, indices, offsets)
     assert_close(got, ref, mag + 1.0, rtol=1e-5)   # the kernel sums w*scale*q and w*bias apart
 
@@ -188,16 +172,10 @@ def test_quantize_and_dequantize_same_for_any_thread_count(isa, rng, bits):
     D = 63
     w = rng.standard_normal((SPLIT_BYTES // (D * 4), D)).astype(np.float32)
     packed = assert_same_for_every_thread_count(lambda nt: pk.quantize_rowwise(w, bits, num_threads=nt))
-    assert packed.tobytes() == pk.quantize_rowwise(w, bits, num_threads=1).tobytes()
+    reference.assert_same_bits(packed, reference.quantize_rowwise(w, bits))
     back = assert_same_for_every_thread_count(
         lambda nt: pk.dequantize_rowwise(packed, bits, D, num_threads=nt))
-    # independent check: the codes decoded in float64 from the packed bytes
-    if bits == 8:
-        codes = packed[:, :D].astype(np.float64)
-        scale = packed[:, D:D + 4].copy().view(np.float32).astype(np.float64)
-        bias = packed[:, D + 4:].copy().view(np.float32).astype(np.float64)
-        np.testing.assert_allclose(back, codes * scale + bias, rtol=1e-6, atol=1e-6)
-    assert np.abs(back - w).max() <= (w.max(1) - w.min(1)).max() / (2 ** bits - 1) + 1e-3
+    reference.assert_close(back, reference.dequantize_rowwise(packed, bits, D), rtol=1e-6, atol=1e-6)
 
 
 def test_quantize_reports_first_nonfinite_row_with_threads(rng):
@@ -215,15 +193,15 @@ def test_conversions_same_for_any_thread_count(isa, rng):
     x[::97] = np.inf
     x[::101] = np.nan
     h = assert_same_for_every_thread_count(lambda nt: pk.float_to_half(x, num_threads=nt))
-    assert h.view(np.uint16).tobytes() == x.astype(np.float16).view(np.uint16).tobytes()
+    reference.assert_same_bits(h, reference.float_to_half(x))
     hc = assert_same_for_every_thread_count(lambda nt: pk.float_to_half(x, clip=True, num_threads=nt))
-    assert np.nanmax(np.abs(hc.astype(np.float32))) == 65504
+    reference.assert_same_bits(hc, reference.float_to_half(x, clip=True))
     f = assert_same_for_every_thread_count(lambda nt: pk.half_to_float(h, num_threads=nt))
-    assert f.view(np.uint32).tobytes() == h.astype(np.float32).view(np.uint32).tobytes()
+    reference.assert_same_bits(f, reference.half_to_float(h))
     b = assert_same_for_every_thread_count(lambda nt: pk.float_to_bfloat16(x, num_threads=nt))
-    assert b.view(np.uint16).tobytes() == x.astype(ml_dtypes.bfloat16).view(np.uint16).tobytes()
+    reference.assert_same_bits(b, reference.float_to_bfloat16(x))
     fb = assert_same_for_every_thread_count(lambda nt: pk.bfloat16_to_float(b, num_threads=nt))
-    assert fb.view(np.uint32).tobytes() == b.astype(np.float32).view(np.uint32).tobytes()
+    reference.assert_same_bits(fb, reference.bfloat16_to_float(b))
 
 
 @pytest.mark.parametrize("D", [7, 64])
@@ -234,20 +212,15 @@ def test_lstm_same_for_any_thread_count(isa, rng, D):
     seq = rng.integers(0, 3, size=N).astype(np.int32)
     h, c = assert_same_for_every_thread_count(lambda nt: pk.lstm_unit(
         h0, c0, gates, seq_lengths=seq, t=1, forget_bias=0.5, num_threads=nt))
-    g = gates.astype(np.float64)
-    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
-    i, f, o, gg = sig(g[:, :D]), sig(g[:, D:2 * D] + 0.5), sig(g[:, 2 * D:3 * D]), np.tanh(g[:, 3 * D:])
-    c_ref = f * c0 + i * gg
-    h_ref = o * np.tanh(c_ref)
-    valid = (seq > 1)[:, None]
-    np.testing.assert_allclose(c, np.where(valid, c_ref, c0), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(h, np.where(valid, h_ref, h0), rtol=1e-5, atol=1e-5)
+    kw = dict(seq_lengths=seq, t=1, forget_bias=0.5)
+    h_ref, c_ref = reference.lstm_unit(h0, c0, gates, **kw)
+    reference.assert_close(c, c_ref, rtol=1e-5, atol=1e-6)
+    reference.assert_close(h, h_ref, rtol=1e-5, atol=1e-6)
     dh, dc = (rng.standard_normal((N, D)).astype(np.float32) for _ in range(2))
     grads = assert_same_for_every_thread_count(lambda nt: pk.lstm_unit_backward(
-        c0, gates, c, dh, dc, seq_lengths=seq, t=1, forget_bias=0.5, num_threads=nt))
-    tc = np.tanh(c.astype(np.float64))
-    dct = dc + dh * o * (1 - tc ** 2)
-    np.testing.assert_allclose(grads[1], np.where(valid, dct * f, dc), rtol=1e-4, atol=1e-5)
+        c0, gates, c, dh, dc, num_threads=nt, **kw))
+    for got, want in zip(grads, reference.lstm_unit_backward(c0, gates, c, dh, dc, **kw)):
+        reference.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,8 +261,8 @@ def test_eight_user_threads_at_once(rng):
     table = rng.standard_normal((rows, D)).astype(np.float32)
     packed = pk.quantize_rowwise(table)
     cases = [bag_inputs(rng, rows, D, 4) for _ in range(8)]
-    refs = [bags_reference(table.astype(np.float64), ix, off) for ix, off in cases]
-    qtable = pk.dequantize_rowwise(packed).astype(np.float64)
+    refs = [bags_reference(table, ix, off) for ix, off in cases]
+    qtable = reference.dequantize_rowwise(packed)
     qrefs = [bags_reference(qtable, ix, off) for ix, off in cases]
     x = rng.standard_normal(SPLIT_BYTES).astype(np.float32)
     errors = []
@@ -322,7 +295,7 @@ FORK_SCRIPT = r"""
 import os, signal, sys
 import numpy as np, ml_dtypes
 import perfkernels as pk
-from perfkernels import _parallel
+from perfkernels import _parallel, reference
 
 def every_family(nt):
     rng = np.random.default_rng(0)

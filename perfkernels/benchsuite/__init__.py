@@ -7,7 +7,8 @@ Each kernel family adds one module here, ``perfkernels/benchsuite/<family>.py``,
 Every :class:`Case` names the bytes its kernel must touch (for GB/s), our call, and the calls a user
 would otherwise make (NumPy, PyTorch when installed), all on the same inputs.  The runner times our
 call once per available ISA level, side by side with the baselines, single-threaded, median of
-several repetitions after a warm-up (BENCHMARKS.md).
+several repetitions after a warm-up (docs/benchmarking.md).  The shapes and dtypes come from
+``perfkernels._variants``, which the tests and the asv suite read too.
 """
 from __future__ import annotations
 
@@ -30,22 +31,6 @@ class Case:
     ours_gpu: bool = False                        # True: `ours` runs on the GPU (no ISA loop)
 
 
-#: BENCHMARKS.md's embedding-bag shapes, shared by every bag family: (name, rows, D, bags, bag length)
-BAG_SHAPES = [
-    ("fbgemm 4M x 32", 4_000_000, 32, 10, 100),
-    ("fbgemm 4M x 64", 4_000_000, 64, 10, 100),
-    ("fbgemm 4M x 128", 4_000_000, 128, 10, 100),
-    ("fbgemm 4M x 256", 4_000_000, 256, 10, 100),
-    ("dlrm 1M x 64", 1_000_000, 64, 2048, 100),
-    ("cache 20k x 128", 20_000, 128, 512, 40),
-    ("tiny 1k x 64", 1_000, 64, 1, 1),
-]
-#: small stand-ins for --quick (seconds, not minutes)
-QUICK_BAG_SHAPES = [
-    ("cache 20k x 128", 20_000, 128, 512, 40),
-    ("small 100k x 64", 100_000, 64, 256, 40),
-    ("tiny 1k x 64", 1_000, 64, 1, 1),
-]
 
 
 def families() -> list[str]:

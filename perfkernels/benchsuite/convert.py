@@ -1,25 +1,13 @@
-"""Benchmark cases for fp16/bf16 conversion (BENCHMARKS.md: 16 Mi elements from DRAM, 64 Ki in L2)."""
+"""Benchmark cases for fp16/bf16 conversion: 16 Mi elements from DRAM, 64 Ki in L2."""
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 import perfkernels as pk
 
+from .._variants import BFLOAT16 as BF16
+from .._variants import CONVERSIONS, CONVERT_SIZES, QUICK_CONVERT_SIZES
 from . import Case, torch_or_none
-
-BF16 = ml_dtypes.bfloat16
-
-#: (function, input dtype, output dtype, torch method) - the declaration the tests also iterate over
-CONVERSIONS = [
-    ("float_to_half", np.float32, np.float16, "half"),
-    ("half_to_float", np.float16, np.float32, "float"),
-    ("float_to_bfloat16", np.float32, BF16, "bfloat16"),
-    ("bfloat16_to_float", BF16, np.float32, "float"),
-]
-
-SIZES = {"16Mi": 16 << 20, "64Ki": 64 << 10}
-QUICK_SIZES = {"2Mi": 2 << 20, "64Ki": 64 << 10}
 
 
 def make_input(dtype, n: int, seed: int = 0) -> np.ndarray:
@@ -36,7 +24,7 @@ def _to_torch(torch, x: np.ndarray):
 def cases(quick: bool) -> list[Case]:
     torch = torch_or_none()
     out = []
-    for label, n in (QUICK_SIZES if quick else SIZES).items():
+    for label, n in (QUICK_CONVERT_SIZES if quick else CONVERT_SIZES).items():
         for name, src_dtype, dst_dtype, torch_method in CONVERSIONS:
             x = make_input(src_dtype, n)
             fn = getattr(pk, name)

@@ -17,15 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._variants import (GPU_BAG_SHAPES, GPU_CONVERT_ELEMENTS, LSTM_SHAPES,
+                         QUICK_GPU_BAG_SHAPES)
 from . import Case
 
 REPS = 10
-BAG_SHAPES = {            # name: (rows, D, B, L)
-    "fbgemm-table": (100_000, 128, 512, 20),
-    "large": (10_000_000, 128, 65_536, 32),
-}
-QUICK_BAG_SHAPES = {"fbgemm-table": (100_000, 128, 512, 20), "medium": (1_000_000, 128, 8192, 32)}
-CONVERT_ELEMENTS = 16 << 20
+BAG_SHAPES, QUICK_BAG_SHAPES = GPU_BAG_SHAPES, QUICK_GPU_BAG_SHAPES
+CONVERT_ELEMENTS = GPU_CONVERT_ELEMENTS
 COPY_BYTES = 1 << 30
 
 
@@ -118,7 +116,7 @@ def work(quick: bool) -> list[GpuWork]:
         tx, th = torch.from_dlpack(x), torch.from_dlpack(h)
         tb = tx.bfloat16()
 
-    for shape_name, (rows, d, nbags, l) in (QUICK_BAG_SHAPES if quick else BAG_SHAPES).items():
+    for shape_name, rows, d, nbags, l in (QUICK_BAG_SHAPES if quick else BAG_SHAPES):
         large = shape_name == "large"
         idx = rng.integers(0, rows, size=nbags * l, dtype=cp.int64)
         offsets = cp.arange(0, nbags * l, l, dtype=cp.int64)
@@ -152,7 +150,7 @@ def work(quick: bool) -> list[GpuWork]:
                 nbytes, lambda packed=packed, out=out, bits=bits: pkc.embedding_bag_quantized(
                     packed, idx, offsets, bits=bits, out=out)))
 
-    for nn, dd in ((256, 1024), (64, 256)):
+    for nn, dd in LSTM_SHAPES.values():
         hp, cprev = rng.standard_normal((nn, dd), dtype=cp.float32), rng.standard_normal((nn, dd), dtype=cp.float32)
         gates = rng.standard_normal((nn, 4 * dd), dtype=cp.float32)
         items.append(GpuWork(f"lstm_unit N {nn} D {dd}", 4 * nn * dd * 8,

@@ -1,6 +1,6 @@
 """Benchmarks of embedding_bag on float32 / float16 / bfloat16 tables beside NumPy and PyTorch.
 
-BENCHMARKS.md's embedding shapes (FBGEMM's own 4M-row tables, DLRM's 1M x 64, a cache-resident
+The bag shapes of ``perfkernels._variants`` (FBGEMM's own 4M-row tables, DLRM's 1M x 64, a cache-resident
 20k x 128 table and the tiny 1-bag-of-1 call) for every table dtype, uniform indices, plus Zipf
 indices on the DLRM shape.  NumPy: ``np.add.reduceat(weight[indices], offsets, axis=0,
 dtype=float32)``; PyTorch: ``torch.nn.functional.embedding_bag`` (FBGEMM's JIT kernels).
@@ -11,14 +11,11 @@ holder list that the next case empties).
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
-from . import BAG_SHAPES, QUICK_BAG_SHAPES, Case, torch_or_none, zipf_indices
-
-SHAPES, QUICK_SHAPES = BAG_SHAPES, QUICK_BAG_SHAPES
-TABLE_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
-                "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+from .._variants import (BAG_SHAPES, QUICK_BAG_SHAPES, QUICK_ZIPF_BAG_SHAPE, TABLE_DTYPES,
+                         ZIPF_BAG_SHAPE)
+from . import Case, torch_or_none, zipf_indices
 
 _live: list[list] = []   # the holders filled now (one case's inputs alive at a time)
 
@@ -94,8 +91,9 @@ def bag_case(seed, name, rows, dim, num_bags, bag_len, dtype_name, dist="uniform
 def cases(quick: bool) -> list[Case]:
     out = []
     for dtype_name in TABLE_DTYPES:
-        for seed, (name, rows, dim, num_bags, bag_len) in enumerate(QUICK_SHAPES if quick else SHAPES):
+        for seed, (name, rows, dim, num_bags, bag_len) in enumerate(QUICK_BAG_SHAPES if quick
+                                                                    else BAG_SHAPES):
             out.append(bag_case(seed, name, rows, dim, num_bags, bag_len, dtype_name))
-        name, rows, dim, num_bags, bag_len = QUICK_SHAPES[1] if quick else SHAPES[4]
+        name, rows, dim, num_bags, bag_len = QUICK_ZIPF_BAG_SHAPE if quick else ZIPF_BAG_SHAPE
         out.append(bag_case(99, name, rows, dim, num_bags, bag_len, dtype_name, "zipf"))
     return out

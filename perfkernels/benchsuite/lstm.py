@@ -1,4 +1,4 @@
-"""Benchmark cases for the LSTM unit (BENCHMARKS.md: N 256 x D 1024 and N 64 x D 256), forward and
+"""Benchmark cases for the LSTM unit (N 256 x D 1024 and N 64 x D 256), forward and
 backward, beside the same pointwise math written with NumPy and with PyTorch eager ops.
 
 The baselines are what a user would otherwise write: one array operation per term (caffe2 gate
@@ -11,10 +11,8 @@ import numpy as np
 
 import perfkernels as pk
 
+from .._variants import LSTM_SHAPES, QUICK_LSTM_SHAPES
 from . import Case, torch_or_none
-
-SHAPES = {"N256 D1024": (256, 1024), "N64 D256": (64, 256)}
-QUICK_SHAPES = {"N16 D64": (16, 64), "N64 D256": (64, 256)}
 
 
 def make_inputs(n: int, d: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -73,7 +71,7 @@ def torch_backward(torch, c_prev, gates, c, dh, dc):
 def cases(quick: bool) -> list[Case]:
     torch = torch_or_none()
     out = []
-    for label, (n, d) in (QUICK_SHAPES if quick else SHAPES).items():
+    for label, (n, d) in (QUICK_LSTM_SHAPES if quick else LSTM_SHAPES).items():
         x = make_inputs(n, d)
         cp, gx, c, dh, dc = x["c_prev"], x["gates"], x["c"], x["dh"], x["dc"]
         fwd_base = {"numpy": lambda cp=cp, gx=gx: numpy_forward(cp, gx)[0]}

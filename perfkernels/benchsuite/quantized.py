@@ -1,6 +1,6 @@
 """Benchmarks of the row-wise quantized family beside PyTorch's quantized ops (FBGEMM).
 
-Lookups: BENCHMARKS.md's embedding shapes with 8-bit and 4-bit tables, uniform and Zipf indices,
+Lookups: the bag shapes of ``perfkernels._variants`` with 8-bit and 4-bit tables, uniform and Zipf indices,
 against ``torch.ops.quantized.embedding_bag_{byte,4bit}_rowwise_offsets``.  Quantize: a
 200,000 x 128 float32 table against ``embedding_bag_byte_prepack``.
 """
@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import BAG_SHAPES, QUICK_BAG_SHAPES, Case, torch_or_none, zipf_indices
-
-LOOKUP_SHAPES, QUICK_LOOKUP_SHAPES = BAG_SHAPES, QUICK_BAG_SHAPES
-QUANTIZE_SHAPE = (200_000, 128)
-QUICK_QUANTIZE_SHAPE = (20_000, 128)
+from .._variants import (BAG_SHAPES, BENCH_BITS, QUANTIZE_SHAPE, QUICK_BAG_SHAPES,
+                         QUICK_QUANTIZE_SHAPE, ZIPF_BAG_SHAPE)
+from . import Case, torch_or_none, zipf_indices
 
 _TORCH_LOOKUP = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit_rowwise_offsets",
                  2: "embedding_bag_2bit_rowwise_offsets"}
@@ -68,15 +66,15 @@ def quantize_case(rng, rows, dim, bits=8) -> Case:
 
 def cases(quick: bool) -> list[Case]:
     rng = np.random.default_rng(2026)
-    shapes = QUICK_LOOKUP_SHAPES if quick else LOOKUP_SHAPES
+    shapes = QUICK_BAG_SHAPES if quick else BAG_SHAPES
     out = []
-    for bits in (8, 4):
+    for bits in BENCH_BITS:
         for name, rows, dim, num_bags, bag_len in shapes:
             out.append(lookup_case(rng, name, rows, dim, num_bags, bag_len, bits))
         if not quick:
-            name, rows, dim, num_bags, bag_len = LOOKUP_SHAPES[4]
+            name, rows, dim, num_bags, bag_len = ZIPF_BAG_SHAPE
             out.append(lookup_case(rng, name, rows, dim, num_bags, bag_len, bits, "zipf"))
     rows, dim = QUICK_QUANTIZE_SHAPE if quick else QUANTIZE_SHAPE
-    out.append(quantize_case(rng, rows, dim, 8))
-    out.append(quantize_case(rng, rows, dim, 4))
+    for bits in BENCH_BITS:
+        out.append(quantize_case(rng, rows, dim, bits))
     return out

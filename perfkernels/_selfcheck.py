@@ -1,0 +1,146 @@
+"""The workloads of ``python -m perfkernels check``: small inputs for every kernel family, each
+result compared with :mod:`perfkernels.reference` on every ISA level this CPU runs.
+
+A quick installation check for users (the test suite is far more thorough).  Bit-exact formats
+(conversions, quantization) are compared bit for bit; sums and the LSTM unit within the tolerance
+their float32 arithmetic allows.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from . import reference
+from ._variants import BITS, CONVERSIONS, GATE_ORDERS, MODES, TABLE_DTYPES
+
+#: Families ``check`` knows, in the order it runs them.
+FAMILIES = ("convert", "embedding", "quantized", "lstm")
+#: A few of the awkward dimensions: below, at and above a vector width, and a long odd row.
+DIMS = (7, 64, 129)
+
+
+class Check(NamedTuple):
+    """One kernel call and its reference: ``rtol=None`` means bit-exact."""
+    family: str
+    name: str
+    run: Callable[[], Any]          # returns an array or a tuple of arrays
+    expected: Any                   # the reference's array / tuple / reference.Expected
+    rtol: float | None = None
+    atol: float = 0.0
+
+
+def _convert(rng) -> list[Check]:
+    import perfkernels as pk
+    out = []
+    for conv in CONVERSIONS:
+        x = (rng.standard_normal(1001) * 1000).astype(np.float32).astype(conv.src)
+        x[:4] = np.array([0.0, -0.0, np.inf, np.nan], np.float32).astype(conv.src)
+        out.append(Check("convert", conv.name, lambda f=getattr(pk, conv.name), x=x: f(x),
+                         getattr(reference, conv.name)(x)))
+    return out
+
+
+def _bag_inputs(rng, rows, n_bags):
+    lengths = rng.integers(0, 9, n_bags)
+    lengths[1] = 0                                         # an empty bag
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    indices = rng.integers(0, rows, int(lengths.sum()))
+    return indices, offsets, rng.standard_normal(indices.size).astype(np.float32)
+
+
+def _embedding(rng) -> list[Check]:
+    import perfkernels as pk
+    out = []
+    for dtype_name, dtype in TABLE_DTYPES.items():
+        for dim in DIMS:
+            weight = rng.standard_normal((50, dim)).astype(np.float32).astype(dtype)
+            indices, offsets, psw = _bag_inputs(rng, 50, 6)
+            for mode in MODES:
+                kw = dict(mode=mode, per_sample_weights=psw if mode == "sum" else None,
+                          padding_idx=3)
+                out.append(Check("embedding", f"{dtype_name} D={dim} {mode}",
+                                 lambda w=weight, i=indices, o=offsets, kw=kw:
+                                 pk.embedding_bag(w, i, o, **kw),
+                                 reference.embedding_bag(weight, indices, offsets, **kw), 1e-5))
+    return out
+
+
+def _quantized(rng) -> list[Check]:
+    import perfkernels as pk
+    out = []
+    for bits in BITS:
+        for dim in DIMS:
+            weight = rng.standard_normal((50, dim)).astype(np.float32)
+            packed = reference.quantize_rowwise(weight, bits)
+            out.append(Check("quantized", f"quantize {bits}-bit D={dim}",
+                             lambda w=weight, b=bits: pk.quantize_rowwise(w, bits=b), packed))
+            out.append(Check("quantized", f"dequantize {bits}-bit D={dim}",
+                             lambda p=packed, b=bits, d=dim: pk.dequantize_rowwise(p, bits=b, dim=d),
+                             reference.dequantize_rowwise(packed, bits, dim), 1e-6, 1e-6))
+            indices, offsets, psw = _bag_inputs(rng, 50, 6)
+            out.append(Check("quantized", f"bag {bits}-bit D={dim}",
+                             lambda p=packed, i=indices, o=offsets, w=psw, b=bits, d=dim:
+                             pk.embedding_bag_quantized(p, i, o, bits=b, dim=d, per_sample_weights=w),
+                             reference.embedding_bag_quantized(packed, indices, offsets, bits=bits,
+                                                               dim=dim, per_sample_weights=psw),
+                             1e-5, 1e-5))
+    return out
+
+
+def _lstm(rng) -> list[Check]:
+    import perfkernels as pk
+    out = []
+    for gate_order in GATE_ORDERS:
+        for dim in DIMS:
+            n = 5
+            h_prev, c_prev, dh, dc = (rng.standard_normal((n, dim)).astype(np.float32) for _ in range(4))
+            gates = (rng.standard_normal((n, 4 * dim)) * 3).astype(np.float32)
+            kw = dict(seq_lengths=np.array([0, 1, 2, 3, 4]), t=1, forget_bias=1.0,
+                      gate_order=gate_order)
+            want_h, want_c = reference.lstm_unit(h_prev, c_prev, gates, **kw)
+            c32 = want_c.astype(np.float32)
+            out.append(Check("lstm", f"lstm_unit {gate_order} D={dim}",
+                             lambda a=(h_prev, c_prev, gates), kw=kw: pk.lstm_unit(*a, **kw),
+                             (want_h, want_c), 1e-5, 2e-6))
+            out.append(Check("lstm", f"lstm_unit_backward {gate_order} D={dim}",
+                             lambda a=(c_prev, gates, c32, dh, dc), kw=kw:
+                             pk.lstm_unit_backward(*a, **kw),
+                             reference.lstm_unit_backward(c_prev, gates, c32, dh, dc, **kw),
+                             1e-5, 2e-6))
+    return out
+
+
+_BUILDERS = {"convert": _convert, "embedding": _embedding, "quantized": _quantized, "lstm": _lstm}
+
+
+def checks(families: list[str] | None = None) -> list[Check]:
+    """The checks of the given families (default: all), built from seeded random inputs."""
+    rng = np.random.default_rng(2026)
+    out: list[Check] = []
+    for family in families or FAMILIES:
+        if family not in _BUILDERS:
+            raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+        out.extend(_BUILDERS[family](rng))
+    return out
+
+
+def compare(check: Check, got) -> tuple[bool, str]:
+    """(passed, detail) of one result against its check's reference."""
+    gots = got if isinstance(got, tuple) else (got,)
+    wants = check.expected if isinstance(check.expected, tuple) and not isinstance(
+        check.expected, reference.Expected) else (check.expected,)
+    if check.rtol is None:
+        for g, w in zip(gots, wants):
+            try:
+                reference.assert_same_bits(g, w)
+            except AssertionError as exc:
+                return False, str(exc).splitlines()[0]
+        return True, "bit-exact"
+    try:
+        worst = max(reference.max_excess(g, w, rtol=check.rtol, atol=check.atol)
+                    for g, w in zip(gots, wants))
+    except AssertionError as exc:
+        return False, str(exc)
+    detail = f"max error / tolerance = {worst:.2f} (rtol {check.rtol:g})"
+    return worst <= 1.0, detail
