@@ -265,6 +265,9 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
     cdef int bad_part = 0, kind, idx_bytes = cnp.PyArray_ITEMSIZE(ix)
     cdef pk_status status
     cdef pk_bags probe
+    cdef const float *weights = NULL
+    if w is not None:
+        weights = <const float *>cnp.PyArray_DATA(w)
     if parts == NULL or args == NULL:
         free(parts)
         free(args)
@@ -279,7 +282,7 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
             part.bags.index_64 = idx_bytes == 8
             part.bags.offsets = off + f * B
             part.bags.num_bags = B
-            part.bags.weights = NULL if w is None else <const float *>cnp.PyArray_DATA(w)
+            part.bags.weights = weights
             part.bags.positional = 0
             part.bags.mean = 1 if mean_f[f] else 0
             part.bags.padding_idx = pad_values[f]

@@ -25,9 +25,10 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-/* ~10-30 us of pause instructions: longer than a typical gap between the calls of a model's
- * forward pass, much shorter than what would show up as a busy CPU. */
-#define SPIN_ITERATIONS 4000
+/* Pause instructions spun before sleeping: ~5-50 us (a pause is 10-140 cycles depending on the
+ * CPU), about the gap between the kernel calls of a model's forward pass, too short to show up as
+ * a busy CPU. */
+#define SPIN_ITERATIONS 1000
 
 typedef struct pool {
     pthread_mutex_t lock;
