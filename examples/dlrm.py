@@ -1,0 +1,263 @@
+"""DLRM in plain PyTorch, then the same model after ``perfkernels.torch.convert``.
+
+The model is the DLRM of Naumov et al. (2019): a bottom MLP 13-512-256-64 on the dense features,
+26 embedding tables (Criteo Kaggle's cardinalities, capped by ``--max-rows``) of dimension 64 on
+the sparse features, pairwise dot-product interaction, and a top MLP 512-256-1.  Data are
+synthetic and Criteo-shaped: 13 log-normal dense features, 26 sparse features with Zipf-distributed
+indices (a few hot rows, a long cold tail), ``--bag-size`` indices per feature, random labels.
+
+What it does:
+
+1. trains the stock model and a converted copy on the same batches (SGD, sparse embedding
+   gradients) and checks that the two loss curves agree;
+2. runs batched inference with float32, float16 and 8-bit tables, stock PyTorch (torch's
+   quantized EmbeddingBag for 8-bit) against the converted model, checks that the predictions
+   agree and prints the time per batch, end to end and for the embedding stage.
+
+    python examples/dlrm.py                       # batch 2048, tables capped at 1M rows
+    python examples/dlrm.py --max-rows 1000 --batch 64 --train-steps 20 --infer-batches 3
+    python examples/dlrm.py --plot dlrm.png       # also draw the time breakdown
+
+Both sides use PyTorch's default thread count.  The converted model differs from the stock one by
+one line: ``model = perfkernels.torch.convert(model)``.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+import warnings
+
+import numpy as np
+import torch
+from torch import nn
+
+import perfkernels.torch as pt
+
+#: Criteo Kaggle (Display Advertising Challenge) cardinalities of the 26 categorical features
+CRITEO_KAGGLE_ROWS = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
+                      3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
+                      142572]
+
+
+def mlp(sizes: list[int], last_sigmoid: bool = False) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        layers.append(nn.Sigmoid() if last_sigmoid and i == len(sizes) - 2 else nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    """Bottom MLP, one EmbeddingBag per sparse feature, dot interaction, top MLP."""
+
+    def __init__(self, table_rows: list[int], dim: int = 64, sparse: bool = True) -> None:
+        super().__init__()
+        self.bottom = mlp([13, 512, 256, dim])
+        self.tables = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=sparse)
+                                    for n in table_rows)
+        for t in self.tables:   # DLRM's initialisation: uniform(+-sqrt(1/rows))
+            nn.init.uniform_(t.weight, -np.sqrt(1 / t.num_embeddings),
+                             np.sqrt(1 / t.num_embeddings))
+        f = len(table_rows) + 1
+        self.top = mlp([dim + f * (f - 1) // 2, 512, 256, 1], last_sigmoid=True)
+        rows, cols = torch.tril_indices(f, f, offset=-1)
+        self.register_buffer("pairs", rows * f + cols, persistent=False)
+
+    def embed(self, indices: list[torch.Tensor], offsets: list[torch.Tensor]) -> list[torch.Tensor]:
+        # .float(): a no-op for float32 tables, the cast back for torch's float16 tables
+        return [t(i, o).float() for t, i, o in zip(self.tables, indices, offsets)]
+
+    def interact(self, x: torch.Tensor, ly: list[torch.Tensor]) -> torch.Tensor:
+        t = torch.stack([x] + ly, dim=1)                        # [B, F, D]
+        z = torch.bmm(t, t.transpose(1, 2)).flatten(1)          # [B, F * F]
+        return torch.cat([x, z[:, self.pairs]], dim=1)
+
+    def forward(self, dense: torch.Tensor, indices: list[torch.Tensor],
+                offsets: list[torch.Tensor]) -> torch.Tensor:
+        x = self.bottom(dense)
+        return self.top(self.interact(x, self.embed(indices, offsets))).squeeze(1)
+
+
+def make_batches(table_rows: list[int], batch: int, bag_size: int, count: int, seed: int,
+                 zipf_a: float = 1.1) -> list[tuple]:
+    """Criteo-shaped synthetic batches: (dense [B, 13], indices per table, offsets per table,
+    labels).  Indices are Zipf-distributed over each table, hot rows scattered by a fixed
+    permutation-like hash so that they are not all at the start of the table."""
+    rng = np.random.default_rng(seed)
+    offsets = torch.arange(0, batch * bag_size, bag_size)
+    out = []
+    for _ in range(count):
+        dense = torch.from_numpy(np.log1p(rng.lognormal(0, 1, (batch, 13))).astype(np.float32))
+        indices = []
+        for rows in table_rows:
+            z = rng.zipf(zipf_a, batch * bag_size) - 1
+            indices.append(torch.from_numpy((z * 2654435761) % rows))
+        labels = torch.from_numpy((rng.random(batch) < 0.25).astype(np.float32))
+        out.append((dense, indices, [offsets] * len(table_rows), labels))
+    return out
+
+
+def train(model: nn.Module, batches: list[tuple], lr: float, desc: str) -> tuple[list[float], float]:
+    """SGD on the BCE loss; returns the loss curve and the median seconds per step."""
+    from tqdm import tqdm
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    loss_fn = nn.BCELoss()
+    losses, times = [], []
+    model.train()
+    for dense, ix, off, y in tqdm(batches, desc=desc, file=sys.stderr, leave=False):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(dense, ix, off), y)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    return losses, float(np.median(times[1:] or times))
+
+
+def time_inference(models: dict[str, nn.Module], batches: list[tuple], repeat: int
+                   ) -> dict[str, dict[str, float]]:
+    """Median seconds per batch of each model, end to end and for the embedding stage, sampled
+    in turn (one batch each per round) so that machine noise hits all alike."""
+    samples = {name: {"total": [], "embedding": []} for name in models}
+    with torch.inference_mode():
+        for m in models.values():                 # warm-up
+            m.eval()
+            m(*batches[0][:3])
+        for _ in range(repeat):
+            for dense, ix, off, _ in batches:
+                for name, m in models.items():
+                    t0 = time.perf_counter()
+                    m.embed(ix, off)
+                    t1 = time.perf_counter()
+                    m(dense, ix, off)
+                    t2 = time.perf_counter()
+                    samples[name]["embedding"].append(t1 - t0)
+                    samples[name]["total"].append(t2 - t1)
+    return {name: {k: float(np.median(v)) for k, v in s.items()} for name, s in samples.items()}
+
+
+def torch_quantized(model: DLRM) -> DLRM:
+    """Stock PyTorch's 8-bit tables: torch.ao.nn.quantized.EmbeddingBag (weight-only,
+    float_qparams), as ``torch.ao.quantization.convert`` would build them."""
+    from torch.ao.nn.quantized import EmbeddingBag as QEmbeddingBag
+    from torch.ao.quantization.qconfig import float_qparams_weight_only_qconfig
+    q = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # torch's deprecation notice for quantized tensors
+        for i, t in enumerate(q.tables):
+            t.qconfig = float_qparams_weight_only_qconfig
+            q.tables[i] = QEmbeddingBag.from_float(t)
+    return q
+
+
+def half_tables(model: DLRM) -> DLRM:
+    """Stock PyTorch with float16 tables (outputs cast back to float32 in embed())."""
+    h = copy.deepcopy(model)
+    for t in h.tables:
+        t.weight.data = t.weight.data.half()
+    return h
+
+
+def run(args: argparse.Namespace) -> dict:
+    """The whole comparison; returns the measurements (also used by `perfkernels bench`)."""
+    torch.manual_seed(args.seed)
+    table_rows = [min(n, args.max_rows) for n in CRITEO_KAGGLE_ROWS]
+    stock = DLRM(table_rows, args.dim)
+    result: dict = {"table_rows": table_rows}
+
+    # ---- training: the same batches through both, loss curves must agree
+    if args.train_steps:
+        batches = make_batches(table_rows, args.batch, args.bag_size, args.train_steps, args.seed)
+        ours = pt.convert(copy.deepcopy(stock))
+        loss_t, step_t = train(stock, batches, args.lr, "train torch")
+        loss_o, step_o = train(ours, batches, args.lr, "train perfkernels")
+        diff = float(np.max(np.abs(np.array(loss_t) - np.array(loss_o))))
+        result["train"] = {"torch_s": step_t, "ours_s": step_o, "max_loss_diff": diff,
+                           "loss_first": loss_t[0], "loss_last": loss_t[-1]}
+        print(f"training, {args.train_steps} steps: loss {loss_t[0]:.4f} -> {loss_t[-1]:.4f}; "
+              f"max |loss torch - loss perfkernels| = {diff:.2e}")
+        print(f"  time per step: torch {step_t * 1e3:.1f} ms, perfkernels {step_o * 1e3:.1f} ms "
+              f"({step_t / step_o:.2f}x)")
+        if diff > args.loss_tol:
+            raise SystemExit(f"loss curves differ by {diff:.2e} > {args.loss_tol}")
+
+    # ---- inference: float32, float16 and 8-bit tables
+    batches = make_batches(table_rows, args.batch, args.bag_size, args.infer_batches,
+                           args.seed + 1)
+    variants = {
+        "float32": (stock, pt.convert(stock)),
+        "float16": (half_tables(stock), pt.convert(stock, dtype=torch.float16)),
+        "8-bit": (torch_quantized(stock), pt.convert(stock, bits=8)),
+    }
+    result["infer"] = {}
+    print(f"\ninference, batch {args.batch}, {len(table_rows)} tables x {args.dim} "
+          f"(max {max(table_rows):,} rows), bag size {args.bag_size}, "
+          f"torch threads {torch.get_num_threads()}:")
+    print(f"{'tables':<9}{'torch ms':>10}{'ours ms':>10}{'speedup':>9}"
+          f"{'emb torch':>11}{'emb ours':>10}{'emb x':>7}{'max |dp|':>11}")
+    for name, (ref, conv) in variants.items():
+        with torch.inference_mode():
+            p_ref = torch.cat([ref(*b[:3]) for b in batches])
+            p_conv = torch.cat([conv(*b[:3]) for b in batches])
+        dp = float((p_ref - p_conv).abs().max())
+        tol = args.pred_tol if name != "float16" else 10 * args.pred_tol
+        t = time_inference({"torch": ref, "ours": conv}, batches, args.repeat)
+        result["infer"][name] = {"torch": t["torch"], "ours": t["ours"], "max_pred_diff": dp}
+        print(f"{name:<9}{t['torch']['total'] * 1e3:>10.2f}{t['ours']['total'] * 1e3:>10.2f}"
+              f"{t['torch']['total'] / t['ours']['total']:>8.2f}x"
+              f"{t['torch']['embedding'] * 1e3:>11.2f}{t['ours']['embedding'] * 1e3:>10.2f}"
+              f"{t['torch']['embedding'] / t['ours']['embedding']:>6.2f}x{dp:>11.2e}")
+        if dp > tol:
+            raise SystemExit(f"{name}: predictions differ by {dp:.2e} > {tol}")
+    if args.plot:
+        plot(result, args.plot)
+    return result
+
+
+def plot(result: dict, path: str) -> None:
+    """Stacked bars: embedding stage and the rest (MLPs, interaction) per variant and side."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels, emb, rest = [], [], []
+    for name, r in result["infer"].items():
+        for side in ("torch", "ours"):
+            labels.append(f"{name}\n{'torch' if side == 'torch' else 'perfkernels'}")
+            emb.append(r[side]["embedding"] * 1e3)
+            rest.append(max(r[side]["total"] - r[side]["embedding"], 0) * 1e3)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(labels, emb, label="embedding stage")
+    ax.bar(labels, rest, bottom=emb, label="MLPs + interaction")
+    ax.set_ylabel("ms per batch")
+    ax.set_title("DLRM inference time per batch")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"plot written to {path}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=2048)
+    p.add_argument("--max-rows", type=int, default=1_000_000, help="cap on rows per table")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--bag-size", type=int, default=10,
+                   help="indices per sparse feature and sample (DLRM's "
+                        "--num-indices-per-lookup; 1 is Criteo's one-hot)")
+    p.add_argument("--train-steps", type=int, default=200)
+    p.add_argument("--infer-batches", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=3, help="timed passes over the batches")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loss-tol", type=float, default=1e-4)
+    p.add_argument("--pred-tol", type=float, default=1e-4)
+    p.add_argument("--plot", metavar="PATH", help="save the time breakdown as an image")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    run(parse_args())

@@ -1,0 +1,42 @@
+"""perfkernels.torch: perfkernels' kernels as drop-in PyTorch modules (``pip install
+perfkernels[torch]``).
+
+    import perfkernels.torch
+    model = perfkernels.torch.convert(model)      # every nn.EmbeddingBag now runs on perfkernels
+
+* :class:`EmbeddingBag`, :class:`QuantizedEmbeddingBag`, :class:`EmbeddingBagCollection`:
+  modules with the constructor, ``forward`` and ``state_dict`` of the ones they replace;
+* :func:`convert` swaps them into an existing model; :func:`route_functional` routes
+  ``torch.nn.functional.embedding_bag`` to :func:`embedding_bag`;
+* every kernel is also a ``torch.library`` custom op (``torch.ops.perfkernels.*``) with a fake
+  implementation, so ``torch.compile(fullgraph=True)`` and ``torch.export`` see it; eager calls
+  take a cheaper direct route.
+
+CPU tensors reach the C kernels without a copy; CUDA tensors go to :mod:`perfkernels.cuda`.
+An out-of-range index raises :class:`IndexOutOfRangeError`, both an ``IndexError`` and a
+``RuntimeError``.
+"""
+try:
+    import torch  # noqa: F401
+except ImportError as exc:   # pragma: no cover - exercised only without torch
+    raise ImportError("perfkernels.torch needs PyTorch: pip install 'perfkernels[torch]'") from exc
+
+from ._bridge import IndexOutOfRangeError
+from ._bags import BagBackward
+from ._embedding_bag import EmbeddingBag
+from ._quantized import (QuantizedEmbeddingBag, embedding_bag_2bit_rowwise_offsets,
+                         embedding_bag_4bit_rowwise_offsets, embedding_bag_byte_rowwise_offsets)
+from ._collection import (EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor,
+                          KeyedTensor)
+from ._lstm import LSTMCell, lstm_unit
+from ._convert import ConversionReport, convert, embedding_bag, last_report, route_functional
+
+__all__ = [
+    "IndexOutOfRangeError", "BagBackward",
+    "EmbeddingBag", "QuantizedEmbeddingBag",
+    "embedding_bag_byte_rowwise_offsets", "embedding_bag_4bit_rowwise_offsets",
+    "embedding_bag_2bit_rowwise_offsets",
+    "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor",
+    "LSTMCell", "lstm_unit",
+    "convert", "ConversionReport", "last_report", "embedding_bag", "route_functional",
+]

@@ -1,0 +1,301 @@
+"""Embedding-bag lookups on tensors: the kernel call, its autograd and its ``torch.library`` ops.
+
+Two routes reach the same kernels:
+
+* eager mode calls :func:`lookup` directly (no grad needed) or through :class:`BagFunction`
+  (an ``autograd.Function``, which can return torch's sparse COO gradient); a registered custom
+  op costs ~10 us a call by itself, more than a small lookup;
+* under ``torch.compile`` / ``torch.export`` the modules call the registered ops
+  ``perfkernels::embedding_bag`` and ``perfkernels::embedding_bag_quantized``, whose fake
+  implementations give the output shape and whose autograd gives a dense gradient (a sparse
+  gradient has a data-dependent size and does not trace).
+
+The gradient is written with torch ops (:func:`weight_grad`, :func:`per_sample_weights_grad`), so
+both routes share it and it traces.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+import perfkernels as pk
+
+from ._bridge import IndexOutOfRangeError, as_numpy, cuda_call
+
+MODES = ("sum", "mean")
+
+
+def lookup(table: Tensor, indices: Tensor, offsets: Optional[Tensor],
+           per_sample_weights: Optional[Tensor], mode: str, include_last_offset: bool,
+           padding_idx: Optional[int], bits: int = 0, dim: Optional[int] = None) -> Tensor:
+    """One kernel call: float32 ``[num_bags, D]`` bags of ``table`` (float, or packed rows of
+    ``bits`` bits when ``bits`` is 8/4/2).  CPU tensors are read in place, CUDA tensors go to
+    perfkernels.cuda."""
+    if per_sample_weights is not None and per_sample_weights.dtype is not torch.float32:
+        per_sample_weights = per_sample_weights.float()
+    kwargs = dict(per_sample_weights=per_sample_weights, mode=mode,
+                  include_last_offset=include_last_offset, padding_idx=padding_idx)
+    if table.device.type != "cpu":
+        if bits:
+            return cuda_call("embedding_bag_quantized", table.detach(), indices, offsets,
+                             bits=bits, dim=dim, **kwargs)
+        return cuda_call("embedding_bag", table.detach(), indices, offsets, **kwargs)
+    if per_sample_weights is not None:
+        kwargs["per_sample_weights"] = as_numpy(per_sample_weights)
+    ix = as_numpy(indices)
+    off = None if offsets is None else as_numpy(offsets)
+    try:
+        if bits:
+            out = pk.embedding_bag_quantized(as_numpy(table), ix, off, bits=bits, dim=dim, **kwargs)
+        else:
+            out = pk.embedding_bag(as_numpy(table), ix, off, **kwargs)
+    except IndexError as exc:
+        raise IndexOutOfRangeError(str(exc)) from None
+    return torch.from_numpy(out)
+
+
+# --------------------------------------------------------------------------- gradient formulas
+
+def bag_of_entries(indices: Tensor, offsets: Optional[Tensor], include_last_offset: bool
+                   ) -> tuple[Tensor, int]:
+    """The bag number of every (flattened) index entry, and the number of bags."""
+    n = indices.numel()
+    if indices.dim() == 2:
+        num_bags, length = indices.shape
+        return torch.arange(num_bags, device=indices.device).repeat_interleave(length), num_bags
+    num_bags = offsets.numel() - 1 if include_last_offset else offsets.numel()
+    # A 1 where each bag (after the first) starts, then a running sum: O(n), unlike
+    # repeat_interleave on CPU; empty bags add several marks at one place, trailing ones land on
+    # the extra last slot.
+    marks = torch.zeros(n + 1, dtype=torch.int64, device=indices.device)
+    starts = offsets[1:num_bags].long()
+    marks.index_add_(0, starts, torch.ones_like(starts))
+    bag = marks[:n].cumsum(0)
+    return bag, num_bags
+
+
+def entry_scales(indices: Tensor, bag: Tensor, num_bags: int, mode: str,
+                 padding_idx: Optional[int], rows: int) -> Optional[Tensor]:
+    """Per entry: 0 for padding entries, 1 / count for mode "mean" (count = the bag's non-padding
+    entries), else 1; None when every factor is 1."""
+    scale = None
+    if padding_idx is not None:
+        scale = (indices.reshape(-1) != padding_idx % rows).float()
+    if mode == "mean":
+        counted = scale if scale is not None else torch.ones(bag.shape[0], device=bag.device)
+        count = torch.zeros(num_bags, device=bag.device).index_add_(0, bag, counted)
+        inv = (1.0 / count.clamp(min=1.0)).index_select(0, bag)
+        scale = inv if scale is None else scale * inv
+    return scale
+
+
+@dataclass
+class BagBackward:
+    """What the weight gradient of one lookup depends on (handed to a custom weight backward)."""
+    grad_output: Tensor            # [num_bags, D], the gradient of the bags
+    indices: Tensor                # flattened entries, int32 or int64
+    entry_grads: Tensor            # [n, D] float32: the gradient of each entry's row
+    rows: int
+    dtype: torch.dtype             # the table's dtype
+
+
+def entry_gradients(grad_output: Tensor, indices: Tensor, offsets: Optional[Tensor],
+                    per_sample_weights: Optional[Tensor], mode: str, include_last_offset: bool,
+                    padding_idx: Optional[int], rows: int) -> Tensor:
+    """d loss / d weight[indices[j]] for every entry j: ``scale_j * w_j * grad_output[bag(j)]``
+    in float32 (padding entries give zero rows)."""
+    bag, num_bags = bag_of_entries(indices, offsets, include_last_offset)
+    g = grad_output.float().index_select(0, bag)
+    scale = entry_scales(indices, bag, num_bags, mode, padding_idx, rows)
+    if per_sample_weights is not None:
+        psw = per_sample_weights.reshape(-1).float()
+        scale = psw if scale is None else scale * psw
+    return g if scale is None else g * scale.unsqueeze(1)
+
+
+def dense_weight_grad(b: BagBackward) -> Tensor:
+    """torch's dense EmbeddingBag gradient: entry rows summed into a zero table (float32, then
+    the table's dtype)."""
+    d = b.entry_grads.shape[1]
+    g = torch.zeros(b.rows, d, dtype=torch.float32, device=b.entry_grads.device)
+    g.index_add_(0, b.indices.reshape(-1), b.entry_grads)
+    return g.to(b.dtype)
+
+
+def sparse_weight_grad(b: BagBackward, padding_idx: Optional[int]) -> Tensor:
+    """torch's ``sparse=True`` gradient: an uncoalesced COO tensor, one row per non-padding entry
+    in entry order."""
+    ix = b.indices.reshape(-1).long()
+    values = b.entry_grads
+    if padding_idx is not None:
+        keep = ix != padding_idx % b.rows
+        ix, values = ix[keep], values[keep]
+    return torch.sparse_coo_tensor(ix.unsqueeze(0), values.to(b.dtype),
+                                   (b.rows, values.shape[1]), is_coalesced=False,
+                                   check_invariants=False)
+
+
+def per_sample_weights_grad(grad_output: Tensor, weight: Tensor, indices: Tensor,
+                            offsets: Optional[Tensor], mode: str, include_last_offset: bool,
+                            padding_idx: Optional[int], dtype: torch.dtype) -> Tensor:
+    """d loss / d w_j = scale_j * <grad_output[bag(j)], weight[indices[j]]>."""
+    bag, num_bags = bag_of_entries(indices, offsets, include_last_offset)
+    rows = weight.shape[0]
+    flat = indices.reshape(-1)
+    dots = (grad_output.float().index_select(0, bag)
+            * weight.detach().index_select(0, flat.long()).float()).sum(1)
+    scale = entry_scales(indices, bag, num_bags, mode, padding_idx, rows)
+    if scale is not None:
+        dots = dots * scale
+    return dots.reshape(indices.shape).to(dtype)
+
+
+# --------------------------------------------------------------------------- eager autograd
+
+#: A replacement for the weight gradient: receives the :class:`BagBackward` of a lookup and
+#: returns the weight's gradient, or None when it has consumed it (a fused optimizer that updates
+#: the table during backward).
+WeightBackward = Callable[[BagBackward], Optional[Tensor]]
+
+
+class BagSpec(NamedTuple):
+    """The options of one lookup that are not tensors."""
+    mode: str
+    include_last_offset: bool
+    padding_idx: Optional[int]
+    sparse: bool = False
+    weight_backward: Optional[WeightBackward] = None
+
+
+class BagFunction(torch.autograd.Function):
+    """Eager lookup with autograd: torch's dense or sparse COO weight gradient, the gradient of
+    ``per_sample_weights``, or a custom :data:`WeightBackward`."""
+
+    @staticmethod
+    def forward(ctx, weight: Tensor, per_sample_weights: Optional[Tensor], indices: Tensor,
+                offsets: Optional[Tensor], spec: BagSpec) -> Tensor:
+        out = lookup(weight, indices, offsets, per_sample_weights, spec.mode,
+                     spec.include_last_offset, spec.padding_idx)
+        psw_grad = per_sample_weights is not None and ctx.needs_input_grad[1]
+        ctx.save_for_backward(weight if psw_grad else None, per_sample_weights, indices, offsets)
+        ctx.spec = spec
+        ctx.rows, ctx.dtype = weight.shape[0], weight.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        weight, psw, indices, offsets = ctx.saved_tensors
+        spec: BagSpec = ctx.spec
+        grad_weight = grad_psw = None
+        if ctx.needs_input_grad[0]:
+            b = BagBackward(grad_output, indices,
+                            entry_gradients(grad_output, indices, offsets, psw, spec.mode,
+                                            spec.include_last_offset, spec.padding_idx, ctx.rows),
+                            ctx.rows, ctx.dtype)
+            if spec.weight_backward is not None:
+                grad_weight = spec.weight_backward(b)
+            elif spec.sparse:
+                grad_weight = sparse_weight_grad(b, spec.padding_idx)
+            else:
+                grad_weight = dense_weight_grad(b)
+        if ctx.needs_input_grad[1]:
+            grad_psw = per_sample_weights_grad(grad_output, weight, indices, offsets, spec.mode,
+                                               spec.include_last_offset, spec.padding_idx,
+                                               psw.dtype)
+        return grad_weight, grad_psw, None, None, None
+
+
+# --------------------------------------------------------------------------- registered ops
+
+@torch.library.custom_op("perfkernels::embedding_bag", mutates_args=())
+def embedding_bag_op(weight: Tensor, indices: Tensor, offsets: Optional[Tensor],
+                     per_sample_weights: Optional[Tensor], mode: str,
+                     include_last_offset: bool, padding_idx: Optional[int]) -> Tensor:
+    """Float-table bags as a registered op (what torch.compile and torch.export see)."""
+    return lookup(weight, indices, offsets, per_sample_weights, mode, include_last_offset,
+                  padding_idx)
+
+
+def _num_bags(indices: Tensor, offsets: Optional[Tensor], include_last_offset: bool):
+    if indices.dim() == 2:
+        return indices.shape[0]
+    torch._check(offsets is not None, lambda: "1-D indices need offsets")
+    return offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+
+
+@embedding_bag_op.register_fake
+def _embedding_bag_fake(weight, indices, offsets, per_sample_weights, mode, include_last_offset,
+                        padding_idx):
+    return weight.new_empty((_num_bags(indices, offsets, include_last_offset), weight.shape[1]),
+                            dtype=torch.float32)
+
+
+def _embedding_bag_setup(ctx, inputs, output):
+    weight, indices, offsets, psw, mode, include_last_offset, padding_idx = inputs
+    ctx.save_for_backward(weight, indices, offsets, psw)
+    ctx.options = (mode, include_last_offset, padding_idx)
+
+
+def _embedding_bag_backward(ctx, grad_output):
+    weight, indices, offsets, psw = ctx.saved_tensors
+    mode, include_last_offset, padding_idx = ctx.options
+    grad_weight = grad_psw = None
+    if ctx.needs_input_grad[0]:
+        grad_weight = dense_weight_grad(BagBackward(
+            grad_output, indices,
+            entry_gradients(grad_output, indices, offsets, psw, mode, include_last_offset,
+                            padding_idx, weight.shape[0]),
+            weight.shape[0], weight.dtype))
+    if ctx.needs_input_grad[3]:
+        grad_psw = per_sample_weights_grad(grad_output, weight, indices, offsets, mode,
+                                           include_last_offset, padding_idx, psw.dtype)
+    return grad_weight, None, None, grad_psw, None, None, None
+
+
+embedding_bag_op.register_autograd(_embedding_bag_backward, setup_context=_embedding_bag_setup)
+
+
+@torch.library.custom_op("perfkernels::embedding_bag_quantized", mutates_args=())
+def embedding_bag_quantized_op(packed: Tensor, indices: Tensor, offsets: Optional[Tensor],
+                               per_sample_weights: Optional[Tensor], mode: str,
+                               include_last_offset: bool, padding_idx: Optional[int], bits: int,
+                               dim: int) -> Tensor:
+    """Bags of a row-wise quantized table (packed uint8 rows) as a registered op."""
+    return lookup(packed, indices, offsets, per_sample_weights, mode, include_last_offset,
+                  padding_idx, bits, dim)
+
+
+@embedding_bag_quantized_op.register_fake
+def _embedding_bag_quantized_fake(packed, indices, offsets, per_sample_weights, mode,
+                                  include_last_offset, padding_idx, bits, dim):
+    return packed.new_empty((_num_bags(indices, offsets, include_last_offset), dim),
+                            dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------- one entry point
+
+def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
+                per_sample_weights: Optional[Tensor], spec: BagSpec,
+                output_dtype: Optional[torch.dtype] = None,
+                cpu_no_grad: Optional[Callable[..., Tensor]] = None) -> Tensor:
+    """A float-table lookup by the cheapest route that keeps autograd and tracing right.
+
+    ``cpu_no_grad(input, offsets, per_sample_weights)``, when given, replaces :func:`lookup` for
+    CPU calls that need no gradient (the modules pass one that reuses a cached weight view)."""
+    if torch.compiler.is_compiling():
+        out = torch.ops.perfkernels.embedding_bag(weight, input, offsets, per_sample_weights,
+                                                  spec.mode, spec.include_last_offset,
+                                                  spec.padding_idx)
+    elif torch.is_grad_enabled() and (weight.requires_grad or (
+            per_sample_weights is not None and per_sample_weights.requires_grad)):
+        out = BagFunction.apply(weight, per_sample_weights, input, offsets, spec)
+    elif cpu_no_grad is not None and weight.device.type == "cpu":
+        out = cpu_no_grad(input, offsets, per_sample_weights)
+    else:
+        out = lookup(weight, input, offsets, per_sample_weights, spec.mode,
+                     spec.include_last_offset, spec.padding_idx)
+    dtype = output_dtype or weight.dtype
+    return out if dtype is torch.float32 else out.to(dtype)

@@ -1,0 +1,98 @@
+"""Tensors in, tensors out: the thin layer between PyTorch tensors and the NumPy / CuPy kernels.
+
+CPU tensors are handed to the C kernels as NumPy views of the same memory (``Tensor.numpy()``
+shares the buffer; bfloat16, which NumPy lacks, is viewed as int16 bits and re-labelled
+``ml_dtypes.bfloat16``).  Results come back through ``torch.from_numpy`` (no copy).  CUDA tensors
+go to :mod:`perfkernels.cuda` (read through DLPack without a copy) on PyTorch's current stream,
+and its CuPy results come back through DLPack.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+import torch
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class IndexOutOfRangeError(IndexError, RuntimeError):
+    """An index outside ``[0, rows)`` reached an embedding lookup.
+
+    It is both an :class:`IndexError` (what perfkernels' NumPy API raises) and a
+    :class:`RuntimeError` (what PyTorch raises for the same mistake), so code written for either
+    catches it.  The message names the position and the value, e.g.
+    ``indices[17] = 1000000 is out of range for a table of 1000 rows``; nothing was written.
+    """
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor's memory (no copy), bfloat16 as ``ml_dtypes.bfloat16``."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype is torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_BF16)
+    return t.numpy()
+
+
+def as_numpy_or_none(t: torch.Tensor | None) -> np.ndarray | None:
+    return None if t is None else as_numpy(t)
+
+
+def translate_errors(fn: Callable) -> Callable:
+    """Re-raise the kernels' IndexError as :class:`IndexOutOfRangeError` (same message)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except IndexOutOfRangeError:
+            raise
+        except IndexError as exc:
+            raise IndexOutOfRangeError(str(exc)) from None
+    return wrapper
+
+
+@contextlib.contextmanager
+def _torch_stream():
+    """Run CuPy work on PyTorch's current CUDA stream, so the two stay ordered."""
+    import cupy
+    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        yield
+
+
+def cuda_call(fn_name: str, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Call ``perfkernels.cuda.<fn_name>`` on CUDA tensors; the CuPy result as a tensor (no copy)."""
+    from .. import cuda as pk_cuda
+    if not pk_cuda.is_available():
+        raise RuntimeError(f"CUDA tensors need perfkernels.cuda, which cannot run here: "
+                           f"{pk_cuda.unavailable_reason()}")
+    with _torch_stream():
+        try:
+            result = getattr(pk_cuda, fn_name)(*args, **kwargs)
+        except IndexError as exc:
+            raise IndexOutOfRangeError(str(exc)) from None
+    if isinstance(result, tuple):
+        return tuple(torch.from_dlpack(r) for r in result)
+    return torch.from_dlpack(result)
+
+
+class TableViewCache:
+    """Mixin for modules holding one table: a NumPy view of it, re-made only when the tensor
+    object, its memory or its shape changes (``tensor.numpy()`` costs about a microsecond a call,
+    as much as a tiny lookup).  The view is never pickled or deep-copied."""
+
+    _np_view: tuple | None = None
+
+    def _table_array(self, t: torch.Tensor) -> np.ndarray:
+        view = self._np_view
+        if view is None or view[0] is not t or view[1] != t.data_ptr() or view[2] != t.shape:
+            view = self._np_view = (t, t.data_ptr(), t.shape, as_numpy(t))
+        return view[3]
+
+    def __getstate__(self):
+        state = dict(super().__getstate__())
+        state.pop("_np_view", None)
+        return state

@@ -1,0 +1,200 @@
+"""perfkernels.torch.EmbeddingBagCollection: many tables, TorchRec's jagged input and pooled output.
+
+TorchRec is never required: :class:`KeyedJaggedTensor` and :class:`KeyedTensor` here carry the
+same layout (and the methods of TorchRec's classes that a model uses); a real
+``torchrec.KeyedJaggedTensor`` is accepted too.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from . import _bags
+from ._embedding_bag import EmbeddingBag
+
+
+@dataclass
+class EmbeddingBagConfig:
+    """One table of a collection (the fields of ``torchrec.EmbeddingBagConfig`` that matter here;
+    a torchrec config object is accepted wherever this one is)."""
+    num_embeddings: int
+    embedding_dim: int
+    name: str = ""
+    feature_names: list = field(default_factory=list)
+    pooling: Any = "sum"                   # "sum" / "mean" or torchrec's PoolingType
+    weight_init_max: Optional[float] = None
+    weight_init_min: Optional[float] = None
+    data_type: Any = None                  # a torch dtype (or torchrec DataType FP32/FP16)
+
+
+def _pooling_mode(pooling: Any) -> str:
+    name = getattr(pooling, "name", pooling)
+    mode = str(name).lower()
+    if mode not in ("sum", "mean"):
+        raise ValueError(f"pooling must be sum or mean; got {pooling!r}")
+    return mode
+
+
+def _table_dtype(data_type: Any) -> Optional[torch.dtype]:
+    if data_type is None or isinstance(data_type, torch.dtype):
+        return data_type
+    name = str(getattr(data_type, "name", data_type)).upper()
+    return {"FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}.get(name)
+
+
+class KeyedJaggedTensor:
+    """Jagged sparse features in TorchRec's layout: the ``values`` of every key back to back,
+    ``lengths[f * B + b]`` values for key f and sample b (or ``offsets``, F * B + 1 entries), and
+    optional per-value ``weights``."""
+
+    def __init__(self, keys: Sequence[str], values: Tensor, weights: Optional[Tensor] = None,
+                 lengths: Optional[Tensor] = None, offsets: Optional[Tensor] = None) -> None:
+        if (lengths is None) == (offsets is None):
+            raise ValueError("give lengths or offsets (one of them)")
+        self._keys = list(keys)
+        self._values = values
+        self._weights = weights
+        self._lengths = lengths
+        self._offsets = offsets
+
+    @classmethod
+    def from_lengths_sync(cls, keys, values, lengths, weights=None) -> "KeyedJaggedTensor":
+        return cls(keys, values, weights=weights, lengths=lengths)
+
+    def keys(self) -> list:
+        return self._keys
+
+    def values(self) -> Tensor:
+        return self._values
+
+    def weights_or_none(self) -> Optional[Tensor]:
+        return self._weights
+
+    def lengths(self) -> Tensor:
+        if self._lengths is None:
+            self._lengths = self._offsets[1:] - self._offsets[:-1]
+        return self._lengths
+
+    def offsets(self) -> Tensor:
+        if self._offsets is None:
+            lengths = self._lengths
+            self._offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+        return self._offsets
+
+    def stride(self) -> int:
+        """The batch size B."""
+        n = (self._lengths.numel() if self._lengths is not None else self._offsets.numel() - 1)
+        return n // max(len(self._keys), 1)
+
+
+class KeyedTensor:
+    """Pooled embeddings in TorchRec's layout: ``values()`` is ``[B, sum of dims]``, key k's
+    columns at ``offset_per_key()[k]``."""
+
+    def __init__(self, keys: Sequence[str], length_per_key: Sequence[int], values: Tensor) -> None:
+        self._keys = list(keys)
+        self._length_per_key = list(length_per_key)
+        self._values = values
+
+    def keys(self) -> list:
+        return self._keys
+
+    def values(self) -> Tensor:
+        return self._values
+
+    def length_per_key(self) -> list:
+        return self._length_per_key
+
+    def offset_per_key(self) -> list:
+        out = [0]
+        for n in self._length_per_key:
+            out.append(out[-1] + n)
+        return out
+
+    def to_dict(self) -> dict:
+        return dict(zip(self._keys, torch.split(self._values, self._length_per_key, dim=1)))
+
+    def __getitem__(self, key: str) -> Tensor:
+        i = self._keys.index(key)
+        start = sum(self._length_per_key[:i])
+        return self._values[:, start:start + self._length_per_key[i]]
+
+
+class EmbeddingBagCollection(torch.nn.Module):
+    """TorchRec-style collection of pooled embedding tables on perfkernels' kernels.
+
+    ``EmbeddingBagCollection(tables, is_weighted=False, device=None)`` with one
+    :class:`EmbeddingBagConfig` (or ``torchrec.EmbeddingBagConfig``) per table.  ``forward`` takes
+    a :class:`KeyedJaggedTensor` (or TorchRec's) and returns a :class:`KeyedTensor` whose
+    ``values()`` are the pooled rows of every feature side by side, ``[B, sum of dims]``, in the
+    order of the tables and their ``feature_names``.  The parameters are
+    ``embedding_bags.<table name>.weight``, as in TorchRec's unsharded collection, so its
+    ``state_dict`` loads unchanged.  Gradients: each table's ``sparse`` setting (dense by
+    default; set ``module.embedding_bags[name].sparse = True`` for COO gradients).
+    """
+
+    def __init__(self, tables: Sequence[Any], is_weighted: bool = False, device=None) -> None:
+        super().__init__()
+        self._is_weighted = is_weighted
+        self._configs = list(tables)
+        self.embedding_bags = torch.nn.ModuleDict()
+        self._feature_table: list[tuple[str, str, int]] = []   # (feature, table, dim)
+        for cfg in self._configs:
+            if cfg.name in self.embedding_bags:
+                raise ValueError(f"two tables are named {cfg.name!r}")
+            bag = EmbeddingBag(cfg.num_embeddings, cfg.embedding_dim,
+                               mode=_pooling_mode(cfg.pooling), include_last_offset=True,
+                               device=device, dtype=_table_dtype(cfg.data_type))
+            bag.output_dtype = torch.float32
+            hi = cfg.weight_init_max
+            lo = cfg.weight_init_min
+            bound = math.sqrt(1.0 / cfg.num_embeddings)
+            with torch.no_grad():
+                bag.weight.uniform_(-bound if lo is None else lo, bound if hi is None else hi)
+            self.embedding_bags[cfg.name] = bag
+            for feature in (cfg.feature_names or [cfg.name]):
+                self._feature_table.append((feature, cfg.name, cfg.embedding_dim))
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def embedding_bag_configs(self) -> list:
+        return self._configs
+
+    def forward(self, features: Any) -> KeyedTensor:
+        """Pooled rows for every feature of every table (KeyedTensor layout)."""
+        keys = list(features.keys())
+        values = features.values()
+        offsets = features.offsets()
+        weights = features.weights_or_none() if self._is_weighted else None
+        num_keys = len(keys)
+        batch = (offsets.numel() - 1) // max(num_keys, 1)
+        position = {k: i for i, k in enumerate(keys)}
+        pooled = []
+        for feature, table, _ in self._feature_table:
+            if feature not in position:
+                raise KeyError(f"feature {feature!r} (table {table!r}) is not in the input; "
+                               f"its keys are {keys}")
+            f = position[feature]
+            pooled.append(self._lookup_feature(self.embedding_bags[table], values, weights,
+                                               offsets[f * batch:(f + 1) * batch + 1]))
+        out = torch.cat(pooled, dim=1) if pooled else values.new_zeros((batch, 0),
+                                                                        dtype=torch.float32)
+        return KeyedTensor([f for f, _, _ in self._feature_table],
+                           [d for _, _, d in self._feature_table], out)
+
+    @staticmethod
+    def _lookup_feature(bag: EmbeddingBag, values: Tensor, weights: Optional[Tensor],
+                        offsets: Tensor) -> Tensor:
+        """One feature's bags: its slice of the values, offsets rebased to 0."""
+        start, end = offsets[0], offsets[-1]
+        if not torch.compiler.is_compiling():
+            start, end = int(start), int(end)
+        seg = values[start:end]
+        w = None if weights is None else weights[start:end]
+        return _bags.bag_forward(bag.weight, seg, offsets - start, w, bag._spec(),
+                                 torch.float32, None)

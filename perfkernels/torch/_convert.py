@@ -1,0 +1,189 @@
+"""convert(model): swap torch's embedding bags for ours; route F.embedding_bag to us."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import _bags
+from ._embedding_bag import EmbeddingBag
+from ._fallback import unsupported_reason, warn_once
+
+log = logging.getLogger("perfkernels.torch")
+
+#: torch's own function, kept so that routing (and our fallbacks) never call ourselves
+_TORCH_EMBEDDING_BAG = F.embedding_bag
+
+
+@dataclass
+class ConversionReport:
+    """What :func:`convert` did: ``swapped`` as (name, old type, new type, note), ``skipped`` as
+    (name, type, reason)."""
+    swapped: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"perfkernels.torch.convert: swapped {len(self.swapped)}, "
+                 f"skipped {len(self.skipped)}"]
+        lines += [f"  swapped {n or '<model>'}: {a} -> {b}{f' ({note})' if note else ''}"
+                  for n, a, b, note in self.swapped]
+        lines += [f"  skipped {n or '<model>'}: {t}: {why}" for n, t, why in self.skipped]
+        return "\n".join(lines)
+
+
+def _torch_ao_embedding_bag():
+    try:
+        from torch.ao.nn.quantized import EmbeddingBag as QEmbeddingBag
+    except ImportError:   # pragma: no cover - torch builds without quantization
+        return None
+    return QEmbeddingBag
+
+
+def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
+              bits: Optional[int], report: ConversionReport) -> Optional[torch.nn.Module]:
+    """Our replacement for one module, or None (with the reason in the report) to leave it."""
+    from ._quantized import QuantizedEmbeddingBag
+    kind = type(module).__name__
+    qtype = _torch_ao_embedding_bag()
+    if type(module) is torch.nn.EmbeddingBag:
+        reason = unsupported_reason(mode=module.mode, max_norm=module.max_norm,
+                                    scale_grad_by_freq=module.scale_grad_by_freq,
+                                    dtype=module.weight.dtype)
+        if reason is not None:
+            report.skipped.append((name, kind, reason))
+            return None
+        if bits is not None:
+            if module.padding_idx is not None:
+                report.skipped.append((name, kind, "padding_idx with a quantized table: torch's "
+                                       "quantized EmbeddingBag has no padding_idx"))
+                return None
+            new = QuantizedEmbeddingBag.from_float(module, bits=bits)
+            report.swapped.append((name, kind, "QuantizedEmbeddingBag", f"{bits}-bit rows"))
+            return new
+        new = EmbeddingBag.from_torch(module, dtype=dtype)
+        note = "" if dtype in (None, module.weight.dtype) else f"weight stored as {dtype}"
+        report.swapped.append((name, kind, "EmbeddingBag",
+                               note or "same weight Parameter"))
+        return new
+    if qtype is not None and type(module) is qtype:
+        new = QuantizedEmbeddingBag.from_torch_ao(module)
+        report.swapped.append((name, kind, "QuantizedEmbeddingBag", f"{new.bits}-bit rows"))
+        return new
+    if isinstance(module, torch.nn.EmbeddingBag) and not isinstance(module, EmbeddingBag):
+        report.skipped.append((name, kind, "a subclass of torch.nn.EmbeddingBag may override "
+                               "forward; only the exact class is swapped"))
+    return None
+
+
+def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
+            bits: Optional[int] = None, inplace: bool = False,
+            verbose: bool = False) -> torch.nn.Module:
+    """Swap every ``torch.nn.EmbeddingBag`` and ``torch.ao.nn.quantized.EmbeddingBag`` in
+    ``model`` for perfkernels' modules; the one-line way to speed up an existing model.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Any model; a bare EmbeddingBag is converted too.
+    dtype : torch.float16 or torch.bfloat16, optional
+        Store float tables in this dtype (half the memory and bandwidth); lookups still
+        accumulate in float32 and return the model's original dtype.
+    bits : 8, 4 or 2, optional
+        Quantize float tables row-wise to this many bits (torch's ``embedding_bag_*_prepack``
+        layout, like ``torch.ao.quantization`` with a float_qparams weight-only config); the
+        result is an inference table (no gradient).
+    inplace : bool
+        False (default): return a new module tree and leave ``model`` as it was; parameters and
+        buffers are shared, never copied (the new EmbeddingBags hold the same weight Parameter,
+        keep ``sparse`` and train/eval mode).  True: swap inside ``model``.
+    verbose : bool
+        Print the report.
+
+    Returns
+    -------
+    The converted model.  ``perfkernels.torch.last_report()`` (and the log at INFO level on the
+    ``perfkernels.torch`` logger) says what was swapped, and what was skipped and why.
+
+    Modules that call ``torch.nn.functional.embedding_bag`` themselves are not swapped: wrap
+    their calls in :func:`route_functional`.
+    """
+    global _last_report
+    if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype must be None, torch.float32, torch.float16 or torch.bfloat16; "
+                         f"got {dtype}")
+    if bits is not None and bits not in (8, 4, 2):
+        raise ValueError(f"bits must be None, 8, 4 or 2; got {bits!r}")
+    if dtype is not None and bits is not None:
+        raise ValueError("give dtype (float16/bfloat16 storage) or bits (quantized rows), "
+                         "not both")
+    if not inplace:
+        # Share every parameter and buffer: only the module objects are new.
+        memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+        model = copy.deepcopy(model, memo)
+    report = ConversionReport()
+    top = _swap_one("", model, dtype, bits, report)
+    if top is not None:
+        model = top
+    else:
+        for name, parent in list(model.named_modules()):
+            for child_name, child in list(parent.named_children()):
+                full = f"{name}.{child_name}" if name else child_name
+                new = _swap_one(full, child, dtype, bits, report)
+                if new is not None:
+                    setattr(parent, child_name, new)
+    for entry in report.swapped:
+        log.info("swapped %s: %s -> %s (%s)", *entry)
+    for entry in report.skipped:
+        log.info("skipped %s: %s: %s", *entry)
+    _last_report = report
+    if verbose:
+        print(report)
+    return model
+
+
+_last_report: Optional[ConversionReport] = None
+
+
+def last_report() -> Optional[ConversionReport]:
+    """The report of the latest :func:`convert` call in this process (None before the first)."""
+    return _last_report
+
+
+def embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor] = None,
+                  max_norm: Optional[float] = None, norm_type: float = 2.0,
+                  scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
+                  per_sample_weights: Optional[Tensor] = None, include_last_offset: bool = False,
+                  padding_idx: Optional[int] = None) -> Tensor:
+    """``torch.nn.functional.embedding_bag`` on perfkernels' kernels (same signature and
+    result; what they don't do runs torch's function with a one-time warning)."""
+    reason = unsupported_reason(mode=mode, max_norm=max_norm,
+                                scale_grad_by_freq=scale_grad_by_freq, dtype=weight.dtype)
+    if reason is not None:
+        warn_once(reason)
+        return _TORCH_EMBEDDING_BAG(input, weight, offsets, max_norm, norm_type,
+                                    scale_grad_by_freq, mode, sparse, per_sample_weights,
+                                    include_last_offset, padding_idx)
+    if padding_idx is not None and padding_idx < 0:
+        padding_idx += weight.shape[0]
+    spec = _bags.BagSpec(mode, include_last_offset, padding_idx, sparse)
+    return _bags.bag_forward(weight, input, offsets, per_sample_weights, spec)
+
+
+@contextlib.contextmanager
+def route_functional() -> Iterator[None]:
+    """Inside this block ``torch.nn.functional.embedding_bag`` runs perfkernels'
+    :func:`embedding_bag` (for code that calls the function itself, such as DLRM's
+    ``QREmbeddingBag``).  Not thread-safe: it patches the module attribute for the whole process
+    while active."""
+    saved = F.embedding_bag
+    F.embedding_bag = embedding_bag
+    try:
+        yield
+    finally:
+        F.embedding_bag = saved

@@ -1,0 +1,94 @@
+"""The LSTM unit (the pointwise part of an LSTM step) as a custom op with autograd, and an
+``LSTMCell`` that uses it (the two matrix products stay torch's)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import perfkernels as pk
+
+from ._bridge import as_numpy, cuda_call
+from ._fallback import warn_once
+
+
+def _unit(name: str, *tensors: Tensor, forget_bias: float):
+    """Run perfkernels.<name> (lstm_unit / lstm_unit_backward) in PyTorch's gate order."""
+    if tensors[0].device.type != "cpu":
+        return cuda_call(name, *tensors, forget_bias=forget_bias, gate_order="ifgo")
+    arrays = [as_numpy(t.contiguous()) for t in tensors]
+    return tuple(torch.from_numpy(a) for a in getattr(pk, name)(
+        *arrays, forget_bias=forget_bias, gate_order="ifgo"))
+
+
+@torch.library.custom_op("perfkernels::lstm_unit", mutates_args=())
+def lstm_unit(c_prev: Tensor, gates: Tensor, forget_bias: float = 0.0) -> tuple[Tensor, Tensor]:
+    """``(h, c)`` of one LSTM step from the pre-activation ``gates`` ``[N, 4D]`` (PyTorch's
+    i, f, g, o order, as ``LSTMCell`` computes them) and ``c_prev`` ``[N, D]``, float32:
+    ``c = sigmoid(f + forget_bias) * c_prev + sigmoid(i) * tanh(g)``, ``h = sigmoid(o) * tanh(c)``.
+    Differentiable in ``c_prev`` and ``gates``."""
+    # the kernel's h_prev only matters for rows past a sequence's end (seq_lengths): unused here
+    return _unit("lstm_unit", c_prev, c_prev, gates, forget_bias=forget_bias)
+
+
+@lstm_unit.register_fake
+def _lstm_unit_fake(c_prev, gates, forget_bias=0.0):
+    return torch.empty_like(c_prev), torch.empty_like(c_prev)
+
+
+@torch.library.custom_op("perfkernels::lstm_unit_backward", mutates_args=())
+def lstm_unit_backward(c_prev: Tensor, gates: Tensor, c: Tensor, dh: Tensor, dc: Tensor,
+                       forget_bias: float = 0.0) -> tuple[Tensor, Tensor]:
+    """``(dc_prev, dgates)`` of :func:`lstm_unit` given the output gradients ``dh``, ``dc``."""
+    _, dc_prev, dgates = _unit("lstm_unit_backward", c_prev, gates, c, dh, dc,
+                               forget_bias=forget_bias)
+    return dc_prev, dgates
+
+
+@lstm_unit_backward.register_fake
+def _lstm_unit_backward_fake(c_prev, gates, c, dh, dc, forget_bias=0.0):
+    return torch.empty_like(c_prev), torch.empty_like(gates)
+
+
+def _setup(ctx, inputs, output):
+    c_prev, gates, forget_bias = inputs
+    ctx.save_for_backward(c_prev, gates, output[1])
+    ctx.forget_bias = forget_bias
+
+
+def _backward(ctx, dh, dc):
+    c_prev, gates, c = ctx.saved_tensors
+    dh = torch.zeros_like(c) if dh is None else dh
+    dc = torch.zeros_like(c) if dc is None else dc
+    dc_prev, dgates = torch.ops.perfkernels.lstm_unit_backward(c_prev, gates, c, dh, dc,
+                                                               ctx.forget_bias)
+    return dc_prev, dgates, None
+
+
+lstm_unit.register_autograd(_backward, setup_context=_setup)
+
+
+class LSTMCell(torch.nn.LSTMCell):
+    """Drop-in :class:`torch.nn.LSTMCell` (a subclass: same constructor, parameters,
+    ``state_dict`` and ``forward``) whose pointwise part is perfkernels' LSTM unit; the two
+    matrix products stay torch's.  Float32 only: other dtypes run torch's cell (warned once)."""
+
+    def forward(self, input: Tensor, hx: Optional[tuple[Tensor, Tensor]] = None
+                ) -> tuple[Tensor, Tensor]:
+        if input.dtype is not torch.float32 or self.weight_ih.dtype is not torch.float32:
+            warn_once(f"LSTMCell in {self.weight_ih.dtype} (the LSTM unit is float32 only)")
+            return super().forward(input, hx)
+        batched = input.dim() == 2
+        if not batched:
+            input = input.unsqueeze(0)
+        if hx is None:
+            zeros = input.new_zeros(input.shape[0], self.hidden_size)
+            hx = (zeros, zeros)
+        elif not batched:
+            hx = (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
+        gates = F.linear(input, self.weight_ih, self.bias_ih) + F.linear(hx[0], self.weight_hh,
+                                                                        self.bias_hh)
+        h, c = torch.ops.perfkernels.lstm_unit(hx[1], gates, 0.0)
+        return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
