@@ -7,7 +7,7 @@ from perfkernels._variants import CONVERSIONS, CONVERT_SIZES
 from perfkernels.benchsuite.convert import _to_torch, make_input
 
 NAMES = [c.name for c in CONVERSIONS]
-SPEC = {c.name: c for c in CONVERSIONS}
+BY_NAME = {c.name: c for c in CONVERSIONS}
 SIZES = sorted(CONVERT_SIZES.values())
 
 
@@ -17,7 +17,7 @@ class Convert:
 
     def setup(self, name, n):
         pk = isa_or_skip()
-        _, src, dst, _ = SPEC[name]
+        _, src, dst, _ = BY_NAME[name]
         self.fn = getattr(pk, name)
         self.x = make_input(src, n)
         self.out = np.empty(n, dtype=dst)
@@ -48,7 +48,7 @@ class ConvertTorch:
 
     def setup(self, name, n):
         torch = torch_or_skip()
-        _, src, _, method = SPEC[name]
+        _, src, _, method = BY_NAME[name]
         self.t = _to_torch(torch, make_input(src, n))
         self.method = method
 

@@ -3,8 +3,10 @@
 info   print the build, the CPU features and the chosen ISA level (show_runtime)
 bench  time every kernel family on its default workload, for every ISA level this CPU runs,
        side by side with NumPy and PyTorch (when installed), single-threaded; prints GB/s and ratios.
-       --scaling: the thread-scaling view instead (ours at 1, 2, ... threads, PyTorch at 1 thread
-       and at its default)
+       ``--family dlrm``: the DLRM example end to end, stock PyTorch against perfkernels.torch
+       .convert(), both at PyTorch's default thread count.
+       ``--scaling``: the thread-scaling view instead (ours at 1, 2, ... threads, PyTorch at 1
+       thread and at its default)
 check  run small inputs of every kernel on every ISA level and compare with perfkernels.reference
 """
 from __future__ import annotations
@@ -271,6 +273,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "check":
         return cmd_check(args)
+
+    if args.family and "dlrm" in args.family:
+        # end to end with PyTorch at its default thread count, so before OMP_NUM_THREADS below
+        from perfkernels.benchsuite import dlrm
+        dlrm.run(args.quick, args.plot)
+        args.family = [f for f in args.family if f != "dlrm"]
+        if not args.family:
+            return 0
 
     import perfkernels
     from perfkernels import _parallel, benchsuite

@@ -56,11 +56,16 @@ cdef extern from "bags_parallel.h":
         const void *args
         int64_t index_cost
         int64_t bag_cost
+        int64_t rows
     pk_status pk_bags_run(const pk_parallel_api *api, int n_threads, const pk_bags_part *parts,
-                          int n_parts, int64_t *bad_pos, int *bad_part) noexcept nogil
+                          int n_parts, int check_first, int64_t *bad_pos,
+                          int *bad_part) noexcept nogil
 
 cdef enum:
     BAGS_SCRATCH = 64   # normalised offsets of calls with < 64 bags live on the caller's stack
+    # calls with fewer output values + indices run with the GIL held, on the calling thread:
+    # releasing and re-taking the GIL would cost more than the kernel
+    TINY_BAGS = 4096
 
 cdef tuple _INDEX_TYPES = (cnp.NPY_INT32, cnp.NPY_INT64, cnp.NPY_LONGLONG, cnp.NPY_INT, cnp.NPY_LONG)
 cdef tuple _FLOAT32_TYPES = (cnp.NPY_FLOAT32,)
@@ -349,7 +354,9 @@ cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, 
 cdef cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int64_t dim,
                              int64_t rows):
     """The array the kernel writes, num_bags x dim float32, pointed to by bags.out: a new one when
-    out is None, else `checked` (out as checked by the caller, or the temporary it needs)."""
+    out is None, else `checked` (out as checked by the caller, or the temporary it needs).  A
+    tiny call that writes the caller's out= directly has its indices checked here; a larger one
+    by run_bags(check_first=True), on the threads that run it."""
     cdef cnp.npy_intp shape[2]
     cdef cnp.ndarray dst
     cdef int64_t bad
@@ -359,7 +366,7 @@ cdef cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int
         dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
     else:
         dst = checked
-        if dst is out:
+        if dst is out and bags.num_bags * dim + bags.n_indices < TINY_BAGS:
             # The kernel writes out= directly, so a bad index must be found before it starts:
             # this pre-scan reads only the index array (n * 4 or 8 bytes, vectorised, then warm in
             # cache for the kernel), much less than a temporary the size of out plus a copy.
@@ -382,9 +389,10 @@ cdef int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, i
 
 
 cdef inline pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args,
-                               int64_t row_bytes, int64_t dim, int n_threads,
-                               int64_t *bad_pos) noexcept nogil:
-    """One table's bags on up to n_threads threads (bags_parallel.h), GIL released by the caller."""
+                               int64_t rows, int64_t row_bytes, int64_t dim, int n_threads,
+                               bint check_first, int64_t *bad_pos) noexcept nogil:
+    """One table's bags on up to n_threads threads (bags_parallel.h), GIL released by the caller.
+    check_first: the kernels write the caller's out=, so every index is checked before they run."""
     cdef pk_bags_part part
     cdef int bad_part = 0
     part.bags = bags[0]
@@ -392,4 +400,5 @@ cdef inline pk_status run_bags(const pk_bags *bags, pk_bags_call call, const voi
     part.args = args
     part.index_cost = row_bytes + (8 if bags.index_64 else 4)
     part.bag_cost = dim * 4 + 8
-    return pk_bags_run(pool, n_threads, &part, 1, bad_pos, &bad_part)
+    part.rows = rows
+    return pk_bags_run(pool, n_threads, &part, 1, check_first, bad_pos, &bad_part)

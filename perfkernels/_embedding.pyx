@@ -179,8 +179,8 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
     cdef const void *data = cnp.PyArray_DATA(table)
     cdef pk_status status
     cdef pk_float_bags_args args
-    if bags.num_bags * dim + bags.n_indices < 4096:
-        # tiny calls: releasing and re-taking the GIL costs more than the kernel
+    cdef bint direct = dst is out   # the kernels write the caller's out=
+    if bags.num_bags * dim + bags.n_indices < TINY_BAGS:
         status = fn(&bags, data, rows, dim, row_stride, &bad)
     else:
         args.fn = fn
@@ -189,7 +189,7 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
         args.dim = dim
         args.row_stride = row_stride
         with nogil:
-            status = run_bags(&bags, pk_float_bags_call, &args,
-                              dim * cnp.PyArray_ITEMSIZE(table), dim, nt, &bad)
+            status = run_bags(&bags, pk_float_bags_call, &args, rows,
+                              dim * cnp.PyArray_ITEMSIZE(table), dim, nt, direct, &bad)
     check_bags_status(&bags, status, bad, rows, "embedding_bag")
     return finish_out(out, dst)

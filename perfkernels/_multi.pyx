@@ -261,10 +261,10 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
     cdef _args *args = <_args *>malloc(F * sizeof(_args))
     cdef pk_bags_part *part
     cdef cnp.ndarray a_
-    cdef int64_t col = 0, bad = -1, start
+    cdef int64_t col = 0, bad = -1
     cdef int bad_part = 0, kind, idx_bytes = cnp.PyArray_ITEMSIZE(ix)
     cdef pk_status status
-    cdef pk_bags probe
+    cdef bint direct = dst is out
     cdef const float *weights = NULL
     if w is not None:
         weights = <const float *>cnp.PyArray_DATA(w)
@@ -290,6 +290,7 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
             part.bags.out_stride = total_d
             part.args = &args[f]
             part.bag_cost = tdims[f] * 4 + 8
+            part.rows = a_.shape[0]
             if kind > 0:
                 args[f].f.fn = (_float_kernels.bag_f32 if kind == cnp.NPY_FLOAT32 else
                                 _float_kernels.bag_f16 if kind == cnp.NPY_FLOAT16 else
@@ -311,19 +312,10 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
                 part.index_cost = a_.shape[1] + idx_bytes
             col += tdims[f]
 
-        if dst is out:
-            # the kernels write the caller's out= directly: find a bad index before they start
-            for f in range(F):
-                start = off[f * B]
-                probe = parts[f].bags
-                probe.indices = <const char *>probe.indices + start * idx_bytes
-                probe.n_indices = off[(f + 1) * B] - start
-                bad = pk_bags_first_bad_index(&probe, (<cnp.ndarray>arrays[f]).shape[0])
-                if bad >= 0:
-                    _raise_bad_index(&parts[f], f, start + bad, start,
-                                     (<cnp.ndarray>arrays[f]).shape[0])
         with nogil:
-            status = pk_bags_run(pool, nt, parts, <int>F, &bad, &bad_part)
+            # check_first: when the kernels write the caller's out=, every index is checked
+            # (on the same threads) before any of them runs
+            status = pk_bags_run(pool, nt, parts, <int>F, direct, &bad, &bad_part)
         if status == PK_ERR_INDEX:
             _raise_bad_index(&parts[bad_part], bad_part, bad, off[bad_part * B],
                              (<cnp.ndarray>arrays[bad_part]).shape[0])

@@ -326,8 +326,8 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
     cdef const pk_quantized_kernels *k = _kernels
     cdef pk_status status
     cdef pk_quantized_bags_args args
-    if bags.num_bags * d + bags.n_indices < 4096:
-        # tiny calls: releasing and re-taking the GIL costs more than the kernel
+    cdef bint direct = dst is out   # the kernels write the caller's out=
+    if bags.num_bags * d + bags.n_indices < TINY_BAGS:
         status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
     else:
         args.fn = k.embedding_bag
@@ -337,6 +337,7 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
         args.row_bytes = row_bytes
         args.dim = d
         with nogil:
-            status = run_bags(&bags, pk_quantized_bags_call, &args, row_bytes, d, nt, &bad)
+            status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, nt,
+                              direct, &bad)
     check_bags_status(&bags, status, bad, rows, "embedding_bag_quantized")
     return finish_out(out, dst)

@@ -311,9 +311,9 @@ def to_table(rng, rows, d, dtype):
 
 
 @pytest.mark.parametrize("dtype", TABLE_DTYPES, ids=["f32", "f16", "bf16"])
-@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("index_dtype", _variants.INDEX_DTYPES, ids=str)
 @pytest.mark.parametrize("d", DIMS)
-@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("mode", _variants.MODES)
 @pytest.mark.parametrize("weighted", [False, True])
 def test_embedding_bag_vs_reference(cp, rng, dtype, index_dtype, d, mode, weighted):
     rows, b = 300, 37
@@ -428,7 +428,7 @@ def test_embedding_bag_errors(cp, rng):
 
 @pytest.mark.parametrize("dtype", TABLE_DTYPES, ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("shape", [(1000, 64, 64, 20), (100_000, 128, 512, 20)])
-@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("mode", _variants.MODES)
 def test_embedding_bag_vs_torch_cuda(cp, rng, dtype, shape, mode):
     torch = needs_torch_cuda()
     rows, d, b, l = shape
@@ -452,7 +452,7 @@ def test_embedding_bag_vs_torch_cuda(cp, rng, dtype, shape, mode):
 
 # -- quantized tables
 
-@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("bits", _variants.BITS)
 @pytest.mark.parametrize("d", (1, 7, 8, 9, 16, 17, 63, 64, 65, 128, 129, 1000))
 @pytest.mark.parametrize("src_dtype", [np.float32, np.float16])
 def test_quantize_rowwise_bit_exact(cp, rng, bits, d, src_dtype):
@@ -468,7 +468,7 @@ def test_quantize_rowwise_bit_exact(cp, rng, bits, d, src_dtype):
     np.testing.assert_allclose(deq, reference.dequantize_rowwise(got, bits, d), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("bits", _variants.BITS)
 def test_quantize_matches_torch_prepack(cp, rng, bits):
     try:
         import torch
@@ -483,9 +483,9 @@ def test_quantize_matches_torch_prepack(cp, rng, bits):
                                   prepack(torch.from_numpy(x)).numpy())
 
 
-@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("bits", _variants.BITS)
 @pytest.mark.parametrize("d", (8, 16, 17, 64, 128, 129, 256))
-@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("mode", _variants.MODES)
 @pytest.mark.parametrize("weighted", [False, True])
 def test_embedding_bag_quantized(cp, rng, bits, d, mode, weighted):
     rows, b = 500, 41
@@ -526,7 +526,7 @@ def test_embedding_bag_quantized_vs_torch(cp, rng):
 
 # -- LSTM unit
 
-@pytest.mark.parametrize("gate_order", ["ifog", "ifgo"])
+@pytest.mark.parametrize("gate_order", _variants.GATE_ORDERS)
 @pytest.mark.parametrize("seq", [False, True])
 @pytest.mark.parametrize("drop_states", [False, True])
 @pytest.mark.parametrize("nd", [(1, 1), (7, 17), (64, 256), (256, 1024)])

@@ -39,7 +39,7 @@ def random_case(rng, D, dtype=None):
     n = int(lens.sum())
     index_dtype = INDEX_DTYPES[rng.integers(2)]
     indices = rng.integers(0, rows, size=n).astype(index_dtype)
-    kw = {"mode": ("sum", "mean")[rng.integers(2)]}
+    kw = {"mode": _variants.MODES[rng.integers(2)]}
     style = rng.integers(4)
     offsets = None
     off_dtype = INDEX_DTYPES[rng.integers(2)]

@@ -208,8 +208,8 @@ def test_backward_matches_torch_autograd(isa, rng, d, opts):
 # ---------------------------------------------------------------------------------------------
 # the vectorised elementwise functions
 
-#: Documented maximum relative errors against float64 (perfkernels/csrc/lstm_vmath.h, the
-#: docstring of perfkernels.lstm_unit), where the exact result is a normal float32.
+#: Bounds on the relative errors against float64 documented for the vectorised functions (the
+#: docstring of perfkernels.lstm_unit, docs/semantics.md), where the exact result is a normal float32.
 MAX_REL = {"exp": 2.5e-7, "sigmoid": 3e-7, "tanh": 3e-7}
 
 EXTREMES = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-30, -1e-30, 1e-8, -1e-8, 0.625, -0.625,

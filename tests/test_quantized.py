@@ -6,7 +6,8 @@ import pytest
 
 import perfkernels as pk
 from perfkernels import reference
-from conftest import AWKWARD_DIMS, BITS, MODES, QUANTIZE_DTYPES, SPECIALISED_DIMS, readonly, unaligned
+from conftest import (AWKWARD_DIMS, BITS, INDEX_DTYPES, MODES, QUANTIZE_DTYPES, SPECIALISED_DIMS,
+                      readonly, unaligned)
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
@@ -206,7 +207,7 @@ def test_lookup_matches_torch(isa, rng, bits):
     for dim in (8, 16, 32, 64, 128, 256, 1000):
         t = random_table(rng, rows, dim)
         p = PREPACK[bits](torch.from_numpy(t)).numpy()
-        for index_dtype in (np.int32, np.int64):
+        for index_dtype in INDEX_DTYPES:
             indices, offsets = random_bags(rng, rows, 13, 40, index_dtype)
             w = rng.uniform(0, 2, len(indices)).astype(np.float32)
             for weights in (None, w):
@@ -265,7 +266,7 @@ def test_lookup_options_on_specialised_dims(isa, rng, bits):
     rows = 300
     for dim in (24,) + SPECIALISED_DIMS[1:]:
         p = pk.quantize_rowwise(random_table(rng, rows, dim), bits=bits)
-        for index_dtype in (np.int32, np.int64):
+        for index_dtype in INDEX_DTYPES:
             indices, offsets = random_bags(rng, rows, 9, 60, index_dtype)
             n = len(indices)
             bounds = np.append(offsets, n)
@@ -286,7 +287,7 @@ def test_lookup_options_on_specialised_dims(isa, rng, bits):
                                                                  positional_weights=True, **kw), want)
             if n > 40:
                 bad = indices.copy()
-                bad[40] = -1 if index_dtype is np.int32 else rows
+                bad[40] = -1 if index_dtype == np.int32 else rows
                 out = np.full((9, dim), 3.0, np.float32)
                 with pytest.raises(IndexError, match=r"indices\[40\]"):
                     pk.embedding_bag_quantized(p, bad, offsets, bits=bits, out=out)
@@ -310,7 +311,7 @@ def test_lookup_empty(isa, rng):
     out = pk.embedding_bag_quantized(p, np.array([], np.int64), np.array([0, 0, 0]))
     np.testing.assert_array_equal(out, np.zeros((3, 16), np.float32))
     assert pk.embedding_bag_quantized(p, np.array([], np.int32), np.array([], np.int64)).shape == (0, 16)
-    for mode in ("sum", "mean"):
+    for mode in MODES:
         out = pk.embedding_bag_quantized(p, np.array([1, 2], np.int32), np.array([0, 0, 2]), mode=mode)
         assert np.all(out[0] == 0) and np.all(out[2] == 0) and np.any(out[1] != 0)
 

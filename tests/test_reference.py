@@ -7,7 +7,7 @@ bit-exact quantized prepack/unpack ops.  The comparison helpers are checked to f
 import numpy as np
 import pytest
 
-from conftest import AWKWARD_DIMS, BITS, MODES
+from conftest import AWKWARD_DIMS, BITS, GATE_ORDERS, MODES
 from perfkernels import reference
 
 torch = pytest.importorskip("torch")
@@ -178,7 +178,7 @@ def test_quantized_bags_are_bags_of_the_dequantized_table(rng, bits):
 
 # ---- LSTM unit ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("gate_order", ["ifog", "ifgo"])
+@pytest.mark.parametrize("gate_order", GATE_ORDERS)
 def test_lstm_matches_torch_autograd(rng, gate_order):
     n, d = 5, 7
     h_prev = rng.standard_normal((n, d))

@@ -11,7 +11,10 @@
  * mode) and its bad positions (flattened, into the caller's index array) are unchanged.
  *
  * Errors: each chunk stops at its first bad index; chunks are in (part, bag) order, so the first
- * chunk that failed holds the first bad position of the call, which is what is reported.
+ * chunk that failed holds the first bad position of the call, which is what is reported.  With
+ * `check_first` (the kernels write a caller's out= directly, which must not be half-written on an
+ * error) every chunk first scans its indices (pk_bags_first_bad_index), and the kernels run only
+ * when no chunk found a bad one: the scan is split across the same threads as the work.
  *
  * Header-only (static functions, baseline flags): included by the Cython modules of both bag
  * families and of the multi-table lookup.
@@ -35,6 +38,7 @@ typedef struct pk_bags_part {
     const void *args;
     int64_t index_cost;  /* bytes touched per index: the row read + the index itself */
     int64_t bag_cost;    /* bytes touched per bag: the output row + its offset */
+    int64_t rows;        /* rows of the part's table (for the check_first scan) */
 } pk_bags_part;
 
 /* Float tables (embedding.h). */
@@ -77,7 +81,21 @@ typedef struct pk_bags_run_ctx {
     pk_status *status;          /* per chunk */
     int64_t *bad_pos;
     int *bad_part;
+    int scan;                   /* 1: only scan the chunk's indices (check_first), 0: run kernels */
 } pk_bags_run_ctx;
+
+/* The first bad index of bags [b0, b1) of a part: PK_ERR_INDEX with its position, or PK_OK. */
+static pk_status pk_bags_scan(const pk_bags_part *part, int64_t b0, int64_t b1, int64_t *bad_pos)
+{
+    const int64_t begin = part->bags.offsets[b0];
+    pk_bags probe = part->bags;
+    probe.indices = (const char *)probe.indices + begin * (probe.index_64 ? 8 : 4);
+    probe.n_indices = part->bags.offsets[b1] - begin;
+    const int64_t bad = pk_bags_first_bad_index(&probe, part->rows);
+    if (bad < 0) return PK_OK;
+    *bad_pos = begin + bad;
+    return PK_ERR_INDEX;
+}
 
 static void pk_bags_run_chunks(void *vctx, int64_t c0, int64_t c1)
 {
@@ -90,11 +108,16 @@ static void pk_bags_run_chunks(void *vctx, int64_t c0, int64_t c1)
             const int64_t b0 = p == ctx->start_part[c] ? ctx->start_bag[c] : 0;
             const int64_t b1 = p == p_end ? ctx->start_bag[c + 1] : part->bags.num_bags;
             if (b0 >= b1) continue;
-            pk_bags slice = part->bags;
-            slice.offsets += b0;
-            slice.num_bags = b1 - b0;
-            slice.out += b0 * slice.out_stride;
-            const pk_status s = part->call(part->args, &slice, &ctx->bad_pos[c]);
+            pk_status s;
+            if (ctx->scan) {
+                s = pk_bags_scan(part, b0, b1, &ctx->bad_pos[c]);
+            } else {
+                pk_bags slice = part->bags;
+                slice.offsets += b0;
+                slice.num_bags = b1 - b0;
+                slice.out += b0 * slice.out_stride;
+                s = part->call(part->args, &slice, &ctx->bad_pos[c]);
+            }
             if (s != PK_OK) {
                 ctx->status[c] = s;
                 ctx->bad_part[c] = p;
@@ -104,10 +127,23 @@ static void pk_bags_run_chunks(void *vctx, int64_t c0, int64_t c1)
     }
 }
 
+/* The first failed chunk's status, position and part (chunks are in index order), or PK_OK. */
+static pk_status pk_bags_first_error(const pk_bags_run_ctx *ctx, int k, int64_t *bad_pos,
+                                     int *bad_part)
+{
+    for (int c = 0; c < k; c++)
+        if (ctx->status[c] != PK_OK) {
+            *bad_pos = ctx->bad_pos[c];
+            *bad_part = ctx->bad_part[c];
+            return ctx->status[c];
+        }
+    return PK_OK;
+}
+
 /* Run every part's bags on up to n_threads threads of `pool` (see the top of this file).  On an
  * error returns its status with the first bad position in *bad_pos and its part in *bad_part. */
 static pk_status pk_bags_run(const pk_parallel_api *pool, int n_threads, const pk_bags_part *parts,
-                             int n_parts, int64_t *bad_pos, int *bad_part)
+                             int n_parts, int check_first, int64_t *bad_pos, int *bad_part)
 {
     int64_t total = 0, bags = 0;
     for (int p = 0; p < n_parts; p++) {
@@ -142,6 +178,11 @@ static pk_status pk_bags_run(const pk_parallel_api *pool, int n_threads, const p
 
     if (k <= 1) {
         free(heap);
+        for (int p = 0; check_first && p < n_parts; p++)
+            if (pk_bags_scan(&parts[p], 0, parts[p].bags.num_bags, bad_pos) != PK_OK) {
+                *bad_part = p;
+                return PK_ERR_INDEX;
+            }
         for (int p = 0; p < n_parts; p++) {
             const pk_status s = parts[p].call(parts[p].args, &parts[p].bags, bad_pos);
             if (s != PK_OK) { *bad_part = p; return s; }
@@ -172,16 +213,18 @@ static pk_status pk_bags_run(const pk_parallel_api *pool, int n_threads, const p
     start_part[k] = n_parts - 1;
     start_bag[k] = parts[n_parts - 1].bags.num_bags;
 
-    pk_bags_run_ctx ctx = {parts, n_parts, start_part, start_bag, status, bad_poss, bad_parts};
-    pool->parallel_for(k, k, pk_bags_run_chunks, &ctx);
+    pk_bags_run_ctx ctx = {parts, n_parts, start_part, start_bag, status, bad_poss, bad_parts, 0};
     pk_status result = PK_OK;
-    for (int c = 0; c < k; c++)
-        if (status[c] != PK_OK) {
-            result = status[c];
-            *bad_pos = bad_poss[c];
-            *bad_part = bad_parts[c];
-            break;
-        }
+    if (check_first) {
+        ctx.scan = 1;
+        pool->parallel_for(k, k, pk_bags_run_chunks, &ctx);
+        result = pk_bags_first_error(&ctx, k, bad_pos, bad_part);
+        ctx.scan = 0;
+    }
+    if (result == PK_OK) {
+        pool->parallel_for(k, k, pk_bags_run_chunks, &ctx);
+        result = pk_bags_first_error(&ctx, k, bad_pos, bad_part);
+    }
     free(heap);
     return result;
 }

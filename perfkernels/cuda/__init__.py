@@ -45,9 +45,10 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
                   positional_weights=False, out=None):
     """Sum (or mean) of table rows per bag on the GPU: ``out[b] = sum_j w_j * weight[indices[j]]``.
 
-    Same semantics and errors as :func:`perfkernels.embedding_bag` (SPEC.md 1).  A warp, or a part
-    of one for small D, handles a bag: it loads the bag's indices cooperatively, broadcasts them
-    with warp shuffles and gathers rows with 16-byte loads, accumulating in float32.
+    Same semantics and errors as :func:`perfkernels.embedding_bag` (docs/semantics.md).  A warp,
+    or a part of one for small D, handles a bag: it loads the bag's indices cooperatively,
+    broadcasts them with warp shuffles and gathers rows with 16-byte loads, accumulating in
+    float32.
 
     Parameters
     ----------
@@ -92,8 +93,8 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
     """:func:`embedding_bag` on a row-wise quantized table made by :func:`quantize_rowwise`.
 
     8-bit rows are D codes + float32 scale + float32 bias; 4- and 2-bit rows are packed codes +
-    float16 scale + float16 bias (SPEC.md 2).  Each row adds ``(w*scale) * q + (w*bias)`` to the
-    float32 accumulator, as FBGEMM does.  Same semantics, keywords and errors as
+    float16 scale + float16 bias (docs/semantics.md).  Each row adds ``(w*scale) * q + (w*bias)``
+    to the float32 accumulator, as FBGEMM does.  Same semantics, keywords and errors as
     :func:`perfkernels.embedding_bag_quantized`.
 
     Parameters
@@ -120,7 +121,7 @@ def quantize_rowwise(weight, bits=8):
     """Quantize each row of a float32 or float16 table to ``bits`` (8, 4 or 2) on the GPU.
 
     Bit-exact with :func:`perfkernels.quantize_rowwise` and with
-    ``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_prepack`` (SPEC.md 2).
+    ``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_prepack``.
 
     Returns
     -------
@@ -181,7 +182,7 @@ def bfloat16_to_float(b, out=None):
 
 def lstm_unit(h_prev, c_prev, gates, *, seq_lengths=None, t=0, forget_bias=0.0,
               drop_states=False, gate_order="ifog"):
-    """The LSTM cell's pointwise step on the GPU (caffe2 LSTMUnit, SPEC.md 4).
+    """The LSTM cell's pointwise step on the GPU (caffe2 LSTMUnit; docs/semantics.md).
 
     ``h_prev, c_prev``: [N, D] float32; ``gates``: [N, 4D] float32 in ``gate_order`` ("ifog",
     caffe2's, or "ifgo", PyTorch LSTMCell's).  Rows with ``t >= seq_lengths[n]`` carry
@@ -198,7 +199,7 @@ def lstm_unit(h_prev, c_prev, gates, *, seq_lengths=None, t=0, forget_bias=0.0,
 
 def lstm_unit_backward(c_prev, gates, c, dh, dc, *, seq_lengths=None, t=0, forget_bias=0.0,
                        drop_states=False, gate_order="ifog"):
-    """Gradient of :func:`lstm_unit` (caffe2 LSTMUnitGradient, SPEC.md 4) on the GPU.
+    """Gradient of :func:`lstm_unit` (caffe2 LSTMUnitGradient; docs/semantics.md) on the GPU.
 
     Returns
     -------

@@ -1,4 +1,4 @@
-// perfkernels CUDA: float32 <-> float16 and float32 <-> bfloat16 conversion (SPEC.md 3), bit-exact
+// perfkernels CUDA: float32 <-> float16 and float32 <-> bfloat16 conversion, bit-exact
 // with NumPy / ml_dtypes like the CPU package.
 //
 // A grid-stride loop over groups of 8 elements: with VEC (both pointers 16-byte aligned) a thread

@@ -1,5 +1,6 @@
 // perfkernels CUDA: embedding bags on float32 / float16 / bfloat16 tables and on row-wise quantized
-// tables (8-bit with fp32 scale+bias, 4- and 2-bit with fp16 scale+bias), SPEC.md sections 1 and 2.
+// tables (8-bit with fp32 scale+bias, 4- and 2-bit with fp16 scale+bias), as docs/semantics.md
+// describes.
 //
 // Two launches per call, in stream order:
 //   pk_bags_prepare   checks every index with one unsigned compare, turns offsets / lengths into

@@ -1,6 +1,6 @@
-// perfkernels CUDA: the LSTM unit, forward and backward (caffe2 LSTMUnit / LSTMUnitGradient,
-// SPEC.md 4).  One thread per (row, column) element; consecutive threads take consecutive columns,
-// so every access to h, c and each gate block is coalesced.  float32 throughout.
+// perfkernels CUDA: the LSTM unit, forward and backward (caffe2 LSTMUnit / LSTMUnitGradient;
+// docs/semantics.md).  One thread per (row, column) element; consecutive threads take consecutive
+// columns, so every access to h, c and each gate block is coalesced.  float32 throughout.
 //
 // sigmoid(x) = 1 / (1 + exp(-x)) with CUDA's expf (max error 2 ulp): exp overflows to inf for
 // x < -88.7 and the quotient is then exactly 0, never NaN.  tanh is CUDA's tanhf (max error 2 ulp),

@@ -2,7 +2,7 @@
 //
 // Self-contained on purpose: NVRTC (through cupy.RawModule) has no host headers, so nothing here
 // includes <cstdint>, <cuda_fp16.h> or <cuda_bf16.h>.  The fp16/bf16 bit conversions are written
-// out, which also makes them bit-exact with NumPy / ml_dtypes as the CPU package is (SPEC.md 3).
+// out, which also makes them bit-exact with NumPy / ml_dtypes as the CPU package is.
 // The Python loader pastes this file in place of its #include, so CuPy's binary cache sees every
 // byte of the source; nvcc (the compile test) reads it as an ordinary header.
 #ifndef PK_COMMON_CUH

@@ -1,4 +1,4 @@
-// perfkernels CUDA: row-wise quantization and dequantization (SPEC.md 2), bit-exact with
+// perfkernels CUDA: row-wise quantization and dequantization, bit-exact with
 // torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_prepack like the CPU package.
 //
 // quantize: one warp per row; min and max by warp shuffles; each lane then writes whole bytes
