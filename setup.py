@@ -1,12 +1,15 @@
 """Build perfkernels: one Cython extension per kernel family.
 
-Each family ``perfkernels/_<family>.pyx`` is linked with ``perfkernels/csrc/<family>_*.c``.
-Only the ISA sources get ISA flags (``*_avx2.c``, ``*_avx512.c``), and only when the target is
-x86-64; the dispatcher and the Cython modules are built with the baseline flags of the target, so
-a wheel built here runs on any x86-64 (and the scalar C builds on aarch64).  Never -march=native.
+Each family ``perfkernels/_<family>.pyx`` is linked with the C files of ``perfkernels/csrc/<family>/``.
+The ISA levels come from ``perfkernels/_isa_registry.py``: a file named after a level
+(``avx2.c``, ``avx512.c``) gets that level's flags, and only when the target is the level's
+architecture; every other file (the dispatch tables, the scalar level, the Cython modules) is built
+with the baseline flags of the target, so a wheel built here runs on any x86-64 (and the scalar C
+builds on aarch64).  Never -march=native.
 """
 import os
 import platform
+import runpy
 import sysconfig
 from glob import glob
 
@@ -15,15 +18,25 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-AVX2_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
-AVX512_FLAGS = AVX2_FLAGS + ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"]
-ISA_FLAGS = {"_avx2.c": AVX2_FLAGS, "_avx512.c": AVX512_FLAGS}
-BASE_FLAGS = ["-O3", "-std=c11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+# by file path: importing the package would need the extensions this script builds
+REGISTRY = runpy.run_path(os.path.join(HERE, "perfkernels", "_isa_registry.py"))
+LEVELS = REGISTRY["LEVELS"]
+BASE_FLAGS = list(REGISTRY["BASE_FLAGS"])
 
 
-def _target_is_x86_64() -> bool:
+def _target_arch() -> str:
     plat = (sysconfig.get_platform() + " " + platform.machine()).lower()
-    return "x86_64" in plat or "amd64" in plat
+    return "x86_64" if ("x86_64" in plat or "amd64" in plat) else platform.machine().lower()
+
+
+def isa_flags(source: str, arch: str) -> list:
+    """The flags of the ISA level a C source belongs to (by its file name), or []."""
+    stem = os.path.splitext(os.path.basename(source))[0]
+    for level in LEVELS:
+        if stem == level.name and level.arch == arch:
+            return list(level.flags)
+    return []
 
 
 class BuildExt(build_ext):
@@ -38,17 +51,14 @@ class BuildExt(build_ext):
         compiler = self.compiler
         if compiler.compiler_type == "unix":
             original = compiler._compile
-            x86 = _target_is_x86_64()
+            arch = _target_arch()
 
             def _compile(obj, src, ext, cc_args, extra_postargs, pp_opts):
                 flags = list(extra_postargs)
-                if src.endswith(".c"):
-                    flags = [f for f in flags if f != "-std=c11"] + ["-std=c11"]
+                if os.path.sep + "csrc" + os.path.sep in src or "/csrc/" in src:
+                    flags = [f for f in flags if f != "-std=c11"] + ["-std=c11"] + isa_flags(src, arch)
                 else:  # Cython output: C, but keep warnings from generated code quiet
                     flags = [f for f in flags if f not in ("-std=c11", "-Wall")]
-                for suffix, isa_flags in ISA_FLAGS.items():
-                    if x86 and src.endswith(suffix):
-                        flags += isa_flags
                 return original(obj, src, ext, cc_args, flags, pp_opts)
 
             compiler._compile = _compile
@@ -58,21 +68,14 @@ class BuildExt(build_ext):
 def _extensions():
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
     include = ["include", "perfkernels/csrc", np.get_include()]
+    headers = sorted(glob("include/perfkernels/*.h") + glob("perfkernels/csrc/**/*.h", recursive=True)
+                     + glob("perfkernels/*.pxi") + glob("perfkernels/*.pxd"))
     exts = []
     for pyx in sorted(glob("perfkernels/_*.pyx")):
         family = os.path.basename(pyx)[1:-4]
-        sources = [pyx] + sorted(glob(f"perfkernels/csrc/{family}_*.c"))
-        exts.append(
-            Extension(
-                f"perfkernels._{family}",
-                sources=sources,
-                include_dirs=include,
-                define_macros=macros,
-                extra_compile_args=BASE_FLAGS,
-                depends=sorted(glob("include/perfkernels/*.h") + glob("perfkernels/csrc/*.h")
-                               + glob("perfkernels/*.pxi")),
-            )
-        )
+        sources = [pyx] + sorted(glob(f"perfkernels/csrc/{family}/*.c"))
+        exts.append(Extension(f"perfkernels._{family}", sources=sources, include_dirs=include,
+                              define_macros=macros, extra_compile_args=BASE_FLAGS, depends=headers))
     return exts
 
 

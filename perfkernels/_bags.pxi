@@ -47,7 +47,7 @@ cdef extern from "perfkernels/bags.h":
     int64_t pk_bags_index(const pk_bags *bags, int64_t j) noexcept nogil
     int64_t pk_bags_first_bad_index(const pk_bags *bags, int64_t rows) noexcept nogil
 
-cdef extern from "bags_parallel.h":
+cdef extern from "common/bags_parallel.h":
     ctypedef pk_status (*pk_bags_call)(const void *args, const pk_bags *bags,
                                        int64_t *bad_pos) noexcept nogil
     ctypedef struct pk_bags_part:
@@ -391,7 +391,7 @@ cdef int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, i
 cdef inline pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args,
                                int64_t rows, int64_t row_bytes, int64_t dim, int n_threads,
                                bint check_first, int64_t *bad_pos) noexcept nogil:
-    """One table's bags on up to n_threads threads (bags_parallel.h), GIL released by the caller.
+    """One table's bags on up to n_threads threads (csrc/common/bags_parallel.h), GIL released by the caller.
     check_first: the kernels write the caller's out=, so every index is checked before they run."""
     cdef pk_bags_part part
     cdef int bad_part = 0

@@ -8,7 +8,7 @@ Environment variables, read once at import and validated strictly (a bad value f
 with the valid choices; it never turns into SIGILL later):
 
 ``PERFKERNELS_ISA=scalar|avx2|avx512``
-    Force a level.  It must be one this build contains and this CPU can run.
+    Force a level (the levels are the rows of ``_isa_registry.py``).  It must be one this build contains and this CPU can run.
 ``PERFKERNELS_DISABLE_CPU_FEATURES=avx512f,f16c,...``
     Treat the listed CPU features as absent (as ``NPY_DISABLE_CPU_FEATURES`` does in NumPy).
 """
@@ -19,17 +19,12 @@ import os
 import threading
 from typing import Callable, Iterator
 
-from . import _cpu
+from . import _cpu, _isa_registry
 
-ISAS: tuple[str, ...] = ("scalar", "avx2", "avx512")
+ISAS: tuple[str, ...] = _isa_registry.NAMES
 
 #: CPU features each level needs (os_ymm/os_zmm: the OS saves the wider registers).
-REQUIREMENTS: dict[str, tuple[str, ...]] = {
-    "scalar": (),
-    "avx2": ("avx", "avx2", "fma", "f16c", "os_ymm"),
-    "avx512": ("avx", "avx2", "fma", "f16c", "os_ymm",
-               "avx512f", "avx512bw", "avx512dq", "avx512vl", "os_zmm"),
-}
+REQUIREMENTS: dict[str, tuple[str, ...]] = {lv.name: lv.requires for lv in _isa_registry.LEVELS}
 
 _lock = threading.RLock()
 _setters: list[Callable[[int], None]] = []
@@ -105,7 +100,7 @@ def register(setter: Callable[[int], None]) -> None:
 
 @contextlib.contextmanager
 def use_isa(isa: str) -> Iterator[str]:
-    """Run the body with every kernel forced to ``isa`` (``"scalar"``, ``"avx2"`` or ``"avx512"``).
+    """Run the body with every kernel forced to ``isa`` (``"scalar"``, ``"avx2"``, ``"avx512"``, ...).
 
     Meant for tests and benchmarks.  The setting is process-wide (not per thread); the previous
     level is restored on exit.  Raises ``ValueError`` for an unknown name and ``RuntimeError`` for a

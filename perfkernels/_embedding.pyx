@@ -18,7 +18,7 @@ cdef extern from "perfkernels/embedding.h":
         pk_embedding_bag_fn bag_bf16
     const pk_embedding_kernels *pk_embedding_table(int isa) noexcept nogil
 
-cdef extern from "bags_parallel.h":
+cdef extern from "common/bags_parallel.h":
     ctypedef struct pk_float_bags_args:
         pk_embedding_bag_fn fn
         const void *table

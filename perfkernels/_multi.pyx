@@ -2,7 +2,7 @@
 
 The kernels are those of embedding_bag and embedding_bag_quantized (their tables come from those
 modules as capsules); this module validates the whole batch once and runs every (feature, bag)
-on the thread pool (bags_parallel.h).
+on the thread pool (csrc/common/bags_parallel.h).
 """
 include "_arrays.pxi"
 include "_threads.pxi"
@@ -31,7 +31,7 @@ cdef extern from "perfkernels/quantized.h":
     ctypedef struct pk_quantized_kernels:
         pk_embedding_bag_quantized_fn embedding_bag
 
-cdef extern from "bags_parallel.h":
+cdef extern from "common/bags_parallel.h":
     ctypedef struct pk_float_bags_args:
         pk_embedding_bag_fn fn
         const void *table

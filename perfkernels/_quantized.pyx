@@ -24,7 +24,7 @@ cdef extern from "perfkernels/quantized.h":
                                                         int64_t row_bytes, int64_t dim,
                                                         int64_t *bad_pos) noexcept nogil
 
-cdef extern from "bags_parallel.h":
+cdef extern from "common/bags_parallel.h":
     ctypedef struct pk_quantized_bags_args:
         pk_embedding_bag_quantized_fn fn
         int bits

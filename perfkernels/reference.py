@@ -31,7 +31,8 @@ import numpy as np
 
 __all__ = [
     "Expected", "bag_bounds", "embedding_bag",
-    "quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized", "embedding_bags_multi",
+    "quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized", "packed_row_bytes",
+    "embedding_bags_multi",
     "float_to_half", "half_to_float", "float_to_bfloat16", "bfloat16_to_float",
     "lstm_unit", "lstm_unit_backward",
     "tolerance", "max_excess", "assert_close", "assert_same_bits",

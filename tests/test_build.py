@@ -4,9 +4,10 @@ These compile the C sources directly (not through setup.py) with the flags setup
 check the sources themselves: an AVX instruction leaking into a baseline file, or x86-only code
 outside `#if PK_X86_64`, fails here.
 """
-import ast
+import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,17 +17,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "perfkernels" / "csrc"
 INCLUDES = ["-I", str(ROOT / "include"), "-I", str(CSRC)]
-SOURCES = sorted(CSRC.glob("*.c"))
-ISA_SUFFIXES = ("_avx2.c", "_avx512.c")
+SOURCES = sorted(CSRC.glob("**/*.c"))
+HEADERS = sorted(CSRC.glob("**/*.h")) + sorted((ROOT / "include").glob("**/*.h"))
 
-# the flag lists setup.py really uses, read from its source (importing it would run setup())
-_text = (ROOT / "setup.py").read_text() if (ROOT / "setup.py").exists() else ""
-def _flags(name):
-    m = re.search(rf"^{name} = (?:AVX2_FLAGS \+ )?(\[.*\])", _text, re.M)
-    return ast.literal_eval(m.group(1)) if m else []
-BASE_FLAGS = _flags("BASE_FLAGS")
-AVX2_FLAGS = _flags("AVX2_FLAGS")
-AVX512_FLAGS = AVX2_FLAGS + _flags("AVX512_FLAGS")
+# the registry setup.py reads, loaded the way setup.py loads it (by path, without the package)
+REGISTRY = runpy.run_path(str(ROOT / "perfkernels" / "_isa_registry.py"))
+LEVELS = REGISTRY["LEVELS"]
+BASE_FLAGS = list(REGISTRY["BASE_FLAGS"])
+
+
+def level_of(src):
+    """The registry row of an ISA source file (csrc/<family>/<level>.c), or None."""
+    return next((lv for lv in LEVELS if src.stem == lv.name and lv.flags), None)
+
 
 pytestmark = pytest.mark.skipif(not SOURCES, reason="C sources not found (tests run from a checkout)")
 
@@ -37,7 +40,8 @@ def compile_c(cc, src, out, flags):
 
 
 def test_no_march_native_anywhere():
-    for path in [ROOT / "setup.py", ROOT / "pyproject.toml", *SOURCES, *CSRC.glob("*.h")]:
+    for path in [ROOT / "setup.py", ROOT / "pyproject.toml", ROOT / "perfkernels" / "_isa_registry.py",
+                 *SOURCES, *HEADERS]:
         assert not re.search(r"[\"']-march=native", path.read_text()), path
 
 
@@ -47,26 +51,26 @@ def test_no_march_native_anywhere():
                     reason="x86-64 only")
 def test_only_isa_files_contain_wide_vector_instructions(tmp_path):
     for src in SOURCES:
-        isa_flags = (AVX512_FLAGS if src.name.endswith("_avx512.c")
-                     else AVX2_FLAGS if src.name.endswith("_avx2.c") else [])
-        obj = tmp_path / (src.stem + ".o")
+        level = level_of(src)
+        isa_flags = list(level.flags) if level else []
+        obj = tmp_path / (src.parent.name + "_" + src.stem + ".o")
         proc = compile_c("gcc", src, obj, BASE_FLAGS + isa_flags + ["-fPIC"])
-        assert proc.returncode == 0, f"{src.name}:\n{proc.stderr}"
+        assert proc.returncode == 0, f"{src}:\n{proc.stderr}"
         asm = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True).stdout
         wide = re.findall(r"%[yz]mm\d+", asm)
         if isa_flags:
             continue  # allowed (and expected) to use YMM/ZMM
-        assert not wide, f"{src.name} is built with baseline flags but uses {sorted(set(wide))[:5]}"
+        assert not wide, f"{src} is built with baseline flags but uses {sorted(set(wide))[:5]}"
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 def test_isa_files_refuse_to_build_without_their_flags(tmp_path):
-    for src in SOURCES:
-        if not src.name.endswith(ISA_SUFFIXES):
-            continue
+    isa_sources = [src for src in SOURCES if level_of(src)]
+    assert isa_sources
+    for src in isa_sources:
         proc = compile_c("gcc", src, tmp_path / "x.o", BASE_FLAGS)
         if __import__("platform").machine().lower() in ("x86_64", "amd64"):
-            assert proc.returncode != 0 and "must be compiled with" in proc.stderr, src.name
+            assert proc.returncode != 0 and "must be compiled with" in proc.stderr, src
 
 
 CROSS = shutil.which("aarch64-linux-gnu-gcc")
@@ -77,5 +81,32 @@ CROSS = shutil.which("aarch64-linux-gnu-gcc")
 def test_every_source_compiles_for_aarch64(tmp_path):
     assert CROSS, "PERFKERNELS_REQUIRE_CROSS is set but aarch64-linux-gnu-gcc is missing"
     for src in SOURCES:
-        proc = compile_c(CROSS, src, tmp_path / (src.stem + ".o"), BASE_FLAGS + ["-Werror", "-fPIC"])
-        assert proc.returncode == 0, f"{src.name} does not build for aarch64:\n{proc.stderr}"
+        proc = compile_c(CROSS, src, tmp_path / "x.o", BASE_FLAGS + ["-Werror", "-fPIC"])
+        assert proc.returncode == 0, f"{src} does not build for aarch64:\n{proc.stderr}"
+
+
+def test_every_family_has_a_source_for_every_level():
+    """Adding an ISA level is a registry row, an isa_list.h row, simd/<level>.h and one
+    two-include file per family: a family folder missing one would silently lack the level."""
+    families = sorted(p.parent.name for p in CSRC.glob("*/dispatch.c"))
+    assert families
+    for family in families:
+        for level in LEVELS:
+            assert (CSRC / family / f"{level.name}.c").exists(), f"{family}/{level.name}.c"
+    for level in LEVELS:
+        assert (CSRC / "simd" / f"{level.name}.h").exists(), level.name
+
+
+def test_c_isa_list_matches_the_registry():
+    text = (ROOT / "include" / "perfkernels" / "isa_list.h").read_text()
+    rows = re.findall(r"^\s*X\(A, (\w+), (\w+)\)", text, re.M)
+    assert [name for name, _ in rows] == [lv.name for lv in LEVELS]
+    arch_macro = {"any": "1", "x86_64": "PK_X86_64"}
+    assert [built for _, built in rows] == [arch_macro[lv.arch] for lv in LEVELS]
+
+
+def test_asv_matrix_matches_the_registry():
+    """asv cannot read Python: its PERFKERNELS_ISA axis is a copy of the registry's names."""
+    text = (ROOT / "asv.conf.json").read_text()
+    conf = json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))
+    assert conf["matrix"]["env_nobuild"]["PERFKERNELS_ISA"] == [lv.name for lv in LEVELS]

@@ -16,6 +16,12 @@ def run_python(code, **env):
     return conftest.run_python(["-c", code], env=full_env)
 
 
+def test_python_and_c_agree_on_the_levels():
+    from perfkernels import _cpu, _isa_registry
+    assert _cpu.isa_names() == _isa_registry.NAMES == _dispatch.ISAS
+    assert tuple(_dispatch.REQUIREMENTS) == _isa_registry.NAMES
+
+
 def test_scalar_is_always_available_and_best_is_default():
     assert pk.available_isas()[0] == "scalar"
     proc = run_python("import perfkernels as pk; print(pk.active_isa())")

@@ -9,23 +9,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "perfkernels/isa_list.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#if defined(__x86_64__) || defined(_M_X64)
-#define PK_X86_64 1
-#else
-#define PK_X86_64 0
-#endif
-
-/* ISA levels in priority order; the numbers index every family's dispatch table. */
-typedef enum pk_isa {
-    PK_ISA_SCALAR = 0, /* portable C, any architecture */
-    PK_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
-    PK_ISA_AVX512 = 2, /* AVX-512 F + BW + DQ + VL */
-    PK_ISA_COUNT = 3
-} pk_isa;
+/* ISA levels in priority order (isa_list.h); the numbers index every family's dispatch table. */
+typedef enum pk_isa { PK_ISA_LIST(PK_ISA_ENUM_, ~) PK_ISA_COUNT } pk_isa;
 
 typedef enum pk_status {
     PK_OK = 0,

@@ -37,11 +37,9 @@ const pk_convert_kernels *pk_convert_table(int isa);
     void pk_float_to_bf16_##isa(const float *src, uint16_t *dst, size_t n);              \
     void pk_bf16_to_float_##isa(const uint16_t *src, float *dst, size_t n);
 
-PK_DECLARE_CONVERT(scalar)
-#if PK_X86_64
-PK_DECLARE_CONVERT(avx2)
-PK_DECLARE_CONVERT(avx512)
-#endif
+PK_DECLARE_FOR_EACH_ISA(PK_DECLARE_CONVERT)
+/* One level's row of the dispatch table (convert/dispatch.c). */
+#define PK_CONVERT_KERNELS(isa) {pk_float_to_half_##isa, pk_half_to_float_##isa, pk_float_to_bf16_##isa, pk_bf16_to_float_##isa}
 
 #ifdef __cplusplus
 }

@@ -28,8 +28,10 @@ typedef enum pk_cpu_feature {
 /* Bit i of the result is feature i.  Zero on non-x86 machines. */
 uint64_t pk_cpu_detect(void);
 const char *pk_cpu_feature_name(int feature);
-/* 1 if this build contains the kernels of that level (the x86 levels only on x86-64). */
+/* 1 if this build contains the kernels of that level (isa_list.h: the x86 levels only on x86-64). */
 int pk_isa_compiled(int isa);
+/* The level's name ("scalar", "avx2", ...), "" out of range. */
+const char *pk_isa_name(int isa);
 const char *pk_build_compiler(void);
 
 #ifdef __cplusplus

@@ -38,11 +38,9 @@ const pk_embedding_kernels *pk_embedding_table(int isa);
     pk_status pk_embedding_bag_bf16_##isa(const pk_bags *bags, const void *table, int64_t rows,   \
                                           int64_t dim, int64_t row_stride, int64_t *bad_pos);
 
-PK_DECLARE_EMBEDDING(scalar)
-#if PK_X86_64
-PK_DECLARE_EMBEDDING(avx2)
-PK_DECLARE_EMBEDDING(avx512)
-#endif
+PK_DECLARE_FOR_EACH_ISA(PK_DECLARE_EMBEDDING)
+/* One level's row of the dispatch table (embedding/dispatch.c). */
+#define PK_EMBEDDING_KERNELS(isa) {pk_embedding_bag_f32_##isa, pk_embedding_bag_f16_##isa, pk_embedding_bag_bf16_##isa}
 
 #ifdef __cplusplus
 }

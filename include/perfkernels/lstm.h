@@ -57,11 +57,9 @@ const pk_lstm_kernels *pk_lstm_table(int isa);
                                 float *dgates);                                              \
     void pk_lstm_math_##isa(int fn, const float *x, float *y, size_t n);
 
-PK_DECLARE_LSTM(scalar)
-#if PK_X86_64
-PK_DECLARE_LSTM(avx2)
-PK_DECLARE_LSTM(avx512)
-#endif
+PK_DECLARE_FOR_EACH_ISA(PK_DECLARE_LSTM)
+/* One level's row of the dispatch table (lstm/dispatch.c). */
+#define PK_LSTM_KERNELS(isa) {pk_lstm_forward_##isa, pk_lstm_backward_##isa, pk_lstm_math_##isa}
 
 /* Row r of a call is valid (SPEC.md 4). */
 static inline int pk_lstm_row_valid(const pk_lstm_params *p, size_t r)

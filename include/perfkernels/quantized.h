@@ -64,11 +64,9 @@ const pk_quantized_kernels *pk_quantized_table(int isa);
                                                const uint8_t *packed, int64_t rows,             \
                                                int64_t row_bytes, int64_t dim, int64_t *bad_pos);
 
-PK_DECLARE_QUANTIZED(scalar)
-#if PK_X86_64
-PK_DECLARE_QUANTIZED(avx2)
-PK_DECLARE_QUANTIZED(avx512)
-#endif
+PK_DECLARE_FOR_EACH_ISA(PK_DECLARE_QUANTIZED)
+/* One level's row of the dispatch table (quantized/dispatch.c). */
+#define PK_QUANTIZED_KERNELS(isa) {pk_quantize_rowwise_##isa, pk_dequantize_rowwise_##isa, pk_embedding_bag_quantized_##isa}
 
 #ifdef __cplusplus
 }

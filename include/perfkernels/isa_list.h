@@ -1,0 +1,54 @@
+/* perfkernels: the ISA levels, lowest first, as one X-macro list.
+ *
+ *     X(A, name, built)
+ *
+ * name:  the level (PERFKERNELS_ISA value), the suffix of its C symbols (pk_lstm_forward_avx2) and
+ *        the stem of its files (perfkernels/csrc/<family>/<name>.c, perfkernels/csrc/simd/<name>.h);
+ * built: 1 when the target compiles the level (setup.py builds its files only there);
+ * A:     passed through unchanged, so one list serves every generator below.
+ *
+ * The rows are those of perfkernels/_isa_registry.py, in the same order (tests/test_build.py
+ * compares them).  From this list come the pk_isa enum, each family's per-level declarations
+ * (PK_DECLARE_FOR_EACH_ISA) and dispatch tables (PK_DEFINE_KERNEL_TABLE), and pk_isa_compiled().
+ */
+#ifndef PERFKERNELS_ISA_LIST_H
+#define PERFKERNELS_ISA_LIST_H
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define PK_X86_64 1
+#else
+#define PK_X86_64 0
+#endif
+
+#define PK_ISA_LIST(X, A)      \
+    X(A, scalar, 1)            \
+    X(A, avx2, PK_X86_64)      \
+    X(A, avx512, PK_X86_64)
+
+/* PK_WHEN(c)(tokens): the tokens when c expands to 1, nothing when it expands to 0. */
+#define PK_WHEN(c) PK_WHEN_(c)
+#define PK_WHEN_(c) PK_WHEN_##c
+#define PK_WHEN_1(...) __VA_ARGS__
+#define PK_WHEN_0(...)
+
+#define PK_ISA_ENUM_(A, name, built) PK_ISA_##name,
+#define PK_ISA_BUILT_(A, name, built) built,
+#define PK_ISA_NAME_(A, name, built) #name,
+#define PK_ISA_DECLARE_(DECLARE, name, built) DECLARE(name)
+#define PK_ISA_TABLE_ROW_(ROW, name, built) PK_WHEN(built)([PK_ISA_##name] = ROW(name),)
+
+/* DECLARE(isa) for every level (declaring a level the target does not build is harmless). */
+#define PK_DECLARE_FOR_EACH_ISA(DECLARE) PK_ISA_LIST(PK_ISA_DECLARE_, DECLARE)
+
+/* A family's dispatch table: `const type *getter(int isa)` returns ROW(isa) (an initializer of
+ * `type`), or NULL for a level this build does not contain. */
+#define PK_DEFINE_KERNEL_TABLE(type, getter, ROW)                                              \
+    static const type getter##_rows_[] = {PK_ISA_LIST(PK_ISA_TABLE_ROW_, ROW)};                \
+    static const unsigned char getter##_built_[] = {PK_ISA_LIST(PK_ISA_BUILT_, ~)};            \
+    const type *getter(int isa)                                                                \
+    {                                                                                          \
+        if (isa < 0 || isa >= PK_ISA_COUNT || !getter##_built_[isa]) return NULL;              \
+        return &getter##_rows_[isa];                                                           \
+    }
+
+#endif

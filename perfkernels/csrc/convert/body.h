@@ -1,0 +1,122 @@
+/* float32 <-> float16 / bfloat16 conversion, written once over the SIMD primitives of the vector
+ * levels (convert/<isa>.c includes simd/<isa>.h, then this); bit-exact with the scalar level
+ * (convert/scalar.c), which is NumPy's and ml_dtypes' conversion.
+ *
+ * Full vectors in the loop, a partial vector (masked, or through a buffer where the ISA has no
+ * 16-bit masks) before it, when a streamed destination needs aligning, and after it.  The hardware
+ * float16 conversions quiet a signalling NaN where NumPy keeps it (and keeps its payload): a vector
+ * holding a NaN is redone element by element, off the hot path. */
+#ifndef PK_CONVERT_BODY_H
+#define PK_CONVERT_BODY_H
+
+#include "perfkernels/convert.h"
+#include "common/half_bits.h"
+#include "convert/stream.h"
+
+enum narrow_kind { TO_F16, TO_F16_CLIP, TO_BF16 };
+enum widen_kind { FROM_F16, FROM_BF16 };
+
+/* Elements before dst reaches `align` bytes (never more than n). */
+PK_INLINE size_t head_until_aligned(const void *dst, size_t elem, size_t align, size_t n)
+{
+    size_t mis = (uintptr_t)dst & (align - 1);
+    size_t k = mis ? (align - mis) / elem : 0;
+    return k < n ? k : n;
+}
+
+static __attribute__((noinline, cold)) vh f16_exact(vf x)
+{
+    float f[VL];
+    uint16_t h[VL];
+    v_store(f, x);
+    for (int k = 0; k < VL; k++) h[k] = pk_f32_to_f16_bits(pk_f32_bits(f[k]));
+    return vh_load(h);
+}
+
+static __attribute__((noinline, cold)) vf f16_exact_widen(vh x)
+{
+    uint16_t h[VL];
+    float f[VL];
+    vh_store(h, x);
+    for (int k = 0; k < VL; k++) f[k] = pk_bits_f32(pk_f16_to_f32_bits(h[k]));
+    return v_load(f);
+}
+
+PK_INLINE vh narrow(vf x, const int kind)
+{
+    if (kind == TO_BF16) return v_to_bf16(x);
+    if (kind == TO_F16_CLIP) /* operand order: min/max return the second operand when one is NaN */
+        x = v_max(v_set1(-65504.0f), v_min(v_set1(65504.0f), x));
+    const vh h = v_to_f16(x);
+    return __builtin_expect(v_any_nan(x) != 0, 0) ? f16_exact(x) : h;
+}
+
+PK_INLINE vf widen(vh h, const int kind)
+{
+    if (kind == FROM_BF16) return v_from_bf16(h);
+    const vf x = v_from_f16(h);
+    return __builtin_expect(vh_any_f16_nan(h) != 0, 0) ? f16_exact_widen(h) : x;
+}
+
+PK_INLINE void narrow_part(const float *src, uint16_t *dst, size_t n, const int kind)
+{
+    const v_tail t = v_tail_of(n);
+    vh_store_tail(dst, narrow(v_load_tail(src, t), kind), t);
+}
+
+PK_INLINE void widen_part(const uint16_t *src, float *dst, size_t n, const int kind)
+{
+    const v_tail t = v_tail_of(n);
+    v_store_tail(dst, widen(vh_load_tail(src, t), kind), t);
+}
+
+PK_INLINE void narrow_all(const float *src, uint16_t *dst, size_t n, const int kind)
+{
+    const int stream = PK_SHOULD_STREAM(n);
+    size_t i = stream ? head_until_aligned(dst, 2, sizeof(vh), n) : 0;
+    if (i) narrow_part(src, dst, i, kind);
+    for (; i + VL <= n; i += VL) {
+        const vh h = narrow(v_load(src + i), kind);
+        if (stream) vh_stream(dst + i, h);
+        else vh_store(dst + i, h);
+    }
+    if (stream) v_stream_fence();
+    if (i < n) narrow_part(src + i, dst + i, n - i, kind);
+}
+
+PK_INLINE void widen_all(const uint16_t *src, float *dst, size_t n, const int kind)
+{
+    const int stream = PK_SHOULD_STREAM(n);
+    size_t i = stream ? head_until_aligned(dst, 4, sizeof(vf), n) : 0;
+    if (i) widen_part(src, dst, i, kind);
+    for (; i + VL <= n; i += VL) {
+        const vf x = widen(vh_load(src + i), kind);
+        if (stream) v_stream(dst + i, x);
+        else v_store(dst + i, x);
+    }
+    if (stream) v_stream_fence();
+    if (i < n) widen_part(src + i, dst + i, n - i, kind);
+}
+
+void PK_ISA_FN(pk_float_to_half)(const float *src, uint16_t *dst, size_t n, int clip)
+{
+    if (clip) narrow_all(src, dst, n, TO_F16_CLIP);
+    else narrow_all(src, dst, n, TO_F16);
+}
+
+void PK_ISA_FN(pk_half_to_float)(const uint16_t *src, float *dst, size_t n)
+{
+    widen_all(src, dst, n, FROM_F16);
+}
+
+void PK_ISA_FN(pk_float_to_bf16)(const float *src, uint16_t *dst, size_t n)
+{
+    narrow_all(src, dst, n, TO_BF16);
+}
+
+void PK_ISA_FN(pk_bf16_to_float)(const uint16_t *src, float *dst, size_t n)
+{
+    widen_all(src, dst, n, FROM_BF16);
+}
+
+#endif

@@ -1,0 +1,273 @@
+/* The embedding-bag loops, written once over the SIMD primitives of the vector levels
+ * (simd/avx2.h, simd/avx512.h; embedding/<isa>.c includes the primitive header, then this).
+ *
+ * One bag's output row is held in vector registers while its rows are summed (acc = fma(w, x, acc)),
+ * FBGEMM style.  `bag_pass` sums NV full VL-float vectors (plus an optional tail vector) of one
+ * column block; NV and the table / index types are compile-time constants at every call, so each
+ * specialisation keeps its accumulators in registers.  D = 16 .. 256 (powers of two) with
+ * D <= MAX_VECS * VL are single passes (AVX2: D = 128, 256 are 2 and 4 passes of 8 vectors over the
+ * bag, whose rows stay in L1 between passes); any other D is cut into blocks of MAX_VECS, 8, 4, 2,
+ * 1 vectors and a tail (a masked load, or a bounded copy where the ISA has no masked 16-bit load;
+ * never touching memory past the row). */
+#ifndef PK_EMBEDDING_BODY_H
+#define PK_EMBEDDING_BODY_H
+
+#include "perfkernels/embedding.h"
+
+/* Accumulators per pass: half the vector registers, the rest hold the weight and the loads. */
+#define MAX_VECS (V_REGS / 2)
+
+enum table_type { TABLE_F32, TABLE_F16, TABLE_BF16 };
+enum weighting { UNWEIGHTED, PER_SAMPLE, POSITIONAL };
+
+/* VL elements of a row starting at element col, as floats. */
+PK_INLINE vf load_row(const void *row, int64_t col, const int type)
+{
+    if (type == TABLE_F32) return v_load((const float *)row + col);
+    const vh h = vh_load((const uint16_t *)row + col);
+    return type == TABLE_F16 ? v_from_f16(h) : v_from_bf16(h);
+}
+
+/* The tail t of a row at col, other lanes 0, nothing past it read. */
+PK_INLINE vf load_row_tail(const void *row, int64_t col, v_tail t, const int type)
+{
+    if (type == TABLE_F32) return v_load_tail((const float *)row + col, t);
+    const vh h = vh_load_tail((const uint16_t *)row + col, t);
+    return type == TABLE_F16 ? v_from_f16(h) : v_from_bf16(h);
+}
+
+/* How many indices ahead a block's row is prefetched: FBGEMM's 16, doubled for blocks of at most
+ * 128 bytes (16-bit rows of D <= 64, float rows of D <= 32).  A short row is summed in few cycles,
+ * so 16 rows ahead is too little time for an L3 / DRAM miss when most rows hit in cache (Zipf
+ * indices: f16 / bf16 1M x 64 went from ~0.95x to ~1.25x of torch); for longer blocks 32 rows
+ * ahead is worse (f32 D = 64 and f16 D = 256 lose 5 - 15%). */
+#define PREFETCH_DISTANCE(block_bytes) \
+    ((block_bytes) <= 128 ? 2 * PK_BAGS_PREFETCH_DISTANCE : PK_BAGS_PREFETCH_DISTANCE)
+
+PK_INLINE int64_t index_at(const void *indices, int64_t j, const int idx64)
+{
+    return idx64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
+}
+
+/* One prefetch per 64 bytes from the start of the block (nbytes is a compile-time constant
+ * for the fixed-D paths, so this unrolls), as FBGEMM does, plus one for the block's last byte:
+ * NumPy's large arrays start 16 bytes past a page, so a 256-byte row spans 5 lines, and the
+ * line FBGEMM leaves out is a demand miss on every row of a DRAM-resident table. */
+PK_INLINE void prefetch_bytes(const char *p, size_t nbytes, const int far)
+{
+    if (far) {
+        PK_UNROLL(MAX_VECS)
+        for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t1(p + off);
+        pk_prefetch_t1(p + nbytes - 1);
+    } else {
+        PK_UNROLL(MAX_VECS)
+        for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t0(p + off);
+        pk_prefetch_t0(p + nbytes - 1);
+    }
+}
+
+/* "Far" mode, for calls whose rows cannot stay in cache (the rows they touch, at most the whole
+ * table, exceed FAR_MIN_BYTES, about half an L3): rows are prefetched into L2 (T1) and 32 indices
+ * ahead, which keeps more misses in flight (f16 / bf16 1M x 64 uniform: ~1.0x -> ~1.5x of torch,
+ * f32 Zipf ~1.1x -> ~1.3x).  Calls on cache-resident data keep PREFETCH_DISTANCE into L1, where
+ * far mode loses 10 - 15%.  The mode is chosen once per call and compiled in (no per-row branch). */
+#define FAR_MIN_BYTES ((uint64_t)16 << 20)
+#define FAR_DISTANCE (2 * PK_BAGS_PREFETCH_DISTANCE)
+
+PK_INLINE int use_far_prefetch(const pk_bags *bags, int64_t rows, int64_t dim, const int type)
+{
+    const uint64_t row_bytes = (uint64_t)dim * (type == TABLE_F32 ? 4 : 2);
+    const uint64_t touched = (uint64_t)bags->n_indices < (uint64_t)rows ? (uint64_t)bags->n_indices
+                                                                         : (uint64_t)rows;
+    return touched * row_bytes >= FAR_MIN_BYTES;
+}
+
+/* Add row indices[j] (times its weight) to acc: the index is checked before its row is touched,
+ * the row PREFETCH_DISTANCE(block_bytes) indices ahead is prefetched.  Returns 0, or 1 for a bad index. */
+PK_INLINE int add_row(const void *indices, int64_t n, int64_t padding, const float *weights,
+                      const char *table, int64_t rows, size_t row_bytes,
+                      int64_t begin, int64_t j, int64_t col, v_tail tail, vf *acc,
+                      int64_t *count, const int NV, const int has_tail, const int type,
+                      const int idx64, const int weighting, const int far)
+{
+    const size_t elem = type == TABLE_F32 ? 4 : 2;
+    const size_t block_bytes = (size_t)(NV * VL + (has_tail ? v_tail_len(tail) : 0)) * elem;
+    const int64_t idx = index_at(indices, j, idx64);
+    if ((uint64_t)idx >= (uint64_t)rows) return 1;
+    const int64_t distance = far ? FAR_DISTANCE : PREFETCH_DISTANCE(block_bytes);
+    if (j + distance < n) {
+        const int64_t ahead = index_at(indices, j + distance, idx64);
+        if ((uint64_t)ahead < (uint64_t)rows)
+            prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes, far);
+    }
+    if (idx == padding) return 0;
+    ++*count;
+    const vf w = v_set1(weighting == UNWEIGHTED ? 1.0f
+                        : weights[weighting == POSITIONAL ? j - begin : j]);
+    const char *row = table + (size_t)idx * row_bytes;
+    PK_UNROLL(MAX_VECS)
+    for (int v = 0; v < NV; v++)
+        acc[v] = v_fmadd(w, load_row(row, col + v * VL, type), acc[v]);
+    if (has_tail)
+        acc[NV] = v_fmadd(w, load_row_tail(row, col + NV * VL, tail, type), acc[NV]);
+    return 0;
+}
+
+/* Sum columns [col, col + NV*VL + tail) of bag [begin, end) into out_row.  Narrow blocks (the two
+ * sets together at most half the MAX_VECS accumulators) alternate rows between two accumulator
+ * sets: two independent FMA chains instead of one, so a short row does not wait for the previous
+ * row's FMA latency. */
+PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t rows,
+                             size_t row_bytes, int64_t begin, int64_t end, int64_t col,
+                             v_tail tail, float *out_row, int64_t *bad_pos,
+                             const int NV, const int has_tail, const int type, const int idx64,
+                             const int weighting, const int far)
+{
+    /* struct fields in locals: the prefetches would otherwise make the compiler reload them */
+    const void *indices = bags->indices;
+    const int64_t n = bags->n_indices, padding = bags->padding_idx;
+    const float *weights = bags->weights;
+    const int split = (NV + has_tail) * 2 <= MAX_VECS / 2;
+    vf acc[2][MAX_VECS + 1];  /* constant indices only, so they live in registers */
+    PK_UNROLL(MAX_VECS + 1)
+    for (int v = 0; v <= NV; v++) acc[0][v] = acc[1][v] = v_zero();
+    int64_t count = 0, j = begin;
+#define ADD_ROW(J, SET)                                                                           \
+    if (add_row(indices, n, padding, weights, table, rows, row_bytes, begin, (J), col, tail,     \
+                acc[SET], &count, NV, has_tail, type, idx64, weighting, far)) {                   \
+        *bad_pos = (J);                                                                           \
+        return PK_ERR_INDEX;                                                                      \
+    }
+    if (split) {
+        for (; j + 1 < end; j += 2) {
+            ADD_ROW(j, 0)
+            ADD_ROW(j + 1, 1)
+        }
+    }
+    for (; j < end; j++) {
+        ADD_ROW(j, 0)
+    }
+#undef ADD_ROW
+    if (split) {
+        PK_UNROLL(MAX_VECS + 1)
+        for (int v = 0; v <= NV; v++) acc[0][v] = v_add(acc[0][v], acc[1][v]);
+    }
+    const vf scale = v_set1(bags->mean && count > 0 ? 1.0f / (float)count : 1.0f);
+    PK_UNROLL(MAX_VECS)
+    for (int v = 0; v < NV; v++) v_store(out_row + col + v * VL, v_mul(acc[0][v], scale));
+    if (has_tail) v_store_tail(out_row + col + NV * VL, v_mul(acc[0][NV], scale), tail);
+    return PK_OK;
+}
+
+#define PASS(NV_, HAS_TAIL_, TAIL_)                                                               \
+    do {                                                                                          \
+        pk_status s_ = bag_pass(bags, tab, rows, row_bytes, begin, end, col, (TAIL_), out,        \
+                                bad_pos, (NV_), (HAS_TAIL_), type, idx64, weighting, far);        \
+        if (s_ != PK_OK) return s_;                                                               \
+        col += (NV_) * VL;                                                                        \
+    } while (0)
+
+/* D == NV * VL: one pass per bag, the whole row in NV registers. */
+PK_INLINE pk_status bags_fixed(const pk_bags *bags, const void *table, int64_t rows,
+                               int64_t row_stride, int64_t *bad_pos, const int NV,
+                               const int type, const int idx64, const int weighting,
+                               const int far)
+{
+    const char *tab = (const char *)table;
+    const size_t row_bytes = (size_t)row_stride * (type == TABLE_F32 ? 4 : 2);
+    for (int64_t b = 0; b < bags->num_bags; b++) {
+        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
+        float *out = bags->out + b * bags->out_stride;
+        int64_t col = 0;
+        PASS(NV, 0, 0);
+    }
+    return PK_OK;
+}
+
+/* Any D: blocks of MAX_VECS, 8, 4, 2, 1 vectors, then a tail. */
+PK_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int64_t rows,
+                                 int64_t dim, int64_t row_stride, int64_t *bad_pos,
+                                 const int type, const int idx64, const int weighting,
+                                 const int far)
+{
+    const char *tab = (const char *)table;
+    const size_t row_bytes = (size_t)row_stride * (type == TABLE_F32 ? 4 : 2);
+    const v_tail tail = v_tail_of((uint64_t)dim % VL);
+    for (int64_t b = 0; b < bags->num_bags; b++) {
+        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
+        float *out = bags->out + b * bags->out_stride;
+        int64_t col = 0;
+        while (dim - col >= MAX_VECS * VL) PASS(MAX_VECS, 0, 0);
+#if MAX_VECS > 8
+        if (dim - col >= 8 * VL) PASS(8, 0, 0);
+#endif
+        if (dim - col >= 4 * VL) PASS(4, 0, 0);
+        if (dim - col >= 2 * VL) PASS(2, 0, 0);
+        if (dim - col >= 1 * VL) PASS(1, 0, 0);
+        if (dim - col > 0) PASS(0, 1, tail);
+    }
+    return PK_OK;
+}
+#undef PASS
+
+/* The single-pass D (16 .. 256 that fit MAX_VECS vectors) get their own specialisation. */
+PK_INLINE pk_status bags_by_dim(const pk_bags *bags, const void *table, int64_t rows,
+                                int64_t dim, int64_t row_stride, int64_t *bad_pos,
+                                const int type, const int idx64, const int weighting,
+                                const int far)
+{
+    switch (dim) {
+    case 16: return bags_fixed(bags, table, rows, row_stride, bad_pos, 16 / VL, type, idx64, weighting, far);
+    case 32: return bags_fixed(bags, table, rows, row_stride, bad_pos, 32 / VL, type, idx64, weighting, far);
+    case 64: return bags_fixed(bags, table, rows, row_stride, bad_pos, 64 / VL, type, idx64, weighting, far);
+#if MAX_VECS * VL >= 128
+    case 128: return bags_fixed(bags, table, rows, row_stride, bad_pos, 128 / VL, type, idx64, weighting, far);
+#endif
+#if MAX_VECS * VL >= 256
+    case 256: return bags_fixed(bags, table, rows, row_stride, bad_pos, 256 / VL, type, idx64, weighting, far);
+#endif
+    default: return bags_generic(bags, table, rows, dim, row_stride, bad_pos, type, idx64, weighting, far);
+    }
+}
+
+PK_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, int64_t rows,
+                                  int64_t dim, int64_t row_stride, int64_t *bad_pos,
+                                  const int type)
+{
+    if (dim == 0) {  /* no row is read, but a bad index is still an error */
+        int64_t j = pk_bags_first_bad_index(bags, rows);
+        if (j >= 0) { *bad_pos = j; return PK_ERR_INDEX; }
+        return PK_OK;
+    }
+    const int far = use_far_prefetch(bags, rows, dim, type);
+#define BY_DIM(IDX64, WEIGHTING)                                                                   \
+    (far ? bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, IDX64, WEIGHTING, 1)     \
+         : bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, IDX64, WEIGHTING, 0))
+    if (bags->weights == NULL)
+        return bags->index_64 ? BY_DIM(1, UNWEIGHTED) : BY_DIM(0, UNWEIGHTED);
+    if (!bags->positional)
+        return bags->index_64 ? BY_DIM(1, PER_SAMPLE) : BY_DIM(0, PER_SAMPLE);
+    return bags->index_64 ? BY_DIM(1, POSITIONAL) : BY_DIM(0, POSITIONAL);
+#undef BY_DIM
+}
+
+/* The exported kernels (declared in perfkernels/embedding.h under their level's names). */
+pk_status PK_ISA_FN(pk_embedding_bag_f32)(const pk_bags *bags, const void *table, int64_t rows,
+                                          int64_t dim, int64_t row_stride, int64_t *bad_pos)
+{
+    return embedding_bag(bags, table, rows, dim, row_stride, bad_pos, TABLE_F32);
+}
+
+pk_status PK_ISA_FN(pk_embedding_bag_f16)(const pk_bags *bags, const void *table, int64_t rows,
+                                          int64_t dim, int64_t row_stride, int64_t *bad_pos)
+{
+    return embedding_bag(bags, table, rows, dim, row_stride, bad_pos, TABLE_F16);
+}
+
+pk_status PK_ISA_FN(pk_embedding_bag_bf16)(const pk_bags *bags, const void *table, int64_t rows,
+                                           int64_t dim, int64_t row_stride, int64_t *bad_pos)
+{
+    return embedding_bag(bags, table, rows, dim, row_stride, bad_pos, TABLE_BF16);
+}
+
+#endif

@@ -1,0 +1,91 @@
+/* Row-wise quantized tables, portable C (any architecture; the reference the vector paths match). */
+#include "perfkernels/quantized.h"
+#include "quantized/rows.h"
+
+static pk_status quantize_row_scalar(int bits, int half_input, const void *row, size_t dim,
+                                     uint8_t *out)
+{
+    int bad = 0;
+    for (size_t c = 0; c < dim; c++) bad |= pk_q_nonfinite(pk_q_load(row, half_input, c));
+    if (bad) return PK_ERR_NONFINITE;
+    float mn, mx;
+    pk_q_minmax_exact(row, half_input, dim, &mn, &mx);
+    size_t codes_bytes = bits == 8 ? dim : pk_q_codes_bytes(bits, dim);
+    pk_q_params p = pk_q_params_for(bits, mn, mx, out, codes_bytes);
+    int qmax = (1 << bits) - 1;
+    if (bits == 8) {
+        for (size_t c = 0; c < dim; c++)
+            out[c] = pk_q_code((pk_q_load(row, half_input, c) - p.sub) * p.inv, qmax);
+        return PK_OK;
+    }
+    uint8_t codes[256];
+    for (size_t c0 = 0; c0 < dim; c0 += 256) {     /* 256 is a multiple of every 8/bits */
+        size_t n = dim - c0 < 256 ? dim - c0 : 256;
+        for (size_t k = 0; k < n; k++)
+            codes[k] = pk_q_code((pk_q_load(row, half_input, c0 + k) - p.sub) * p.inv, qmax);
+        pk_q_pack(bits, codes, n, out + c0 / (size_t)(8 / bits));
+    }
+    return PK_OK;
+}
+
+pk_status pk_quantize_rowwise_scalar(int bits, int half_input, const void *weight, size_t rows,
+                                     size_t dim, uint8_t *packed, size_t *bad_row)
+{
+    size_t row_bytes = pk_quantized_row_bytes(bits, dim);
+    size_t in_row = dim * (half_input ? 2 : 4);
+    for (size_t r = 0; r < rows; r++) {
+        pk_status s = quantize_row_scalar(bits, half_input, (const char *)weight + r * in_row, dim,
+                                          packed + r * row_bytes);
+        if (s != PK_OK) { *bad_row = r; return s; }
+    }
+    return PK_OK;
+}
+
+void pk_dequantize_rowwise_scalar(int bits, const uint8_t *packed, size_t rows, size_t row_bytes,
+                                  size_t dim, float *out)
+{
+    size_t codes_bytes = bits == 8 ? dim : pk_q_codes_bytes(bits, dim);
+    unsigned per = 8u / (unsigned)bits, mask = (1u << bits) - 1u;
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = packed + r * row_bytes;
+        float *o = out + r * dim;
+        float scale, bias;
+        pk_q_read_trailer(bits, row, codes_bytes, &scale, &bias);
+        for (size_t c = 0; c < dim; c++) {
+            unsigned q = (row[c / per] >> ((c % per) * (unsigned)bits)) & mask;
+            o[c] = (float)q * scale + bias;
+        }
+    }
+}
+
+pk_status pk_embedding_bag_quantized_scalar(int bits, const pk_bags *bags, const uint8_t *packed,
+                                            int64_t rows, int64_t row_bytes, int64_t dim,
+                                            int64_t *bad_pos)
+{
+    const size_t codes_bytes = bits == 8 ? (size_t)dim : pk_q_codes_bytes(bits, (size_t)dim);
+    const unsigned per = 8u / (unsigned)bits, mask = (1u << bits) - 1u;
+    for (int64_t b = 0; b < bags->num_bags; b++) {
+        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
+        float *out = bags->out + b * bags->out_stride;
+        int64_t count = 0;
+        for (int64_t d = 0; d < dim; d++) out[d] = 0.0f;
+        for (int64_t j = begin; j < end; j++) {
+            int64_t idx;
+            float w;
+            const int use = pk_bags_entry(bags, j, begin, rows, &idx, &w, bad_pos);
+            if (use < 0) return PK_ERR_INDEX;
+            if (!use) continue;
+            count++;
+            const uint8_t *row = packed + (size_t)idx * (size_t)row_bytes;
+            float scale, bias;
+            pk_q_read_trailer(bits, row, codes_bytes, &scale, &bias);
+            const float ws = w * scale, wb = w * bias;
+            for (int64_t d = 0; d < dim; d++) {
+                unsigned q = (row[d / per] >> ((d % per) * (unsigned)bits)) & mask;
+                out[d] = (float)q * ws + (out[d] + wb);
+            }
+        }
+        pk_bags_finish_mean(bags, out, dim, count);
+    }
+    return PK_OK;
+}
