@@ -75,9 +75,9 @@ cdef object _convert(int kind, cnp.ndarray src, cnp.ndarray dst, object num_thre
     j.src_size = cnp.PyArray_ITEMSIZE(src)
     j.dst_size = cnp.PyArray_ITEMSIZE(dst)
     cdef int64_t n = cnp.PyArray_SIZE(src)
-    cdef int k = ranges_count(n, n * (j.src_size + j.dst_size), ALIGN, nt)
+    cdef int threads = ranges_threads(n * (j.src_size + j.dst_size), nt)
     with nogil:
-        run_ranges(n, k, ALIGN, _convert_range, &j)
+        run_ranges(n, threads, ALIGN, _convert_range, &j)
 
 
 cdef tuple _prepare(object x, object out, str xname, tuple in_types, str in_name,

@@ -157,7 +157,7 @@ cdef void _run(_job *j, int nt) noexcept nogil:
     # bytes per row: forward reads 6d floats and writes 2d, backward reads 8d and writes 6d
     cdef int64_t n = <int64_t>j.p.n
     cdef int64_t row_bytes = <int64_t>j.p.d * 4 * (14 if j.backward else 8)
-    run_ranges(n, ranges_count(n, n * row_bytes, 1, nt), 1, _lstm_range, j)
+    run_ranges(n, ranges_threads(n * row_bytes, nt), 1, _lstm_range, j)
 
 
 def lstm_unit(h_prev, c_prev, gates, *, seq_lengths=None, t=0, forget_bias=0.0,

@@ -184,14 +184,15 @@ def quantize_rowwise(weight, bits=8, *, num_threads=None):
     j.src_row_bytes = dim * cnp.PyArray_ITEMSIZE(w)
     j.dst_row_bytes = row_bytes
     j.dim = dim
-    cdef int k = ranges_count(rows, rows * (j.src_row_bytes + row_bytes), 1, nt)
+    cdef int threads = ranges_threads(rows * (j.src_row_bytes + row_bytes), nt)
+    cdef int k = ranges_chunks(rows, threads, 1)
     # per range: its status and first bad row (ranges are in row order: the first failed range
     # has the first bad row of the table)
     cdef cnp.ndarray results = np.zeros(2 * k, dtype=np.int64)
     j.status = <pk_status *>cnp.PyArray_DATA(results)
     j.bad_row = <size_t *>(<int64_t *>cnp.PyArray_DATA(results) + k)
     with nogil:
-        run_ranges(rows, k, 1, _quantize_range, &j)
+        run_ranges(rows, threads, 1, _quantize_range, &j)
     cdef pk_status status = PK_OK
     cdef size_t bad_row = 0
     cdef int c
@@ -248,9 +249,9 @@ def dequantize_rowwise(packed, bits=8, dim=None, *, num_threads=None):
     j.src_row_bytes = row_bytes
     j.dst_row_bytes = <size_t>d * 4
     j.dim = <size_t>d
-    cdef int k = ranges_count(rows, rows * (row_bytes + j.dst_row_bytes), 1, nt)
+    cdef int threads = ranges_threads(rows * (row_bytes + j.dst_row_bytes), nt)
     with nogil:
-        run_ranges(rows, k, 1, _dequantize_range, &j)
+        run_ranges(rows, threads, 1, _dequantize_range, &j)
     return out
 
 

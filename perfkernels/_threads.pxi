@@ -19,6 +19,7 @@ cdef extern from "perfkernels/parallel.h":
         int (*get_num_threads)() noexcept nogil
     int pk_parallel_threads_for(int64_t bytes, int n_threads) noexcept nogil
     int PK_PARALLEL_MAX_THREADS
+    int PK_PARALLEL_BLOCKS_PER_THREAD
 
 cdef const pk_parallel_api *pool = <const pk_parallel_api *>PyCapsule_GetPointer(
     _parallel._C_API, b"perfkernels._parallel._C_API")
@@ -68,18 +69,26 @@ cdef void _ranges_task(void *vctx, int64_t t0, int64_t t1) noexcept nogil:
             r.fn(r.ctx, lo, hi, c)
 
 
-cdef inline int ranges_count(int64_t n, int64_t bytes, int64_t align, int n_threads) noexcept nogil:
-    """How many ranges a call over n items touching `bytes` bytes is split into (1: no split)."""
-    cdef int k = pk_parallel_threads_for(bytes, n_threads)
+cdef inline int ranges_threads(int64_t bytes, int n_threads) noexcept nogil:
+    """How many threads a call touching `bytes` bytes is worth (1: it stays on the caller)."""
+    return pk_parallel_threads_for(bytes, n_threads)
+
+
+cdef inline int ranges_chunks(int64_t n, int threads, int64_t align) noexcept nogil:
+    """How many ranges run_ranges cuts n items into on `threads` threads: 1, or
+    PK_PARALLEL_BLOCKS_PER_THREAD per thread (claimed one at a time), at most one per align items."""
     cdef int64_t units = (n + align - 1) // align
+    cdef int64_t k = <int64_t>threads * PK_PARALLEL_BLOCKS_PER_THREAD if threads > 1 else 1
     if k > units:
-        k = <int>units
-    return k if k > 1 else 1
+        k = units
+    return <int>k if k > 1 else 1
 
 
-cdef inline void run_ranges(int64_t n, int k, int64_t align, range_fn fn, void *ctx) noexcept nogil:
-    """fn(ctx, lo, hi, c) over k ranges of [0, n) (k from ranges_count), on the pool."""
+cdef inline void run_ranges(int64_t n, int threads, int64_t align, range_fn fn,
+                            void *ctx) noexcept nogil:
+    """fn(ctx, lo, hi, c) over the ranges_chunks(n, threads, align) ranges of [0, n), on the pool."""
     cdef _ranges r
+    cdef int k = ranges_chunks(n, threads, align)
     if k <= 1:
         if n > 0:
             fn(ctx, 0, n, 0)
@@ -89,4 +98,4 @@ cdef inline void run_ranges(int64_t n, int k, int64_t align, range_fn fn, void *
     r.n = n
     r.k = k
     r.align = align
-    pool.parallel_for(k, k, _ranges_task, &r)
+    pool.parallel_for(k, threads, _ranges_task, &r)

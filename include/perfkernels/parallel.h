@@ -4,11 +4,14 @@
  *
  *     pool->parallel_for(n_tasks, n_threads, fn, ctx);
  *
- * runs fn(ctx, begin, end) on contiguous, static chunks of [0, n_tasks): chunk c of k =
- * min(n_tasks, n_threads) is [n_tasks*c/k, n_tasks*(c+1)/k).  The calling thread runs chunk 0 and
- * k - 1 pool workers run the others; the call returns when every chunk is done.  Because the split
- * depends only on (n_tasks, k) and each task is computed by exactly one thread, a kernel whose
- * tasks are independent gives the same bits for any thread count.
+ runs fn(ctx, begin, end) on contiguous blocks of [0, n_tasks): with k = min(n_tasks, n_threads)
+ * threads there are B = min(n_tasks, PK_PARALLEL_BLOCKS_PER_THREAD * k) blocks, block b being
+ * [n_tasks*b/B, n_tasks*(b+1)/B).  The calling thread and k - 1 pool workers claim blocks one at a
+ * time until none is left; the call returns when every block is done.  The blocks depend only on
+ * (n_tasks, k) and each is run by exactly one thread, so a kernel whose tasks are independent gives
+ * the same bits for any thread count and any assignment of blocks to threads.  Claiming (rather than
+ * one fixed block per thread) keeps a call fast when a worker is not scheduled in time: the others,
+ * the caller included, take its share; the caller never waits for a worker that started nothing.
  *
  * Guarantees:
  *   - Workers are created lazily, on the first call that needs them, as many as asked for (no fixed
@@ -41,6 +44,10 @@ extern "C" {
 
 #define PK_PARALLEL_CAPSULE "perfkernels._parallel._C_API"
 
+/* Blocks per thread of a call: a caller that wants its own result slot per block passes
+ * n_tasks <= PK_PARALLEL_BLOCKS_PER_THREAD * k, and then every task is one block. */
+#define PK_PARALLEL_BLOCKS_PER_THREAD 4
+
 /* Largest accepted thread count (a sanity bound for typos such as 1e9, far above any server). */
 #define PK_PARALLEL_MAX_THREADS 65536
 
@@ -53,8 +60,8 @@ typedef void (*pk_parallel_fn)(void *ctx, int64_t begin, int64_t end);
 
 typedef struct pk_parallel_api {
     int abi_version;  /* 1 */
-    /* Run fn over [0, n_tasks) on min(n_tasks, n_threads) threads (see above).  Returns the number
-     * of chunks the work was split into (1: it all ran on the caller's thread). */
+    /* Run fn over [0, n_tasks) on up to min(n_tasks, n_threads) threads (see above).  Returns the
+     * number of threads allowed to take part (1: it all ran on the caller's thread). */
     int (*parallel_for)(int64_t n_tasks, int n_threads, pk_parallel_fn fn, void *ctx);
     /* The process-wide default thread count (set_num_threads / PERFKERNELS_NUM_THREADS). */
     int (*get_num_threads)(void);

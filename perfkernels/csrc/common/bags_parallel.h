@@ -3,8 +3,9 @@
  * A call is a list of parts (one table each: embedding_bag has one, embedding_bags_multi one per
  * feature).  Each part names its kernel through a pk_bags_call adapter and its bags through a
  * pk_bags.  The (part, bag) sequence is cut into k contiguous chunks of about equal cost (bytes
- * touched: indices * (row + index bytes) + bags * output bytes), k = pk_parallel_threads_for(cost,
- * n_threads); chunk c runs on one thread, calling the part's kernel on a copy of its pk_bags with
+ * touched: indices * (row + index bytes) + bags * output bytes), k = PK_PARALLEL_BLOCKS_PER_THREAD
+ * chunks per thread of pk_parallel_threads_for(cost, n_threads); each chunk runs on one thread
+ * (claimed from the pool), calling the part's kernel on a copy of its pk_bags with
  * offsets + b0, num_bags = b1 - b0 and out + b0 * out_stride.  Every bag is therefore summed by one
  * thread with the same kernel and in the same order as a single-threaded call: the bits do not
  * depend on the thread count.  n_indices is left whole, so a kernel's per-call choices (prefetch
@@ -150,10 +151,11 @@ static pk_status pk_bags_run(const pk_parallel_api *pool, int n_threads, const p
         total += pk_bags_part_cost(&parts[p], parts[p].bags.num_bags);
         bags += parts[p].bags.num_bags;
     }
-    int k = pk_parallel_threads_for(total, n_threads);
+    const int threads = pk_parallel_threads_for(total, n_threads);
+    int k = threads > 1 ? threads * PK_PARALLEL_BLOCKS_PER_THREAD : 1;   /* chunks */
     if ((int64_t)k > bags) k = (int)bags;
 
-    enum { STACK_CHUNKS = 32 };
+    enum { STACK_CHUNKS = 64 };
     int start_part_s[STACK_CHUNKS + 1], bad_part_s[STACK_CHUNKS];
     int64_t start_bag_s[STACK_CHUNKS + 1], bad_pos_s[STACK_CHUNKS];
     pk_status status_s[STACK_CHUNKS];
@@ -217,12 +219,12 @@ static pk_status pk_bags_run(const pk_parallel_api *pool, int n_threads, const p
     pk_status result = PK_OK;
     if (check_first) {
         ctx.scan = 1;
-        pool->parallel_for(k, k, pk_bags_run_chunks, &ctx);
+        pool->parallel_for(k, threads, pk_bags_run_chunks, &ctx);
         result = pk_bags_first_error(&ctx, k, bad_pos, bad_part);
         ctx.scan = 0;
     }
     if (result == PK_OK) {
-        pool->parallel_for(k, k, pk_bags_run_chunks, &ctx);
+        pool->parallel_for(k, threads, pk_bags_run_chunks, &ctx);
         result = pk_bags_first_error(&ctx, k, bad_pos, bad_part);
     }
     free(heap);

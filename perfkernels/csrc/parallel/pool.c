@@ -2,10 +2,15 @@
  * the perfkernels._parallel extension only.
  *
  * One job at a time.  The job owner publishes (fn, ctx, n_tasks, k) under the lock and bumps
- * `generation`; worker i (1-based) runs chunk i when i < k and counts `remaining` down; the owner
- * runs chunk 0, then waits for remaining == 0.  Workers spin briefly on `generation` before they
- * sleep on `wake`, and the owner spins briefly on `remaining` before it sleeps on `done`, so a
- * burst of calls does not pay a futex wake-up per call while an idle pool costs no CPU.
+ * `generation`.  The tasks are cut into n_blocks = min(n_tasks, BLOCKS_PER_THREAD * k) contiguous
+ * blocks (fixed by n_tasks and k alone), which the owner and up to k - 1 workers claim one at a
+ * time from `ticket` (the generation in the high 32 bits, the next block in the low 32, so a late
+ * worker can never claim a block of a later job).  The owner claims blocks too, then waits until
+ * every block is finished, never for a worker that has not started one: on a machine where a worker
+ * is not scheduled in time (more runnable threads than cores), the owner simply does its share,
+ * and a call is never much slower than on one thread.  Workers spin briefly on `generation` before
+ * they sleep on `wake`, and the owner spins briefly before it sleeps on `done`, so a burst of
+ * calls does not pay a futex wake-up per call while an idle pool costs no CPU.
  *
  * Baseline flags only; POSIX threads (Linux, macOS).
  */
@@ -30,11 +35,12 @@
  * CPU), about the gap between the kernel calls of a model's forward pass, too short to show up as
  * a busy CPU. */
 #define SPIN_ITERATIONS 1000
+#define BLOCKS_PER_THREAD PK_PARALLEL_BLOCKS_PER_THREAD
 
 typedef struct pool {
     pthread_mutex_t lock;
     pthread_cond_t wake;         /* workers: a new generation was published */
-    pthread_cond_t done;         /* owner: remaining reached 0 */
+    pthread_cond_t done;         /* owner: finished reached n_blocks */
     int n_workers;               /* started (worker ids 1..n_workers) */
     int capacity;                /* entries in threads */
     pthread_t *threads;
@@ -42,9 +48,11 @@ typedef struct pool {
     pk_parallel_fn fn;
     void *ctx;
     int64_t n_tasks;
-    int n_chunks;
+    int64_t n_blocks;
+    int n_threads;
     atomic_uint_fast64_t generation;
-    atomic_int remaining;        /* chunks 1..k-1 not finished yet */
+    atomic_uint_fast64_t ticket;  /* (generation << 32) | next unclaimed block */
+    atomic_int_fast64_t finished; /* blocks of the current job done */
     atomic_int busy;             /* a job owns the pool */
     atomic_int default_threads;
 } pool_t;
@@ -57,10 +65,29 @@ static pool_t pool = {
 };
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
-static inline void run_chunk(pk_parallel_fn fn, void *ctx, int64_t n, int k, int c)
+/* Claim and run blocks of job `gen` until none is left; returns how many this thread ran. */
+static int64_t run_blocks(uint_fast64_t gen, pk_parallel_fn fn, void *ctx, int64_t n, int64_t blocks)
 {
-    const int64_t begin = n * c / k, end = n * (c + 1) / k;
-    if (begin < end) fn(ctx, begin, end);
+    int64_t ran = 0;
+    uint_fast64_t t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
+    for (;;) {
+        if ((t >> 32) != (gen & 0xffffffffu) || (int64_t)(t & 0xffffffffu) >= blocks) break;
+        if (!atomic_compare_exchange_weak_explicit(&pool.ticket, &t, t + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        const int64_t b = (int64_t)(t & 0xffffffffu);
+        const int64_t begin = n / blocks * b + n % blocks * b / blocks;
+        const int64_t end = n / blocks * (b + 1) + n % blocks * (b + 1) / blocks;
+        if (begin < end) fn(ctx, begin, end);
+        ran++;
+        if (atomic_fetch_add_explicit(&pool.finished, 1, memory_order_acq_rel) + 1 == blocks) {
+            pthread_mutex_lock(&pool.lock);
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.lock);
+        }
+        t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
+    }
+    return ran;
 }
 
 /* What a new worker needs: its id and the generation current when it was created (the job it
@@ -90,16 +117,10 @@ static void *worker_main(void *arg)
         seen = atomic_load_explicit(&pool.generation, memory_order_relaxed);
         const pk_parallel_fn fn = pool.fn;
         void *ctx = pool.ctx;
-        const int64_t n = pool.n_tasks;
-        const int k = pool.n_chunks;
+        const int64_t n = pool.n_tasks, blocks = pool.n_blocks;
+        const int k = pool.n_threads;
         pthread_mutex_unlock(&pool.lock);
-        if (id >= k) continue;
-        run_chunk(fn, ctx, n, k, id);
-        if (atomic_fetch_sub_explicit(&pool.remaining, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&pool.lock);
-            pthread_cond_signal(&pool.done);
-            pthread_mutex_unlock(&pool.lock);
-        }
+        if (id < k) run_blocks(seen, fn, ctx, n, blocks);
     }
     return NULL;
 }
@@ -117,9 +138,11 @@ static void atfork_child(void)
     pool.fn = NULL;
     pool.ctx = NULL;
     pool.n_tasks = 0;
-    pool.n_chunks = 0;
+    pool.n_blocks = 0;
+    pool.n_threads = 0;
     atomic_store(&pool.generation, 0);
-    atomic_store(&pool.remaining, 0);
+    atomic_store(&pool.ticket, 0);
+    atomic_store(&pool.finished, 0);
     atomic_store(&pool.busy, 0);
 }
 
@@ -185,27 +208,32 @@ static int parallel_for(int64_t n_tasks, int n_threads, pk_parallel_fn fn, void 
         fn(ctx, 0, n_tasks);
         return 1;
     }
+    const int64_t blocks = n_tasks < (int64_t)BLOCKS_PER_THREAD * k ? n_tasks
+                                                                     : (int64_t)BLOCKS_PER_THREAD * k;
     pthread_mutex_lock(&pool.lock);
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
-    pool.n_chunks = k;
-    atomic_store_explicit(&pool.remaining, k - 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    pool.n_blocks = blocks;
+    pool.n_threads = k;
+    atomic_store_explicit(&pool.finished, 0, memory_order_relaxed);
+    const uint_fast64_t gen = atomic_load_explicit(&pool.generation, memory_order_relaxed) + 1;
+    atomic_store_explicit(&pool.ticket, (gen & 0xffffffffu) << 32, memory_order_release);
+    atomic_store_explicit(&pool.generation, gen, memory_order_release);
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
 
-    run_chunk(fn, ctx, n_tasks, k, 0);
+    run_blocks(gen, fn, ctx, n_tasks, blocks);
 
     int spins = 0;
-    while (atomic_load_explicit(&pool.remaining, memory_order_acquire) != 0
+    while (atomic_load_explicit(&pool.finished, memory_order_acquire) != blocks
            && spins < SPIN_ITERATIONS) {
         CPU_RELAX();
         spins++;
     }
-    if (atomic_load_explicit(&pool.remaining, memory_order_acquire) != 0) {
+    if (atomic_load_explicit(&pool.finished, memory_order_acquire) != blocks) {
         pthread_mutex_lock(&pool.lock);
-        while (atomic_load_explicit(&pool.remaining, memory_order_acquire) != 0)
+        while (atomic_load_explicit(&pool.finished, memory_order_acquire) != blocks)
             pthread_cond_wait(&pool.done, &pool.lock);
         pthread_mutex_unlock(&pool.lock);
     }
