@@ -7,13 +7,9 @@ with the tests and ``python -m perfkernels bench``; inputs are seeded and built 
 perfkernels.benchsuite.embedding.  ``time_torch`` is skipped (NotImplementedError in setup) when
 PyTorch is not installed.
 """
-import numpy as np
+from .common import torch_or_skip  # first: it settles PERFKERNELS_ISA
 
-try:
-    import torch
-    torch.set_num_threads(1)
-except ImportError:
-    torch = None
+import numpy as np
 
 import perfkernels as pk
 from perfkernels._variants import BAG_SHAPES, TABLE_DTYPES
@@ -52,13 +48,13 @@ class EmbeddingBagNumpy(_Bags):
 
 class EmbeddingBagTorch(_Bags):
     def setup(self, shape, dtype, dist):
-        if torch is None:
-            raise NotImplementedError("PyTorch is not installed")
+        torch = torch_or_skip()           # one thread
         super().setup(shape, dtype, dist)
         w = self.weight
         self.tw = (torch.from_numpy(w.view(np.int16)).view(torch.bfloat16) if dtype == "bfloat16"
                    else torch.from_numpy(w))
         self.ti, self.to = torch.from_numpy(self.indices), torch.from_numpy(self.offsets)
+        self.bag = torch.nn.functional.embedding_bag
 
     def time_torch(self, shape, dtype, dist):
-        torch.nn.functional.embedding_bag(self.ti, self.tw, self.to, mode="sum")
+        self.bag(self.ti, self.tw, self.to, mode="sum")

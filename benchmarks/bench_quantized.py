@@ -4,24 +4,15 @@ One build is timed under every ISA: the level comes from the PERFKERNELS_ISA env
 (asv.conf.json's matrix.env_nobuild), read by perfkernels at import.  The ``*Torch`` classes time
 PyTorch on the same inputs; their setup raises NotImplementedError (asv: skipped) without PyTorch.
 """
-import numpy as np
+from .common import torch_or_skip  # first: it settles PERFKERNELS_ISA
 
-try:
-    import torch
-    torch.set_num_threads(1)
-except ImportError:
-    torch = None
+import numpy as np
 
 import perfkernels as pk
 from perfkernels._variants import BAG_SHAPES, BENCH_BITS, BITS, QUANTIZE_SHAPE
 from perfkernels.benchsuite.quantized import packed_table
 
 _TORCH_LOOKUP = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit_rowwise_offsets"}
-
-
-def _need_torch():
-    if torch is None:
-        raise NotImplementedError("PyTorch is not installed")
 
 
 class _Lookup:
@@ -46,7 +37,7 @@ class QuantizedLookup(_Lookup):
 
 class QuantizedLookupTorch(_Lookup):
     def setup(self, shape, bits):
-        _need_torch()
+        torch = torch_or_skip()           # one thread
         super().setup(shape, bits)
         self.op = getattr(torch.ops.quantized, _TORCH_LOOKUP[bits])
         self.t = [torch.from_numpy(a) for a in (self.packed, self.indices, self.offsets)]
@@ -70,7 +61,7 @@ class Quantize(_Quantize):
 
 class QuantizeTorch(_Quantize):
     def setup(self, bits):
-        _need_torch()
+        torch = torch_or_skip()           # one thread
         super().setup(bits)
         self.tw = torch.from_numpy(self.weight)
         self.prepack = {8: torch.ops.quantized.embedding_bag_byte_prepack,

@@ -1,4 +1,4 @@
-"""Command line: ``python -m perfkernels info | bench | check``.
+"""Command line: ``python -m perfkernels info | bench | check | history``.
 
 info   print the build, the CPU features and the chosen ISA level (show_runtime)
 bench  time every kernel family on its default workload, for every ISA level this CPU runs,
@@ -8,6 +8,7 @@ bench  time every kernel family on its default workload, for every ISA level thi
        ``--scaling``: the thread-scaling view instead (ours at 1, 2, ... threads, PyTorch at 1
        thread and at its default)
 check  run small inputs of every kernel on every ISA level and compare with perfkernels.reference
+history  asv performance history of the last N commits (asv run + asv publish), from a checkout
 """
 from __future__ import annotations
 
@@ -265,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                         "process may use)")
     c = sub.add_parser("check", help="compare every ISA path with the NumPy references on small inputs")
     c.add_argument("--family", action="append", help="only this family (repeatable)")
+    from . import _history
+    _history.add_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "info":
@@ -273,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "check":
         return cmd_check(args)
+    if args.command == "history":
+        return _history.cmd_history(args)
 
     if args.family and "dlrm" in args.family:
         # end to end with PyTorch at its default thread count, so before OMP_NUM_THREADS below

@@ -88,7 +88,7 @@ cdef tuple _prepare(object x, object out, str xname, tuple in_types, str in_name
     if out is None:
         dst = np.empty(shape, dtype=out_dtype)
     else:
-        dst = check_out(out, out_num, str(out_dtype), shape, (src,))
+        dst = check_out(out, out_num, str(np.dtype(out_dtype)), shape, (src,))
     return src, dst
 
 
