@@ -1,5 +1,6 @@
 """Fused embedding-bag backward + sparse optimizer step (training)."""
 include "_arrays.pxi"
+include "_threads.pxi"
 include "_bags.pxi"
 
 from libc.stdint cimport uintptr_t
