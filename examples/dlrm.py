@@ -9,7 +9,11 @@ indices (a few hot rows, a long cold tail), ``--bag-size`` indices per feature, 
 What it does:
 
 1. trains the stock model and a converted copy on the same batches (SGD, sparse embedding
-   gradients) and checks that the two loss curves agree;
+   gradients) and checks that the two loss curves agree; with ``--fused-optimizer NAME``
+   (``sgd``, ``adagrad``, ``rowwise_adagrad``) the converted model's tables are instead updated
+   during backward by perfkernels' fused kernel (``EmbeddingBag.set_fused_optimizer``), and the
+   stock model's tables by the same optimizer run unfused on torch's sparse gradients
+   (``torch.optim.Adagrad``; row-wise Adagrad written with torch ops), the MLPs by SGD in both;
 2. runs batched inference with float32, float16 and 8-bit tables, stock PyTorch (torch's
    quantized EmbeddingBag for 8-bit) against the converted model, checks that the predictions
    agree and prints the time per batch, end to end and for the embedding stage.
@@ -17,6 +21,7 @@ What it does:
     python examples/dlrm.py                       # batch 2048, tables capped at 1M rows
     python examples/dlrm.py --max-rows 1000 --batch 64 --train-steps 20 --infer-batches 3
     python examples/dlrm.py --plot dlrm.png       # also draw the time breakdown
+    python examples/dlrm.py --fused-optimizer rowwise_adagrad --infer-batches 0
 
 Both sides use PyTorch's default thread count.  The converted model differs from the stock one by
 one line: ``model = perfkernels.torch.convert(model)``.
@@ -99,19 +104,65 @@ def make_batches(table_rows: list[int], batch: int, bag_size: int, count: int, s
     return out
 
 
-def train(model: nn.Module, batches: list[tuple], lr: float, desc: str) -> tuple[list[float], float]:
-    """SGD on the BCE loss; returns the loss curve and the median seconds per step."""
+class RowwiseAdagrad(torch.optim.Optimizer):
+    """Row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD) on sparse gradients, with torch ops: the
+    gradient is coalesced (duplicates summed), then each touched row r gets
+    ``h[r] += mean(g[r]^2); w[r] -= lr * g[r] / (sqrt(h[r]) + eps)``.  The unfused counterpart
+    of ``fused_optimizer=("rowwise_adagrad", ...)``."""
+
+    def __init__(self, params, lr: float, eps: float = 1e-8) -> None:
+        super().__init__(params, {"lr": lr, "eps": eps})
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "sum" not in state:
+                    state["sum"] = torch.zeros(p.shape[0])
+                g = p.grad.coalesce()
+                rows, values = g.indices()[0], g.values()
+                h = state["sum"].index_select(0, rows) + values.pow(2).mean(1)
+                state["sum"].index_copy_(0, rows, h)
+                p.index_add_(0, rows, values / (h.sqrt() + group["eps"]).unsqueeze(1),
+                             alpha=-group["lr"])
+
+
+def table_optimizer(model: DLRM, name: str, lr: float, eps: float) -> torch.optim.Optimizer:
+    """The stock model's tables under optimizer `name`, unfused (torch's sparse gradients)."""
+    params = list(model.tables.parameters())
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, eps=eps)
+    if name == "rowwise_adagrad":
+        return RowwiseAdagrad(params, lr=lr, eps=eps)
+    return torch.optim.SGD(params, lr=lr)
+
+
+def train(model: nn.Module, batches: list[tuple], lr: float, desc: str,
+          table_opt: torch.optim.Optimizer | None = None, tables_apart: bool = False
+          ) -> tuple[list[float], float]:
+    """SGD on the BCE loss; returns the loss curve and the median seconds per step.  With
+    `tables_apart`, SGD holds the MLPs only and the tables are updated by `table_opt` (stock
+    model) or by their fused optimizer during backward (converted model)."""
     from tqdm import tqdm
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    params = [p for name, p in model.named_parameters()
+              if not (tables_apart and name.startswith("tables."))]
+    opt = torch.optim.SGD(params, lr=lr)
     loss_fn = nn.BCELoss()
     losses, times = [], []
     model.train()
     for dense, ix, off, y in tqdm(batches, desc=desc, file=sys.stderr, leave=False):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
+        if table_opt is not None:
+            table_opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(dense, ix, off), y)
         loss.backward()
         opt.step()
+        if table_opt is not None:
+            table_opt.step()
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
     return losses, float(np.median(times[1:] or times))
@@ -172,19 +223,31 @@ def run(args: argparse.Namespace) -> dict:
     if args.train_steps:
         batches = make_batches(table_rows, args.batch, args.bag_size, args.train_steps, args.seed)
         ours = pt.convert(copy.deepcopy(stock))
-        loss_t, step_t = train(stock, batches, args.lr, "train torch")
-        loss_o, step_o = train(ours, batches, args.lr, "train perfkernels")
+        fused = args.fused_optimizer
+        table_opt = None
+        if fused:
+            table_opt = table_optimizer(stock, fused, args.lr, args.eps)
+            options = {"lr": args.lr} if fused == "sgd" else {"lr": args.lr, "eps": args.eps}
+            for t in ours.tables:
+                t.set_fused_optimizer((fused, options))
+        loss_t, step_t = train(stock, batches, args.lr, "train torch", table_opt, bool(fused))
+        loss_o, step_o = train(ours, batches, args.lr, "train perfkernels", None, bool(fused))
         diff = float(np.max(np.abs(np.array(loss_t) - np.array(loss_o))))
         result["train"] = {"torch_s": step_t, "ours_s": step_o, "max_loss_diff": diff,
-                           "loss_first": loss_t[0], "loss_last": loss_t[-1]}
-        print(f"training, {args.train_steps} steps: loss {loss_t[0]:.4f} -> {loss_t[-1]:.4f}; "
-              f"max |loss torch - loss perfkernels| = {diff:.2e}")
+                           "loss_first": loss_t[0], "loss_last": loss_t[-1],
+                           "fused_optimizer": fused}
+        how = (f"tables: {fused}, torch unfused vs perfkernels fused" if fused
+               else "tables: SGD on sparse gradients")
+        print(f"training, {args.train_steps} steps ({how}): loss {loss_t[0]:.4f} -> "
+              f"{loss_t[-1]:.4f}; max |loss torch - loss perfkernels| = {diff:.2e}")
         print(f"  time per step: torch {step_t * 1e3:.1f} ms, perfkernels {step_o * 1e3:.1f} ms "
               f"({step_t / step_o:.2f}x)")
         if diff > args.loss_tol:
             raise SystemExit(f"loss curves differ by {diff:.2e} > {args.loss_tol}")
 
     # ---- inference: float32, float16 and 8-bit tables
+    if not args.infer_batches:
+        return result
     batches = make_batches(table_rows, args.batch, args.bag_size, args.infer_batches,
                            args.seed + 1)
     variants = {
@@ -252,6 +315,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--infer-batches", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3, help="timed passes over the batches")
     p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--fused-optimizer", choices=["sgd", "adagrad", "rowwise_adagrad"],
+                   help="train the converted model's tables with this fused optimizer (and the "
+                        "stock model's with the same optimizer, unfused)")
+    p.add_argument("--eps", type=float, default=1e-8, help="eps of the adagrad variants")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--loss-tol", type=float, default=1e-4)
     p.add_argument("--pred-tol", type=float, default=1e-4)

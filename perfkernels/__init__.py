@@ -25,6 +25,7 @@ from ._convert import bfloat16_to_float, float_to_bfloat16, float_to_half, half_
 from ._embedding import embedding_bag  # noqa: E402
 from ._quantized import dequantize_rowwise, embedding_bag_quantized, quantize_rowwise  # noqa: E402
 from ._lstm import lstm_unit, lstm_unit_backward  # noqa: E402
+from ._training import embedding_bag_backward_update  # noqa: E402
 
 __all__ = [
     "active_isa", "available_isas", "cpu_features", "show_runtime", "use_isa",
@@ -32,4 +33,5 @@ __all__ = [
     "embedding_bag",
     "quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized",
     "lstm_unit", "lstm_unit_backward",
+    "embedding_bag_backward_update",
 ]

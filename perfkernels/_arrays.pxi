@@ -65,3 +65,32 @@ cdef inline object finish_out(object out, cnp.ndarray dst):
     if dst is not out:
         np.copyto(out, dst)
     return out
+
+
+ctypedef const void *(*kernel_table_getter)(int isa) noexcept nogil
+
+
+cdef class _KernelTableSetter:
+    """What a family registers with the dispatcher: on a level change, point its kernel-table
+    pointer at that level's table (the hot path then pays one pointer load)."""
+    cdef kernel_table_getter getter
+    cdef const void **slot
+    cdef str family
+
+    def __call__(self, int level):
+        cdef const void *table = self.getter(level)
+        if table == NULL:
+            raise RuntimeError(f"{self.family} kernels for ISA level {level} are not in this build")
+        self.slot[0] = table
+
+
+cdef int register_family(str family, kernel_table_getter getter, const void **slot) except -1:
+    """Register a family module with the dispatcher: *slot = getter(level) for the active level
+    now and for every level chosen later (use_isa, PERFKERNELS_ISA)."""
+    from . import _dispatch
+    cdef _KernelTableSetter setter = _KernelTableSetter.__new__(_KernelTableSetter)
+    setter.getter = getter
+    setter.slot = slot
+    setter.family = family
+    _dispatch.register(setter)
+    return 0

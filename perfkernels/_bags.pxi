@@ -16,35 +16,15 @@
 #
 # `keep` holds the arrays the pointers in `bags` point into: keep it alive until the kernel
 # returns.  `scratch` (caller's stack) holds the normalised offsets of small calls, so a call with
-# a few bags allocates nothing here.  Every check below raises the documented exception
-# (SPEC.md section 1) with the offending values; afterwards the kernel may rely on everything
+# a few bags allocates nothing here.  Every check below raises the documented exception with the
+# offending values; afterwards the kernel may rely on everything
 # bags.h lists, and reads no memory outside the arrays whatever the input.
 
 from libc.stdint cimport int32_t, int64_t, uint64_t
 import operator
 
-cdef extern from "perfkernels/common.h":
-    ctypedef enum pk_status:
-        PK_OK
-        PK_ERR_INDEX
-        PK_ERR_VALUE
-        PK_ERR_NONFINITE
-
-cdef extern from "perfkernels/bags.h":
-    ctypedef struct pk_bags:
-        const void *indices
-        int64_t n_indices
-        int index_64
-        const int64_t *offsets
-        int64_t num_bags
-        const float *weights
-        int positional
-        int mean
-        int64_t padding_idx
-        float *out
-        int64_t out_stride
-    int64_t pk_bags_index(const pk_bags *bags, int64_t j) noexcept nogil
-    int64_t pk_bags_first_bad_index(const pk_bags *bags, int64_t rows) noexcept nogil
+from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
+from perfkernels._c_bags cimport pk_bags, pk_bags_index, pk_bags_first_bad_index
 
 cdef enum:
     BAGS_SCRATCH = 64   # normalised offsets of calls with < 64 bags live on the caller's stack

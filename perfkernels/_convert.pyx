@@ -1,18 +1,10 @@
-"""float32 <-> float16 and float32 <-> bfloat16 conversion (SPEC.md section 3)."""
+"""float32 <-> float16 and float32 <-> bfloat16 conversion."""
 include "_arrays.pxi"
 
 from libc.stdint cimport uint16_t
 import ml_dtypes
 
-from . import _dispatch
-
-cdef extern from "perfkernels/convert.h":
-    ctypedef struct pk_convert_kernels:
-        void (*float_to_half)(const float *src, uint16_t *dst, size_t n, int clip) noexcept nogil
-        void (*half_to_float)(const uint16_t *src, float *dst, size_t n) noexcept nogil
-        void (*float_to_bf16)(const float *src, uint16_t *dst, size_t n) noexcept nogil
-        void (*bf16_to_float)(const uint16_t *src, float *dst, size_t n) noexcept nogil
-    const pk_convert_kernels *pk_convert_table(int isa) noexcept nogil
+from perfkernels._c_convert cimport pk_convert_kernels, pk_convert_table
 
 cdef const pk_convert_kernels *_kernels = NULL
 
@@ -23,15 +15,7 @@ cdef tuple F16 = (cnp.NPY_FLOAT16,)
 cdef tuple BF16 = (BF16_NUM,)
 
 
-def _set_isa(int level):
-    global _kernels
-    cdef const pk_convert_kernels *table = pk_convert_table(level)
-    if table == NULL:
-        raise RuntimeError(f"conversion kernels for ISA level {level} are not in this build")
-    _kernels = table
-
-
-_dispatch.register(_set_isa)
+register_family("conversion", <kernel_table_getter>pk_convert_table, <const void **>&_kernels)
 
 
 cdef tuple _prepare(object x, object out, str xname, tuple in_types, str in_name,
@@ -42,7 +26,7 @@ cdef tuple _prepare(object x, object out, str xname, tuple in_types, str in_name
     if out is None:
         dst = np.empty(shape, dtype=out_dtype)
     else:
-        dst = check_out(out, out_num, str(out_dtype), shape, (src,))
+        dst = check_out(out, out_num, str(np.dtype(out_dtype)), shape, (src,))
     return src, dst
 
 

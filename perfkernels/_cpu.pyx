@@ -1,14 +1,8 @@
 """CPU feature detection and build information (baseline flags only)."""
 
-cdef extern from "perfkernels/cpu.h":
-    unsigned long long pk_cpu_detect() nogil
-    const char *pk_cpu_feature_name(int feature) nogil
-    int pk_isa_compiled(int isa) nogil
-    const char *pk_isa_name(int isa) nogil
-    const char *pk_build_compiler() nogil
-    int PK_CPU_FEATURE_COUNT
-    int PK_ISA_COUNT
-
+from perfkernels._c_common cimport PK_ISA_COUNT
+from perfkernels._c_cpu cimport (PK_CPU_FEATURE_COUNT, pk_build_compiler, pk_cpu_detect,
+                                 pk_cpu_feature_name, pk_isa_compiled, pk_isa_name)
 
 def detect():
     """Return ``{feature_name: bool}`` from cpuid and xgetbv (all False off x86-64)."""

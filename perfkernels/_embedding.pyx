@@ -1,20 +1,11 @@
-"""Embedding bags on float32 / float16 / bfloat16 tables (SPEC.md section 1)."""
+"""Embedding bags on float32 / float16 / bfloat16 tables."""
 include "_arrays.pxi"
 include "_bags.pxi"
 
 import ml_dtypes
 
-from . import _dispatch
-
-cdef extern from "perfkernels/embedding.h":
-    ctypedef pk_status (*pk_embedding_bag_fn)(const pk_bags *bags, const void *table, int64_t rows,
-                                              int64_t dim, int64_t row_stride,
-                                              int64_t *bad_pos) noexcept nogil
-    ctypedef struct pk_embedding_kernels:
-        pk_embedding_bag_fn bag_f32
-        pk_embedding_bag_fn bag_f16
-        pk_embedding_bag_fn bag_bf16
-    const pk_embedding_kernels *pk_embedding_table(int isa) noexcept nogil
+from perfkernels._c_embedding cimport (pk_embedding_bag_fn, pk_embedding_kernels,
+                                       pk_embedding_table)
 
 cdef const pk_embedding_kernels *_kernels = NULL
 
@@ -23,15 +14,7 @@ cdef tuple _TABLE_TYPES = (cnp.NPY_FLOAT32, cnp.NPY_FLOAT16, BF16_NUM)
 cdef str _TABLE_ACCEPTED = "float32, float16 or bfloat16 (ml_dtypes.bfloat16)"
 
 
-def _set_isa(int level):
-    global _kernels
-    cdef const pk_embedding_kernels *table = pk_embedding_table(level)
-    if table == NULL:
-        raise RuntimeError(f"embedding kernels for ISA level {level} are not in this build")
-    _kernels = table
-
-
-_dispatch.register(_set_isa)
+register_family("embedding", <kernel_table_getter>pk_embedding_table, <const void **>&_kernels)
 
 
 cdef cnp.ndarray _as_table(object weight):

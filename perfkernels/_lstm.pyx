@@ -1,49 +1,21 @@
-"""The LSTM unit, forward and backward (caffe2 LSTMUnit / LSTMUnitGradient; SPEC.md section 4)."""
+"""The LSTM unit, forward and backward (caffe2 LSTMUnit / LSTMUnitGradient)."""
 include "_arrays.pxi"
 
 from libc.stdint cimport int32_t, int64_t
 import operator
 
-from . import _dispatch
-
-cdef extern from "perfkernels/lstm.h":
-    ctypedef struct pk_lstm_params:
-        size_t n
-        size_t d
-        const int32_t *seq_lengths32
-        const int64_t *seq_lengths64
-        int64_t t
-        float forget_bias
-        int drop_states
-        int gate_order
-    ctypedef struct pk_lstm_kernels:
-        void (*forward)(const pk_lstm_params *p, const float *h_prev, const float *c_prev,
-                        const float *gates, float *h, float *c) noexcept nogil
-        void (*backward)(const pk_lstm_params *p, const float *c_prev, const float *gates,
-                         const float *c, const float *dh, const float *dc, float *dh_prev,
-                         float *dc_prev, float *dgates) noexcept nogil
-        void (*math)(int fn, const float *x, float *y, size_t n) noexcept nogil
-    const pk_lstm_kernels *pk_lstm_table(int isa) noexcept nogil
-    int PK_LSTM_IFOG
-    int PK_LSTM_IFGO
+from perfkernels._c_lstm cimport (pk_lstm_params, pk_lstm_kernels, pk_lstm_table, PK_LSTM_IFOG,
+                                  PK_LSTM_IFGO, PK_MATH_EXP, PK_MATH_SIGMOID, PK_MATH_TANH)
 
 cdef const pk_lstm_kernels *_kernels = NULL
 
 cdef tuple F32 = (cnp.NPY_FLOAT32,)
 cdef tuple INTS = (cnp.NPY_INT32, cnp.NPY_INT64)
 cdef dict GATE_ORDERS = {"ifog": PK_LSTM_IFOG, "ifgo": PK_LSTM_IFGO}
-_MATH = {"exp": 0, "sigmoid": 1, "tanh": 2}
+_MATH = {"exp": PK_MATH_EXP, "sigmoid": PK_MATH_SIGMOID, "tanh": PK_MATH_TANH}
 
 
-def _set_isa(int level):
-    global _kernels
-    cdef const pk_lstm_kernels *table = pk_lstm_table(level)
-    if table == NULL:
-        raise RuntimeError(f"LSTM kernels for ISA level {level} are not in this build")
-    _kernels = table
-
-
-_dispatch.register(_set_isa)
+register_family("LSTM", <kernel_table_getter>pk_lstm_table, <const void **>&_kernels)
 
 
 cdef inline float *_f32(cnp.ndarray a):

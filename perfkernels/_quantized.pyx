@@ -1,35 +1,17 @@
-"""Row-wise quantized tables: quantize, dequantize and embedding-bag lookups (SPEC.md section 2)."""
+"""Row-wise quantized tables: quantize, dequantize and embedding-bag lookups."""
 include "_arrays.pxi"
 include "_bags.pxi"
 
 from libc.stdint cimport uint8_t, uint16_t, int64_t
 
-from . import _dispatch
-
-cdef extern from "perfkernels/quantized.h":
-    size_t pk_quantized_row_bytes(int bits, size_t dim) noexcept nogil
-    ctypedef struct pk_quantized_kernels:
-        pk_status (*quantize_rowwise)(int bits, int half_input, const void *weight, size_t rows,
-                                      size_t dim, uint8_t *packed, size_t *bad_row) noexcept nogil
-        void (*dequantize_rowwise)(int bits, const uint8_t *packed, size_t rows, size_t row_bytes,
-                                   size_t dim, float *out) noexcept nogil
-        pk_status (*embedding_bag)(int bits, const pk_bags *bags, const uint8_t *packed,
-                                   int64_t rows, int64_t row_bytes, int64_t dim,
-                                   int64_t *bad_pos) noexcept nogil
-    const pk_quantized_kernels *pk_quantized_table(int isa) noexcept nogil
+from perfkernels._c_common cimport PK_ERR_NONFINITE
+from perfkernels._c_quantized cimport (pk_quantized_kernels, pk_quantized_row_bytes,
+                                       pk_quantized_table)
 
 cdef const pk_quantized_kernels *_kernels = NULL
 
 
-def _set_isa(int level):
-    global _kernels
-    cdef const pk_quantized_kernels *table = pk_quantized_table(level)
-    if table == NULL:
-        raise RuntimeError(f"quantized-table kernels for ISA level {level} are not in this build")
-    _kernels = table
-
-
-_dispatch.register(_set_isa)
+register_family("quantized-table", <kernel_table_getter>pk_quantized_table, <const void **>&_kernels)
 
 cdef tuple WEIGHT_TYPES = (cnp.NPY_FLOAT32, cnp.NPY_FLOAT16)
 cdef tuple PACKED_TYPES = (cnp.NPY_UINT8,)

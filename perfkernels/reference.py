@@ -34,6 +34,7 @@ __all__ = [
     "quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized", "packed_row_bytes",
     "float_to_half", "half_to_float", "float_to_bfloat16", "bfloat16_to_float",
     "lstm_unit", "lstm_unit_backward",
+    "TableUpdate", "embedding_bag_table_gradient", "embedding_bag_backward_update",
     "tolerance", "max_excess", "assert_close", "assert_same_bits",
 ]
 
@@ -361,6 +362,92 @@ def lstm_unit_backward(c_prev, gates, c, dh, dc, *, seq_lengths=None, t: int = 0
     keep_dh, keep_dc = (zeros, zeros) if drop_states else (dh, dc)
     return (np.where(valid, zeros, keep_dh), np.where(valid, dct * f, keep_dc),
             np.where(valid, dgates, 0.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# training: embedding-bag backward fused with a sparse optimizer step
+# ---------------------------------------------------------------------------------------------
+
+def embedding_bag_table_gradient(rows: int, dim: int, indices, offsets=None, *, grad_output,
+                                 lengths=None, per_sample_weights=None, mode: str = "sum",
+                                 include_last_offset: bool = False, padding_idx=None,
+                                 positional_weights: bool = False) -> tuple[Expected, np.ndarray]:
+    """``(Expected([rows, dim], ...), touched)``: the gradient of an embedding bag's table and the
+    boolean mask of the rows some non-padding entry names.
+
+    ``g[r] = sum over entries j with indices[j] == r of scale_b * w_j * grad_output[b]``, ``b`` the
+    bag of entry j, ``scale_b`` 1 (``"sum"``) or ``1 / count_b`` (``"mean"``, count_b the bag's
+    non-padding entries), ``w_j`` as in :func:`embedding_bag`; padding entries contribute nothing.
+    """
+    idx = np.asarray(indices)
+    shape2d = idx.shape if idx.ndim == 2 and offsets is None and lengths is None else None
+    flat = idx.reshape(-1).astype(np.int64)
+    _check_indices(flat, rows)
+    pad = None if padding_idx is None else int(padding_idx) + (rows if padding_idx < 0 else 0)
+    psw = (None if per_sample_weights is None
+           else np.asarray(per_sample_weights, dtype=np.float64).reshape(-1))
+    G = np.asarray(grad_output, dtype=np.float64)
+    value = np.zeros((rows, dim))
+    magnitude = np.zeros((rows, dim))
+    touched = np.zeros(rows, dtype=bool)
+    for b, (begin, end) in enumerate(bag_bounds(flat.size, offsets, lengths, include_last_offset,
+                                                shape2d)):
+        entries = np.arange(begin, end)
+        entries = entries[flat[entries] != pad] if pad is not None else entries
+        if entries.size == 0:
+            continue
+        scale = 1.0 / entries.size if mode == "mean" else 1.0
+        for j in entries:
+            wj = 1.0 if psw is None else (psw[j - begin] if positional_weights else psw[j])
+            term = scale * wj * G[b]
+            value[flat[j]] += term
+            magnitude[flat[j]] += np.abs(term)
+            touched[flat[j]] = True
+    return Expected(value, magnitude), touched
+
+
+class TableUpdate(NamedTuple):
+    """The result of :func:`embedding_bag_backward_update`: the new table and state (float64),
+    the mask of updated rows, and the table gradient (:class:`Expected`, before weight decay)."""
+    weight: np.ndarray
+    state: np.ndarray | None
+    touched: np.ndarray
+    grad: Expected
+
+
+def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
+                                  optimizer: str = "sgd", state=None, lr: float,
+                                  eps: float = 1e-8, weight_decay: float = 0.0,
+                                  **bags) -> TableUpdate:
+    """One fused backward + sparse optimizer step, in float64 (the inputs are not modified).
+
+    With ``g`` from :func:`embedding_bag_table_gradient` (duplicates summed first), every touched
+    row r is updated once; other rows and their state are unchanged:
+
+    - ``"sgd"``: ``w -= lr * (g + weight_decay * w)``
+    - ``"adagrad"``: ``g += weight_decay * w; h += g * g; w -= lr * g / (sqrt(h) + eps)``
+    - ``"rowwise_adagrad"``: ``g += weight_decay * w; h += mean(g * g); w -= lr * g / (sqrt(h) + eps)``
+      (``h`` one value per row)
+    """
+    w = np.asarray(weight).astype(np.float64)
+    rows, dim = w.shape
+    grad, touched = embedding_bag_table_gradient(rows, dim, indices, offsets,
+                                                 grad_output=grad_output, **bags)
+    h = None if state is None else np.asarray(state).astype(np.float64)
+    r = np.flatnonzero(touched)
+    g = grad.value[r] + weight_decay * w[r]
+    if optimizer == "sgd":
+        w[r] -= lr * g
+    elif optimizer == "adagrad":
+        h[r] += g * g
+        w[r] -= lr * g / (np.sqrt(h[r]) + eps)
+    elif optimizer == "rowwise_adagrad":
+        if dim:
+            h[r] += np.mean(g * g, axis=1)
+        w[r] -= lr * g / (np.sqrt(h[r]) + eps)[:, None]
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r}")
+    return TableUpdate(w, h, touched, grad)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -77,3 +77,13 @@ def readonly(a: np.ndarray) -> np.ndarray:
     b = a.copy()
     b.flags.writeable = False
     return b
+
+
+@pytest.fixture(scope="session")
+def cuda_sim_libraries():
+    """perfkernels' CUDA kernels built for the warp simulator (tests/cuda_sim), once per session;
+    skips when g++ is missing."""
+    import cuda_sim
+    if cuda_sim.build.compiler() is None:
+        pytest.skip("g++ is not on this machine: the CUDA warp simulator cannot be built")
+    return cuda_sim.prebuild()

@@ -210,3 +210,32 @@ def test_assert_same_bits_sees_signed_zeros_and_nan_payloads():
     quiet, other = np.uint32([0x7fc00000, 0x7fc00001]).view(np.float32)
     with pytest.raises(AssertionError):
         reference.assert_same_bits(np.float32([quiet]), np.float32([other]))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize("mode", MODES)
+def test_backward_update_matches_torch_float64(rng, optimizer, mode):
+    """The training reference against nn.EmbeddingBag(sparse=True) + torch.optim in float64,
+    duplicates and a padding row included, over two steps (the state carries over)."""
+    rows, dim, lr, eps = 20, 5, 0.1, 1e-10
+    weight = rng.standard_normal((rows, dim))
+    bag = torch.nn.EmbeddingBag(rows, dim, mode=mode, sparse=True, padding_idx=3,
+                                dtype=torch.float64)
+    with torch.no_grad():
+        bag.weight.copy_(torch.from_numpy(weight))
+    opt = (torch.optim.SGD(bag.parameters(), lr=lr) if optimizer == "sgd"
+           else torch.optim.Adagrad(bag.parameters(), lr=lr, eps=eps))
+    w, h = weight, (None if optimizer == "sgd" else np.zeros((rows, dim)))
+    for _ in range(2):
+        indices = rng.integers(0, 8, 30)
+        offsets = np.array([0, 4, 4, 11, 20])
+        grad = rng.standard_normal((5, dim))
+        opt.zero_grad()
+        (bag(torch.from_numpy(indices), torch.from_numpy(offsets)) * torch.from_numpy(grad)).sum().backward()
+        opt.step()
+        w, h, _, _ = reference.embedding_bag_backward_update(
+            w, indices, offsets, grad_output=grad, optimizer=optimizer, state=h, lr=lr, eps=eps,
+            mode=mode, padding_idx=3)
+    np.testing.assert_allclose(w, bag.weight.detach().numpy(), rtol=1e-12, atol=1e-13)
+    if h is not None:
+        np.testing.assert_allclose(h, opt.state[bag.weight]["sum"].numpy(), rtol=1e-12)

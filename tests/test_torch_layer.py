@@ -434,6 +434,47 @@ def test_embedding_bag_collection_matches_per_feature_torch(isa, weighted):
     out.values().sum().backward()
     assert ebc.embedding_bags["t0"].weight.grad is not None
     assert list(ebc.state_dict()) == ["embedding_bags.t0.weight", "embedding_bags.t1.weight"]
+    with torch.no_grad():    # the one-call multi-table path (when this build has it)
+        torch.testing.assert_close(ebc(kjt).values(), out.values(), rtol=0, atol=0)
+
+
+def _multi_standin(tables, indices, *, offsets, per_sample_weights, modes, padding_idx):
+    """A loop of single-table calls with embedding_bags_multi's signature and layout."""
+    import perfkernels as pk
+    batch = (len(offsets) - 1) // len(tables)
+    cols = []
+    for f, table in enumerate(tables):
+        off = offsets[f * batch:(f + 1) * batch + 1]
+        seg = slice(off[0], off[-1])
+        cols.append(pk.embedding_bag(table, indices[seg], off - off[0], include_last_offset=True,
+                                     mode=modes[f], padding_idx=padding_idx[f],
+                                     per_sample_weights=None if per_sample_weights is None
+                                     else per_sample_weights[seg]))
+    return np.concatenate(cols, axis=1)
+
+
+@pytest.mark.parametrize("impl", ["this build", "stand-in"])
+def test_embedding_bag_collection_one_call_path_any_key_order(impl, monkeypatch):
+    from perfkernels.torch import _collection
+    if impl == "stand-in":
+        monkeypatch.setattr(_collection, "_multi_lookup", _multi_standin)
+    elif _collection._multi_lookup is None:
+        pytest.skip("this build has no perfkernels.embedding_bags_multi")
+    gen = torch.Generator().manual_seed(12)
+    tables = [pt.EmbeddingBagConfig(50, 8, name="t0", feature_names=["a", "b"]),
+              pt.EmbeddingBagConfig(30, 3, name="t1", feature_names=["c"], pooling="mean")]
+    ebc = pt.EmbeddingBagCollection(tables)
+    keys, batch = ["c", "a", "b"], 3                       # not the tables' feature order
+    lengths = torch.randint(0, 4, (len(keys) * batch,), generator=gen)
+    values = torch.randint(0, 30, (int(lengths.sum()),), generator=gen)
+    kjt = pt.KeyedJaggedTensor(keys, values, lengths=lengths)
+    want = ebc(kjt)                                        # grad enabled: one call per feature
+    with torch.no_grad():
+        got = ebc(kjt)
+    assert got.keys() == want.keys() == ["a", "b", "c"]
+    torch.testing.assert_close(got.values(), want.values(), rtol=0, atol=0)
+    with torch.no_grad(), pytest.raises(pt.IndexOutOfRangeError):
+        ebc(pt.KeyedJaggedTensor(keys, values + 40, lengths=lengths))
 
 
 # --------------------------------------------------------------------------- LSTM unit
@@ -465,3 +506,58 @@ def test_lstm_unit_opcheck():
     c = torch.randn(3, 4, generator=gen, requires_grad=True)
     gates = torch.randn(3, 16, generator=gen, requires_grad=True)
     torch.library.opcheck(torch.ops.perfkernels.lstm_unit.default, (c, gates, 0.5))
+
+
+def test_registered_ops_pass_opcheck():
+    """torch.library's consistency checks (schema, fake vs real, autograd registration)."""
+    gen = torch.Generator().manual_seed(9)
+    weight = torch.randn(20, 6, generator=gen, requires_grad=True)
+    ix, off = torch.tensor([1, 5, 5, 19, 0]), torch.tensor([0, 2, 2])
+    psw = torch.rand(5, generator=gen, requires_grad=True)
+    for args in [(weight, ix, off, None, "sum", False, None),
+                 (weight, ix, off, psw, "mean", False, 5),
+                 (weight, ix.reshape(1, 5), None, None, "sum", False, None)]:
+        torch.library.opcheck(torch.ops.perfkernels.embedding_bag.default, args)
+    packed = torch.ops.quantized.embedding_bag_4bit_prepack(weight.detach())
+    torch.library.opcheck(torch.ops.perfkernels.embedding_bag_quantized.default,
+                          (packed, ix, off, None, "sum", False, None, 4, 6))
+
+
+def test_weight_backward_can_be_replaced():
+    """The hook a fused optimizer uses: it sees each entry's gradient row and may consume it."""
+    m = pt.EmbeddingBag(10, 3, mode="sum")
+    seen = []
+
+    def consume(b):
+        seen.append((b.indices.clone(), b.entry_grads.clone()))
+        return None
+
+    m.weight_backward = consume
+    m(torch.tensor([2, 7, 2]), torch.tensor([0, 1])).sum().backward()
+    assert m.weight.grad is None
+    assert torch.equal(seen[0][0], torch.tensor([2, 7, 2]))
+    assert torch.equal(seen[0][1], torch.ones(3, 3))
+
+
+def test_torchrec_collection_converts_and_our_collection_takes_its_inputs():
+    """With TorchRec installed: convert() swaps the tables inside its unsharded
+    EmbeddingBagCollection (called with input=/offsets= keywords), and ours loads its state_dict,
+    takes its KeyedJaggedTensor and gives the same values."""
+    torchrec = pytest.importorskip("torchrec")
+    tables = [torchrec.EmbeddingBagConfig(name="t0", embedding_dim=8, num_embeddings=40,
+                                          feature_names=["f0", "f1"]),
+              torchrec.EmbeddingBagConfig(name="t1", embedding_dim=4, num_embeddings=30,
+                                          feature_names=["f2"],
+                                          pooling=torchrec.PoolingType.MEAN)]
+    ebc = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+    gen = torch.Generator().manual_seed(11)
+    lengths = torch.randint(0, 4, (3 * 5,), generator=gen)
+    values = torch.randint(0, 30, (int(lengths.sum()),), generator=gen)
+    kjt = torchrec.KeyedJaggedTensor(keys=["f0", "f1", "f2"], values=values, lengths=lengths)
+    want = ebc(kjt).values()
+    converted = pt.convert(ebc)
+    assert all(type(m) is pt.EmbeddingBag for m in converted.embedding_bags.values())
+    torch.testing.assert_close(converted(kjt).values(), want)
+    ours = pt.EmbeddingBagCollection(tables)
+    ours.load_state_dict(ebc.state_dict())
+    torch.testing.assert_close(ours(kjt).values(), want)

@@ -1,4 +1,4 @@
-/* perfkernels: embedding bags on float32 / float16 / bfloat16 tables (SPEC.md section 1).
+/* perfkernels: embedding bags on float32 / float16 / bfloat16 tables.
  *
  *     out[b, :D] = scale_b * sum over j in bag b, indices[j] != padding_idx, of w_j * float(table[indices[j], :])
  *

@@ -1,4 +1,4 @@
-/* perfkernels: the LSTM unit, forward and backward (caffe2 LSTMUnit / LSTMUnitGradient, SPEC.md 4).
+/* perfkernels: the LSTM unit, forward and backward (caffe2 LSTMUnit / LSTMUnitGradient).
  *
  * Shapes: h_prev, c_prev, h, c, dh, dc, dh_prev, dc_prev are [n, d]; gates and dgates are [n, 4d];
  * every array is C-contiguous float32 (element alignment is enough; no vector alignment needed).
@@ -61,7 +61,7 @@ PK_DECLARE_FOR_EACH_ISA(PK_DECLARE_LSTM)
 /* One level's row of the dispatch table (lstm/dispatch.c). */
 #define PK_LSTM_KERNELS(isa) {pk_lstm_forward_##isa, pk_lstm_backward_##isa, pk_lstm_math_##isa}
 
-/* Row r of a call is valid (SPEC.md 4). */
+/* Row r of a call is valid: no seq_lengths, or t < seq_lengths[r]. */
 static inline int pk_lstm_row_valid(const pk_lstm_params *p, size_t r)
 {
     if (p->seq_lengths32) return p->t < (int64_t)p->seq_lengths32[r];

@@ -1,4 +1,4 @@
-/* perfkernels: row-wise quantized tables (SPEC.md section 2).
+/* perfkernels: row-wise quantized tables.
  *
  * Packed row layouts (little-endian, rows unaligned):
  *   bits 8:    D uint8 codes, float32 scale, float32 bias                 (D + 8 bytes)
@@ -36,7 +36,7 @@ typedef pk_status (*pk_quantize_rowwise_fn)(int bits, int half_input, const void
 typedef void (*pk_dequantize_rowwise_fn)(int bits, const uint8_t *packed, size_t rows,
                                          size_t row_bytes, size_t dim, float *out);
 
-/* Embedding bags over packed rows (SPEC.md sections 1 and 2), dequantising in the inner loop:
+/* Embedding bags over packed rows, dequantising in the inner loop:
  * out[b] += (w*scale) * q + (w*bias) per row.  packed: rows x row_bytes, row_bytes ==
  * pk_quantized_row_bytes(bits, dim); bags->out holds num_bags x out_stride floats.  An index out of
  * [0, rows) returns PK_ERR_INDEX with its position in *bad_pos before its row is read. */

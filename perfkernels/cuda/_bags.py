@@ -56,30 +56,44 @@ def _index_array(x, name: str, allow_2d: bool = False):
 
 
 def _explain_offsets(offsets_host: np.ndarray, n: int, include_last_offset: bool, lengths: bool):
-    """The ValueError the CPU API raises for these offsets (or lengths); called only after the
-    device found them invalid, so it re-scans on the host to name the values."""
+    """The ValueError the CPU API raises for these offsets (or lengths), word for word; called only
+    after the device found them invalid, so it re-scans on the host to name the values."""
     o = offsets_host.astype(np.int64)
-    if o.size == 0 and not lengths:
-        return ValueError(f"offsets is empty (no bags) but indices has {n} entries")
     if lengths:
         neg = np.flatnonzero(o < 0)
+        first_neg = int(neg[0]) if neg.size else o.size
+        # lengths before the first negative one are >= 0 and < 2**63: their uint64 running sum
+        # cannot wrap before it first exceeds n.
+        total = np.cumsum(o[:first_neg].astype(np.uint64))
+        over = np.flatnonzero(total > np.uint64(n))
+        if over.size:
+            i = int(over[0])
+            return ValueError(f"lengths[:{i + 1}] sum to {int(total[i])} > len(indices) = {n}: "
+                              "sum(lengths) must equal len(indices)")
         if neg.size:
-            j = int(neg[0])
-            return ValueError(f"lengths[{j}] = {o[j]} is negative")
-        return ValueError(f"sum(lengths) = {int(o.sum())} must equal len(indices) = {n}")
-    if o.size and o[0] != 0:
-        return ValueError(f"offsets[0] must be 0; got {o[0]}")
+            return ValueError(f"lengths[{first_neg}] = {o[first_neg]} is negative: lengths must be >= 0")
+        return ValueError(f"sum(lengths) = {int(total[-1]) if total.size else 0} != len(indices) = "
+                          f"{n}: sum(lengths) must equal len(indices)")
+    if o.size == 0:
+        return ValueError(f"offsets is empty (no bags) but there are {n} indices")
+    if o[0] != 0:
+        return ValueError(f"offsets[0] = {o[0]}: the first offset must be 0")
     dec = np.flatnonzero(np.diff(o) < 0)
     if dec.size:
         j = int(dec[0]) + 1
-        return ValueError(f"offsets must be non-decreasing; offsets[{j}] = {o[j]} < "
-                          f"offsets[{j - 1}] = {o[j - 1]}")
-    if include_last_offset and o[-1] != n:
-        return ValueError(f"with include_last_offset=True the last offset must equal "
-                          f"len(indices) = {n}; got offsets[{o.size - 1}] = {o[-1]}")
-    if o.size and o[-1] > n:
-        return ValueError(f"offsets[{o.size - 1}] = {o[-1]} exceeds len(indices) = {n}")
-    return ValueError("offsets are invalid")  # not reached when the device and host agree
+        return ValueError(f"offsets[{j}] = {o[j]} < offsets[{j - 1}] = {o[j - 1]}: "
+                          "offsets must be non-decreasing")
+    last = o.size - 1
+    if include_last_offset:
+        return ValueError(f"offsets[{last}] = {o[last]} != len(indices) = {n}: with "
+                          "include_last_offset=True the last offset must equal len(indices)")
+    return ValueError(f"offsets[{last}] = {o[last]} > len(indices) = {n}: "
+                      "offsets must not exceed the number of indices")
+
+
+def _positional_error(entries: int, longest: int) -> ValueError:
+    return ValueError(f"positional per_sample_weights has {entries} entries but the longest bag has "
+                      f"{longest}: it needs one per position")
 
 
 def run(table, fmt: int, rows: int, dim: int, row_bytes: int, meta_off: int, indices, offsets,
@@ -90,23 +104,25 @@ def run(table, fmt: int, rows: int, dim: int, row_bytes: int, meta_off: int, ind
     cp = rt.cupy_or_raise()
     if mode not in ("sum", "mean"):
         raise ValueError(f"mode must be 'sum' or 'mean'; got {mode!r}")
-    if offsets is not None and lengths is not None:
-        raise ValueError("give offsets or lengths, not both")
     idx = _index_array(indices, "indices", allow_2d=True)
     n = int(idx.size)
     fixed_len = 0
-    offs = None
+    offs = lens = None
     offsets_mode = 0
     if idx.ndim == 2:
         if offsets is not None or lengths is not None:
-            raise ValueError(f"indices is 2-D {tuple(idx.shape)}: it defines the bags itself, so "
-                             f"offsets and lengths must be None")
+            raise ValueError(f"indices is 2-D {tuple(idx.shape)} (one bag per row): "
+                             "offsets and lengths must be None")
         num_bags, fixed_len = int(idx.shape[0]), int(idx.shape[1])
+    elif offsets is not None and lengths is not None:
+        raise ValueError("give either offsets (PyTorch convention) or lengths (caffe2 "
+                         "convention), not both")
     elif offsets is not None:
         offs = _index_array(offsets, "offsets")
         if include_last_offset:
             if offs.size == 0:
-                raise ValueError("with include_last_offset=True offsets needs at least one entry")
+                raise ValueError("offsets is empty: with include_last_offset=True it needs at least "
+                                 "one entry (the end of the last bag, len(indices))")
             num_bags, offsets_mode = int(offs.size) - 1, 2
         else:
             num_bags, offsets_mode = int(offs.size), 1
@@ -115,7 +131,8 @@ def run(table, fmt: int, rows: int, dim: int, row_bytes: int, meta_off: int, ind
         num_bags, offsets_mode = int(lens.size), 3
         offs = cp.cumsum(lens, dtype=cp.int64)
     else:
-        raise ValueError("1-D indices need offsets or lengths to define the bags")
+        raise ValueError("1-D indices need offsets or lengths to say where the bags are "
+                         "(or pass 2-D indices [num_bags, bag_length])")
 
     if padding_idx is None:
         pad = -1
@@ -123,9 +140,11 @@ def run(table, fmt: int, rows: int, dim: int, row_bytes: int, meta_off: int, ind
         try:
             pad = operator.index(padding_idx)
         except TypeError:
-            raise TypeError(f"padding_idx must be an int or None; got {type(padding_idx).__name__}") from None
+            raise TypeError(f"padding_idx must be an integer or None; got "
+                            f"{type(padding_idx).__name__}") from None
         if not -rows <= pad < rows:
-            raise ValueError(f"padding_idx = {padding_idx} is out of range for a table of {rows} rows")
+            raise ValueError(f"padding_idx = {pad} is out of range for a table of {rows} rows "
+                             f"(valid: -{rows} <= padding_idx < {rows})")
         pad = pad + rows if pad < 0 else pad
 
     weights = None
@@ -142,8 +161,7 @@ def run(table, fmt: int, rows: int, dim: int, row_bytes: int, meta_off: int, ind
             weight_mode = 2
             positional_limit = int(weights.size)
             if idx.ndim == 2 and num_bags and fixed_len > weights.size:
-                raise ValueError(f"positional weights need one entry per position of the longest "
-                                 f"bag ({fixed_len}); got {weights.size}")
+                raise _positional_error(int(weights.size), fixed_len)
         else:
             weight_mode = 1
             if tuple(g.a.shape) != tuple(idx.shape):
@@ -152,7 +170,11 @@ def run(table, fmt: int, rows: int, dim: int, row_bytes: int, meta_off: int, ind
     elif positional_weights:
         raise ValueError("positional_weights=True needs per_sample_weights")
 
-    dst, user_out = rt.check_out(out, (num_bags, dim), np.float32, "float32", inputs_for_overlap)
+    # out= sharing memory with any input (the table, indices, offsets or lengths, weights) goes
+    # through a temporary: bags are written while other bags still read their inputs.
+    inputs = tuple(inputs_for_overlap) + tuple(
+        a for a in (idx, offs, lens, weights) if a is not None)
+    dst, user_out = rt.check_out(out, (num_bags, dim), np.float32, "float32", inputs)
 
     index_type = str(idx.dtype)
     errors = rt.error_slots(cp)
@@ -193,10 +215,7 @@ def run(table, fmt: int, rows: int, dim: int, row_bytes: int, meta_off: int, ind
         raise _explain_offsets(
             (lens if offsets_mode == 3 else offs).get(), n, offsets_mode == 2, offsets_mode == 3)
     if rt.found(err[2]):
-        b = int(err[2])
-        length = int(starts[b + 1].get() - starts[b].get())
-        raise ValueError(f"positional weights need one entry per position of the longest bag: "
-                         f"bag {b} has {length} indices, per_sample_weights has {positional_limit}")
+        raise _positional_error(positional_limit, int(np.diff(starts.get()).max()))
     if rt.found(err[0]):
         j = int(err[0])
         value = int(idx.reshape(-1)[j].get())
@@ -217,37 +236,52 @@ def float_table(weight):
     return a, fmt
 
 
-def quantized_table(packed, bits: int, dim):
-    if bits not in (8, 4, 2):
+def packed_row_bytes(dim: int, bits: int) -> int:
+    """Bytes of a packed row: D codes + 8 (8-bit), ceil(D * bits / 8) + 4 (4-, 2-bit)."""
+    return dim + 8 if bits == 8 else -(-dim // (8 // bits)) + 4
+
+
+def check_bits(bits) -> int:
+    if isinstance(bits, bool) or bits not in (8, 4, 2):
         raise ValueError(f"bits must be 8, 4 or 2; got {bits!r}")
+    return int(bits)
+
+
+def packed_dim(width: int, bits: int, dim) -> int:
+    """D of packed rows ``width`` bytes wide, validated against ``dim=`` (the CPU API's rules and
+    messages)."""
+    per, trailer = 8 // bits, (8 if bits == 8 else 4)
+    layout = ("D uint8 codes + float32 scale + float32 bias" if bits == 8 else
+              f"ceil(D/{per}) bytes of {bits}-bit codes + float16 scale + float16 bias")
+    if width <= trailer:
+        raise ValueError(f"packed rows of {width} bytes are too short for {bits}-bit rows ({layout})")
+    if dim is None:
+        return (width - trailer) * per
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        raise ValueError(f"dim must be a positive integer; got {dim!r}")
+    d = int(dim)
+    expected = packed_row_bytes(d, bits)
+    if expected != width:
+        raise ValueError(f"packed rows of {width} bytes do not hold dim={d} with bits={bits} "
+                         f"(expected {expected} bytes: {layout})")
+    return d
+
+
+def quantized_table(packed, bits: int, dim):
+    """(2-D uint8 table with unit stride inside rows, format, D, byte offset of scale and bias)."""
+    bits = check_bits(bits)
     g = rt.as_gpu(packed, "packed")
     rt.check_dtype(g, "packed", ("uint8",), "uint8")
     a = g.a
     if a.ndim != 2:
-        raise ValueError(f"packed must be 2-D [rows, row bytes]; got shape {tuple(a.shape)}")
+        raise ValueError(f"packed must be 2-D (rows x row bytes); got {a.ndim}-D with shape "
+                         f"{tuple(a.shape)}")
     if a.shape[1] > 1 and a.strides[1] != 1 or a.strides[0] < 0:
         a = rt.contiguous(a)
     row_bytes = int(a.shape[1])
-    if bits == 8:
-        if row_bytes < 8:
-            raise ValueError(f"8-bit packed rows are D + 8 bytes; got rows of {row_bytes} bytes")
-        d = row_bytes - 8
-        if dim is not None and dim != d:
-            raise ValueError(f"dim = {dim} does not match 8-bit rows of {row_bytes} bytes (D = {d})")
-        return a, Q8, d, d
-    per_byte = 8 // bits
-    if row_bytes < 4:
-        raise ValueError(f"{bits}-bit packed rows are ceil(D / {per_byte}) + 4 bytes; got rows of "
-                         f"{row_bytes} bytes")
-    code_bytes = row_bytes - 4
-    if dim is None:
-        d = code_bytes * per_byte
-    else:
-        d = operator.index(dim)
-        if d < 0 or -(-d // per_byte) != code_bytes:
-            raise ValueError(f"dim = {dim} does not match {bits}-bit rows of {row_bytes} bytes "
-                             f"(ceil(dim / {per_byte}) + 4 must equal the row size)")
-    return a, (Q4 if bits == 4 else Q2), d, code_bytes
+    d = packed_dim(row_bytes, bits, dim)
+    fmt = {8: Q8, 4: Q4, 2: Q2}[bits]
+    return a, fmt, d, (d if bits == 8 else row_bytes - 4)
 
 
 def instantiations(full: bool = False) -> list[str]:

@@ -22,31 +22,26 @@ def instantiations(full: bool = True) -> list[str]:
             + [dequantize_name(b) for b in (8, 4, 2)])
 
 
-def packed_row_bytes(dim: int, bits: int) -> int:
-    return dim + 8 if bits == 8 else -(-dim // (8 // bits)) + 4
-
-
 def quantize(weight, bits: int):
     cp = rt.cupy_or_raise()
-    if bits not in (8, 4, 2):
-        raise ValueError(f"bits must be 8, 4 or 2; got {bits!r}")
+    bits = _bags.check_bits(bits)
     g = rt.as_gpu(weight, "weight")
     rt.check_dtype(g, "weight", ("float32", "float16"), "float32 or float16")
     a = g.a
     if a.ndim != 2:
-        raise ValueError(f"weight must be 2-D [rows, D]; got shape {tuple(a.shape)}")
+        raise ValueError(f"weight must be 2-D (rows x D); got {a.ndim}-D with shape {tuple(a.shape)}")
+    if a.shape[1] == 0:
+        raise ValueError(f"weight must have at least one column; got shape {tuple(a.shape)}")
     if a.shape[1] > 1 and a.strides[1] != a.itemsize or a.strides[0] < 0:
         a = rt.contiguous(a)
     rows, dim = (int(s) for s in a.shape)
-    row_bytes = packed_row_bytes(dim, bits)
+    row_bytes = _bags.packed_row_bytes(dim, bits)
     dst = cp.empty((rows, row_bytes), dtype=cp.uint8)
-    if rows and dim:
+    if rows:
         fn = rt.kernel(FILE, quantize_name(bits, a.dtype == np.float16))
         stride = int(a.strides[0]) // a.itemsize if rows > 1 else dim
         fn((rt.grid_for(rows * 32),), (256,),
            (a, np.int64(rows), np.int32(dim), np.int64(stride), dst, np.int64(row_bytes)))
-    elif rows:   # min / max of an empty row are undefined
-        raise ValueError("weight must have at least one column to quantize")
     return dst
 
 

@@ -24,6 +24,7 @@ except ImportError as exc:   # pragma: no cover - exercised only without torch
 from ._bridge import IndexOutOfRangeError
 from ._bags import BagBackward
 from ._embedding_bag import EmbeddingBag
+from ._fused import FusedOptimizer
 from ._quantized import (QuantizedEmbeddingBag, embedding_bag_2bit_rowwise_offsets,
                          embedding_bag_4bit_rowwise_offsets, embedding_bag_byte_rowwise_offsets)
 from ._collection import (EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor,
@@ -33,7 +34,7 @@ from ._convert import ConversionReport, convert, embedding_bag, last_report, rou
 
 __all__ = [
     "IndexOutOfRangeError", "BagBackward",
-    "EmbeddingBag", "QuantizedEmbeddingBag",
+    "EmbeddingBag", "FusedOptimizer", "QuantizedEmbeddingBag",
     "embedding_bag_byte_rowwise_offsets", "embedding_bag_4bit_rowwise_offsets",
     "embedding_bag_2bit_rowwise_offsets",
     "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor",

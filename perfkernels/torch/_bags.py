@@ -15,6 +15,7 @@ both routes share it and it traces.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
@@ -94,12 +95,26 @@ def entry_scales(indices: Tensor, bag: Tensor, num_bags: int, mode: str,
 
 @dataclass
 class BagBackward:
-    """What the weight gradient of one lookup depends on (handed to a custom weight backward)."""
+    """What the weight gradient of one lookup depends on (handed to a custom weight backward):
+    the bags' upstream gradient and the lookup's arguments.  :attr:`entry_grads` (one gradient
+    row per entry) is computed on first use only, so a weight backward that works from the bags
+    themselves (a fused optimizer) never materialises it."""
     grad_output: Tensor            # [num_bags, D], the gradient of the bags
-    indices: Tensor                # flattened entries, int32 or int64
-    entry_grads: Tensor            # [n, D] float32: the gradient of each entry's row
+    indices: Tensor                # the lookup's indices (1-D, or 2-D [B, L]), int32 or int64
+    offsets: Optional[Tensor]
+    per_sample_weights: Optional[Tensor]
+    mode: str
+    include_last_offset: bool
+    padding_idx: Optional[int]
     rows: int
     dtype: torch.dtype             # the table's dtype
+
+    @functools.cached_property
+    def entry_grads(self) -> Tensor:
+        """[n, D] float32: the gradient of each entry's row."""
+        return entry_gradients(self.grad_output, self.indices, self.offsets,
+                               self.per_sample_weights, self.mode, self.include_last_offset,
+                               self.padding_idx, self.rows)
 
 
 def entry_gradients(grad_output: Tensor, indices: Tensor, offsets: Optional[Tensor],
@@ -190,21 +205,20 @@ class BagFunction(torch.autograd.Function):
         weight, psw, indices, offsets = ctx.saved_tensors
         spec: BagSpec = ctx.spec
         grad_weight = grad_psw = None
+        if ctx.needs_input_grad[1]:
+            # first: a weight backward may update the table in place (fused optimizer)
+            grad_psw = per_sample_weights_grad(grad_output, weight, indices, offsets, spec.mode,
+                                               spec.include_last_offset, spec.padding_idx,
+                                               psw.dtype)
         if ctx.needs_input_grad[0]:
-            b = BagBackward(grad_output, indices,
-                            entry_gradients(grad_output, indices, offsets, psw, spec.mode,
-                                            spec.include_last_offset, spec.padding_idx, ctx.rows),
-                            ctx.rows, ctx.dtype)
+            b = BagBackward(grad_output, indices, offsets, psw, spec.mode,
+                            spec.include_last_offset, spec.padding_idx, ctx.rows, ctx.dtype)
             if spec.weight_backward is not None:
                 grad_weight = spec.weight_backward(b)
             elif spec.sparse:
                 grad_weight = sparse_weight_grad(b, spec.padding_idx)
             else:
                 grad_weight = dense_weight_grad(b)
-        if ctx.needs_input_grad[1]:
-            grad_psw = per_sample_weights_grad(grad_output, weight, indices, offsets, spec.mode,
-                                               spec.include_last_offset, spec.padding_idx,
-                                               psw.dtype)
         return grad_weight, grad_psw, None, None, None
 
 
@@ -245,9 +259,7 @@ def _embedding_bag_backward(ctx, grad_output):
     grad_weight = grad_psw = None
     if ctx.needs_input_grad[0]:
         grad_weight = dense_weight_grad(BagBackward(
-            grad_output, indices,
-            entry_gradients(grad_output, indices, offsets, psw, mode, include_last_offset,
-                            padding_idx, weight.shape[0]),
+            grad_output, indices, offsets, psw, mode, include_last_offset, padding_idx,
             weight.shape[0], weight.dtype))
     if ctx.needs_input_grad[3]:
         grad_psw = per_sample_weights_grad(grad_output, weight, indices, offsets, mode,
@@ -279,12 +291,8 @@ def _embedding_bag_quantized_fake(packed, indices, offsets, per_sample_weights, 
 
 def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
                 per_sample_weights: Optional[Tensor], spec: BagSpec,
-                output_dtype: Optional[torch.dtype] = None,
-                cpu_no_grad: Optional[Callable[..., Tensor]] = None) -> Tensor:
-    """A float-table lookup by the cheapest route that keeps autograd and tracing right.
-
-    ``cpu_no_grad(input, offsets, per_sample_weights)``, when given, replaces :func:`lookup` for
-    CPU calls that need no gradient (the modules pass one that reuses a cached weight view)."""
+                output_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """A float-table lookup by the cheapest route that keeps autograd and tracing right."""
     if torch.compiler.is_compiling():
         out = torch.ops.perfkernels.embedding_bag(weight, input, offsets, per_sample_weights,
                                                   spec.mode, spec.include_last_offset,
@@ -292,8 +300,6 @@ def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
     elif torch.is_grad_enabled() and (weight.requires_grad or (
             per_sample_weights is not None and per_sample_weights.requires_grad)):
         out = BagFunction.apply(weight, per_sample_weights, input, offsets, spec)
-    elif cpu_no_grad is not None and weight.device.type == "cpu":
-        out = cpu_no_grad(input, offsets, per_sample_weights)
     else:
         out = lookup(weight, input, offsets, per_sample_weights, spec.mode,
                      spec.include_last_offset, spec.padding_idx)

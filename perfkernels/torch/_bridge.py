@@ -86,10 +86,12 @@ class TableViewCache:
 
     _np_view: tuple | None = None
 
-    def _table_array(self, t: torch.Tensor) -> np.ndarray:
+    def _table_array(self, t: torch.Tensor) -> np.ndarray | None:
+        """The view of ``t`` (None when ``t`` is not on the CPU)."""
         view = self._np_view
         if view is None or view[0] is not t or view[1] != t.data_ptr() or view[2] != t.shape:
-            view = self._np_view = (t, t.data_ptr(), t.shape, as_numpy(t))
+            view = self._np_view = (t, t.data_ptr(), t.shape,
+                                    as_numpy(t) if t.device.type == "cpu" else None)
         return view[3]
 
     def __getstate__(self):

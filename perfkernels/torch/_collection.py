@@ -13,8 +13,14 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
+import perfkernels as pk
+
 from . import _bags
+from ._bridge import IndexOutOfRangeError, as_numpy
 from ._embedding_bag import EmbeddingBag
+
+#: perfkernels' multi-table lookup, when this build has it (else one call per feature)
+_multi_lookup = getattr(pk, "embedding_bags_multi", None)
 
 
 @dataclass
@@ -134,10 +140,15 @@ class EmbeddingBagCollection(torch.nn.Module):
     order of the tables and their ``feature_names``.  The parameters are
     ``embedding_bags.<table name>.weight``, as in TorchRec's unsharded collection, so its
     ``state_dict`` loads unchanged.  Gradients: each table's ``sparse`` setting (dense by
-    default; set ``module.embedding_bags[name].sparse = True`` for COO gradients).
+    default; set ``module.embedding_bags[name].sparse = True`` for COO gradients), or with
+    ``fused_optimizer=("rowwise_adagrad", {"lr": ..., "eps": ...})`` every table is updated during
+    backward and returns no gradient (FBGEMM's fused table-batched embeddings), its optimizer state
+    in ``state_dict`` as ``embedding_bags.<table name>.momentum1``.  A table shared by several
+    features is updated once per feature.
     """
 
-    def __init__(self, tables: Sequence[Any], is_weighted: bool = False, device=None) -> None:
+    def __init__(self, tables: Sequence[Any], is_weighted: bool = False, device=None,
+                 fused_optimizer: Optional[Any] = None) -> None:
         super().__init__()
         self._is_weighted = is_weighted
         self._configs = list(tables)
@@ -155,6 +166,8 @@ class EmbeddingBagCollection(torch.nn.Module):
             bound = math.sqrt(1.0 / cfg.num_embeddings)
             with torch.no_grad():
                 bag.weight.uniform_(-bound if lo is None else lo, bound if hi is None else hi)
+            if fused_optimizer is not None:
+                bag.set_fused_optimizer(fused_optimizer)
             self.embedding_bags[cfg.name] = bag
             for feature in (cfg.feature_names or [cfg.name]):
                 self._feature_table.append((feature, cfg.name, cfg.embedding_dim))
@@ -173,6 +186,22 @@ class EmbeddingBagCollection(torch.nn.Module):
         weights = features.weights_or_none() if self._is_weighted else None
         num_keys = len(keys)
         batch = (offsets.numel() - 1) // max(num_keys, 1)
+        out = None
+        if (_multi_lookup is not None and not torch.compiler.is_compiling()
+                and not (torch.is_grad_enabled() and self._needs_grad(weights))):
+            out = self._lookup_all(keys, values, offsets, weights)
+        if out is None:
+            out = self._lookup_each(keys, values, offsets, weights, batch)
+        return KeyedTensor([f for f, _, _ in self._feature_table],
+                           [d for _, _, d in self._feature_table], out)
+
+    def _needs_grad(self, weights: Optional[Tensor]) -> bool:
+        return (any(b.weight.requires_grad for b in self.embedding_bags.values())
+                or (weights is not None and weights.requires_grad))
+
+    def _lookup_each(self, keys: list, values: Tensor, offsets: Tensor,
+                     weights: Optional[Tensor], batch: int) -> Tensor:
+        """One lookup per feature (autograd, compile, CUDA), concatenated."""
         position = {k: i for i, k in enumerate(keys)}
         pooled = []
         for feature, table, _ in self._feature_table:
@@ -182,10 +211,40 @@ class EmbeddingBagCollection(torch.nn.Module):
             f = position[feature]
             pooled.append(self._lookup_feature(self.embedding_bags[table], values, weights,
                                                offsets[f * batch:(f + 1) * batch + 1]))
-        out = torch.cat(pooled, dim=1) if pooled else values.new_zeros((batch, 0),
-                                                                        dtype=torch.float32)
-        return KeyedTensor([f for f, _, _ in self._feature_table],
-                           [d for _, _, d in self._feature_table], out)
+        return torch.cat(pooled, dim=1) if pooled else values.new_zeros((batch, 0),
+                                                                         dtype=torch.float32)
+
+    def _lookup_all(self, keys: list, values: Tensor, offsets: Tensor,
+                    weights: Optional[Tensor]) -> Optional[Tensor]:
+        """Every feature in one multi-table kernel call (CPU, no gradient), when the input holds
+        exactly this collection's features; None otherwise (the caller loops)."""
+        table_of = {f: t for f, t, _ in self._feature_table}
+        if len(keys) != len(table_of) or any(k not in table_of for k in keys):
+            return None
+        bags = [self.embedding_bags[table_of[k]] for k in keys]
+        if any(b.weight.device.type != "cpu" for b in bags):
+            return None
+        try:
+            out = _multi_lookup([b._table_array(b.weight) for b in bags], as_numpy(values),
+                                offsets=as_numpy(offsets),
+                                per_sample_weights=None if weights is None
+                                else as_numpy(weights.float()),
+                                modes=[b.mode for b in bags],
+                                padding_idx=[b.padding_idx for b in bags])
+        except IndexError as exc:
+            raise IndexOutOfRangeError(str(exc)) from None
+        out = torch.from_numpy(out)
+        order = [f for f, _, _ in self._feature_table]
+        if order != keys:      # the input's key order differs from the tables' feature order
+            dims = {k: b.embedding_dim for k, b in zip(keys, bags)}
+            start = {}
+            col = 0
+            for k in keys:
+                start[k] = col
+                col += dims[k]
+            cols = torch.cat([torch.arange(start[k], start[k] + dims[k]) for k in order])
+            out = out.index_select(1, cols)
+        return out
 
     @staticmethod
     def _lookup_feature(bag: EmbeddingBag, values: Tensor, weights: Optional[Tensor],
@@ -197,4 +256,4 @@ class EmbeddingBagCollection(torch.nn.Module):
         seg = values[start:end]
         w = None if weights is None else weights[start:end]
         return _bags.bag_forward(bag.weight, seg, offsets - start, w, bag._spec(),
-                                 torch.float32, None)
+                                 torch.float32)

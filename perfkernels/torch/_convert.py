@@ -59,10 +59,6 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
             report.skipped.append((name, kind, reason))
             return None
         if bits is not None:
-            if module.padding_idx is not None:
-                report.skipped.append((name, kind, "padding_idx with a quantized table: torch's "
-                                       "quantized EmbeddingBag has no padding_idx"))
-                return None
             new = QuantizedEmbeddingBag.from_float(module, bits=bits)
             report.swapped.append((name, kind, "QuantizedEmbeddingBag", f"{bits}-bit rows"))
             return new

@@ -9,7 +9,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags
+from . import _bags, _fused
 from ._bridge import IndexOutOfRangeError, TableViewCache
 from ._fallback import unsupported_reason, warn_once
 
@@ -45,39 +45,68 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     :attr:`weight_backward` replaces the weight-gradient computation when set: a callable taking
     a :class:`~perfkernels.torch._bags.BagBackward` and returning the gradient, or None when it
     consumed it (e.g. a fused optimizer updating the table during backward).
+
+    ``fused_optimizer=("rowwise_adagrad", {"lr": 0.01, "eps": 1e-8})`` (or ``"adagrad"``,
+    ``"sgd"``; also :meth:`set_fused_optimizer`) makes backward update the table in place with
+    :func:`perfkernels.embedding_bag_backward_update` instead of returning a gradient for it
+    (FBGEMM's fused table-batched embeddings work this way): ``weight.grad`` stays None, and the
+    optimizer state is the buffer ``momentum1``, saved in ``state_dict``.  Eager mode, CPU
+    tables; under ``torch.compile`` the registered op gives the usual dense gradient instead.
     """
 
     #: dtype of the lookup's result; None: the weight's dtype (torch's behaviour)
     output_dtype: Optional[torch.dtype] = None
     #: replacement for the weight gradient (see the class docstring); None: torch's gradient
     weight_backward: Optional[_bags.WeightBackward] = None
+    #: the optimizer that updates the table during backward, if any (see the class docstring)
+    fused_optimizer: Optional[_fused.FusedOptimizer] = None
+
+    def __init__(self, *args, fused_optimizer: Optional[_fused.FusedOptimizerSpec] = None,
+                 **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if fused_optimizer is not None:
+            self.set_fused_optimizer(fused_optimizer)
+
+    def set_fused_optimizer(self, spec: Optional[_fused.FusedOptimizerSpec]) -> None:
+        """Update the table during backward with ``spec`` = ``(name, {"lr": ..., ...})`` (see
+        :class:`~perfkernels.torch.FusedOptimizer`); None returns to ordinary gradients.  The
+        state starts at ``initial_accumulator_value`` (0)."""
+        _fused.enable(self, spec)
+
+    def _fused_weight_backward(self, b: _bags.BagBackward) -> None:
+        self.fused_optimizer.update(self.weight, self._buffers.get("momentum1"), b)
+        return None
 
     def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
                 per_sample_weights: Optional[Tensor] = None) -> Tensor:
         """Pooled rows per bag, as :meth:`torch.nn.EmbeddingBag.forward`."""
-        w = self.weight
+        w = self._parameters.get("weight")
+        if w is None:                       # a plain tensor assigned in place of the Parameter
+            w = self.weight
         if (self.max_norm is not None or self.scale_grad_by_freq
                 or (self.mode != "sum" and self.mode != "mean") or w.dtype not in _KERNEL_DTYPES):
             return self._torch_forward(input, offsets, per_sample_weights)
+        if ((not torch.is_grad_enabled() or not (w.requires_grad or (
+                per_sample_weights is not None and per_sample_weights.requires_grad)))
+                and not torch.compiler.is_compiling()):
+            table = self._table_array(w)
+            if table is not None:
+                # Inference on CPU, the cheapest path (a tiny lookup costs about as much as the
+                # Python around it): straight to the kernel on a cached view of the weight.
+                if per_sample_weights is not None:
+                    per_sample_weights = per_sample_weights.float().numpy()
+                try:
+                    out = torch.from_numpy(pk.embedding_bag(
+                        table, input.numpy(), None if offsets is None else offsets.numpy(),
+                        per_sample_weights=per_sample_weights, mode=self.mode,
+                        include_last_offset=self.include_last_offset,
+                        padding_idx=self.padding_idx))
+                except IndexError as exc:
+                    raise IndexOutOfRangeError(str(exc)) from None
+                dtype = self.output_dtype or w.dtype
+                return out if dtype is torch.float32 else out.to(dtype)
         return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
-                                 self.output_dtype, self._lookup_no_grad)
-
-    def _lookup_no_grad(self, input: Tensor, offsets: Optional[Tensor],
-                        per_sample_weights: Optional[Tensor]) -> Tensor:
-        """The cheapest eager path: straight to the NumPy kernel on a cached view of the weight."""
-        if per_sample_weights is not None:
-            if per_sample_weights.dtype is not torch.float32:
-                per_sample_weights = per_sample_weights.float()
-            per_sample_weights = per_sample_weights.numpy()
-        try:
-            out = pk.embedding_bag(self._table_array(self.weight), input.numpy(),
-                                   None if offsets is None else offsets.numpy(),
-                                   per_sample_weights=per_sample_weights, mode=self.mode,
-                                   include_last_offset=self.include_last_offset,
-                                   padding_idx=self.padding_idx)
-        except IndexError as exc:
-            raise IndexOutOfRangeError(str(exc)) from None
-        return torch.from_numpy(out)
+                                 self.output_dtype)
 
     def _spec(self) -> _bags.BagSpec:
         return _bags.BagSpec(self.mode, self.include_last_offset, self.padding_idx, self.sparse,

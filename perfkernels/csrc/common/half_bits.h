@@ -1,5 +1,5 @@
 /* Scalar float16/bfloat16 bit conversions, exact for every input.  Internal header: everything is
- * static, so an ISA file that includes it gets a private copy (the numpy#25274 trap avoided). */
+ * static, so an ISA file that includes it gets a private copy (see simd/common.h). */
 #ifndef PERFKERNELS_CONVERT_BITS_H
 #define PERFKERNELS_CONVERT_BITS_H
 

@@ -38,9 +38,8 @@ PK_INLINE vf load_row_tail(const void *row, int64_t col, v_tail t, const int typ
 
 /* How many indices ahead a block's row is prefetched: FBGEMM's 16, doubled for blocks of at most
  * 128 bytes (16-bit rows of D <= 64, float rows of D <= 32).  A short row is summed in few cycles,
- * so 16 rows ahead is too little time for an L3 / DRAM miss when most rows hit in cache (Zipf
- * indices: f16 / bf16 1M x 64 went from ~0.95x to ~1.25x of torch); for longer blocks 32 rows
- * ahead is worse (f32 D = 64 and f16 D = 256 lose 5 - 15%). */
+ * so 16 rows ahead is too little time for an L3 / DRAM miss when most rows hit in cache (skewed
+ * indices); for longer blocks 16 is enough, and 32 ahead only evicts rows still to be used. */
 #define PREFETCH_DISTANCE(block_bytes) \
     ((block_bytes) <= 128 ? 2 * PK_BAGS_PREFETCH_DISTANCE : PK_BAGS_PREFETCH_DISTANCE)
 
@@ -68,9 +67,9 @@ PK_INLINE void prefetch_bytes(const char *p, size_t nbytes, const int far)
 
 /* "Far" mode, for calls whose rows cannot stay in cache (the rows they touch, at most the whole
  * table, exceed FAR_MIN_BYTES, about half an L3): rows are prefetched into L2 (T1) and 32 indices
- * ahead, which keeps more misses in flight (f16 / bf16 1M x 64 uniform: ~1.0x -> ~1.5x of torch,
- * f32 Zipf ~1.1x -> ~1.3x).  Calls on cache-resident data keep PREFETCH_DISTANCE into L1, where
- * far mode loses 10 - 15%.  The mode is chosen once per call and compiled in (no per-row branch). */
+ * ahead, which keeps more misses in flight.  Calls on cache-resident data keep PREFETCH_DISTANCE
+ * into L1, where far mode is slower (rows arrive in L2 only and are fetched too early).  The mode
+ * is chosen once per call and compiled in (no per-row branch). */
 #define FAR_MIN_BYTES ((uint64_t)16 << 20)
 #define FAR_DISTANCE (2 * PK_BAGS_PREFETCH_DISTANCE)
 

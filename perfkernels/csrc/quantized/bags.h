@@ -35,10 +35,10 @@ PK_INLINE int64_t index_at(const int index_64, const void *indices, int64_t j)
  * L2 (it has FAR_FOOTPRINT bytes of rows or more, counting each index, at most the whole table) is
  * "far": T1 (to L2), PREFETCH_FAR ahead, on the row's first byte, its last byte and every 64th byte
  * from the first that is more than 64 bytes before the last (every line of a row of up to 64 bytes
- * and of a 72-byte row at an 8-byte offset).  Side by side with torch (FBGEMM) on 8-bit DLRM
- * 1M x 64 B=2048 L=100 that is 1.3-2x faster than T0 16 ahead on uniform indices and ~5-10% on
- * Zipf ones.  A smaller call keeps T0 on every line PREFETCH_NEAR ahead, 10-20% faster on
- * cache-resident rows (fbgemm 4M x D with 1000 indices, cache 20k x 128).  Prefetches never fault,
+ * and of a 72-byte row at an 8-byte offset): rows from DRAM need more misses in flight than 16
+ * rows ahead give, and L2 holds them without evicting the bag's working set from L1.  A smaller
+ * call keeps T0 on every line PREFETCH_NEAR ahead: its rows mostly hit in L2/L3, and bringing them
+ * to L1 early is what helps there.  Prefetches never fault,
  * so an index not yet checked is harmless here; the address is formed in integers. */
 PK_INLINE void prefetch_row(const uint8_t *packed, int64_t idx, int64_t row_bytes, const int far)
 {

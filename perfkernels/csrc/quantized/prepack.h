@@ -134,17 +134,13 @@ PK_INLINE int pkq_encode(int bits, int half, const void *row, size_t dim, uint8_
     return __builtin_expect(vl_at_floor(low), 0) ? pkq_row_nonfinite(row, half, dim) : 0;
 }
 
-/* Rows one after another, written with ordinary stores.  (Staging the output in L1 and leaving
- * it as non-temporal 64-byte lines was tried for tables that exceed the caches: no faster once the
- * output pages exist, and slower when they are fresh, since the kernel's zeroing has just pulled
- * them into cache.)
+/* Rows one after another, written with ordinary stores: the output is freshly allocated, so its
+ * pages have just been zeroed into cache and non-temporal stores would only evict them.
  *
  * A table whose input stays in cache is compute-bound, and there the rows are software-pipelined:
  * row r + 1's pass 1 (a long dependency chain: min/max, reductions, two divisions) is issued
- * before row r's codes pass, so the two overlap (8-bit, D = 128, 2,000 and 20,000 rows:
- * 18.6 -> 15.2 and 18.9 -> 17.1 ns a row).  Tables beyond that are memory-bound and keep the plain
- * order, which streams better (the pipelined order was 5-25% slower from 15 MB of input up,
- * measured side by side on AMD Zen 4 with a 32 MiB L3). */
+ * before row r's codes pass, so the two overlap.  Larger tables are memory-bound, and the plain
+ * order streams better there; the limit is a fraction of a typical L3. */
 #define PKQ_PIPELINE_MAX_BYTES ((size_t)8 << 20)
 
 PK_INLINE pk_status pkq_rows(int bits, int half, const void *weight, size_t rows, size_t dim,

@@ -1,5 +1,5 @@
 /* Scalar pieces of row-wise quantization shared by every ISA file: the per-row parameters, exactly
- * as FBGEMM computes them.  Internal header, everything static (numpy#25274).
+ * as FBGEMM computes them.  Internal header, everything static (see simd/common.h).
  *
  * PyTorch's prepack ops run FBGEMM's AVX2 quantizer (float16 tables are widened to float32
  * first).  It takes min/max with 8 lanes of `minps(acc, x)` over the first D/8*8 elements, folds
@@ -105,7 +105,7 @@ static inline pk_q_params pk_q_params_for(int bits, float mn, float mx, uint8_t 
 }
 
 /* round_even(v) clamped to [0, qmax]; NaN gives 0 (as lrintf -> LONG_MIN -> clamp/truncate in
- * FBGEMM).  |v| < 2^22 whenever v is finite (see SPEC: v <= ~2^bits), so the 1.5 * 2^23 trick
+ * FBGEMM).  |v| < 2^22 whenever v is finite (v = (x - min) * inv <= ~2^bits), so the 1.5 * 2^23 trick
  * rounds to nearest even exactly. */
 static inline uint8_t pk_q_code(float v, int qmax)
 {

@@ -1,0 +1,130 @@
+/* perfkernels: fused embedding-bag backward + sparse optimizer step (training).
+ *
+ * For bags over a table W with upstream gradient G (num_bags x D float32), row r's gradient is
+ *
+ *     g[r] = sum over entries j with indices[j] == r (padding skipped), in index order, of
+ *            scale_b(j) * w_j * G[b(j)]
+ *
+ * (scale_b: 1 for sum, 1/count_b for mean; w_j: the per-sample or positional weight).  Every touched
+ * row is then updated once ("exact" optimizers, FBGEMM's EXACT_*), in float32:
+ *
+ *     sgd:              w -= lr * (g + weight_decay * w)
+ *     adagrad:          g += weight_decay * w;  h += g * g (element-wise);   w -= lr * g / (sqrt(h) + eps)
+ *     rowwise_adagrad:  g += weight_decay * w;  h += mean_d(g * g) (scalar); w -= lr * g / (sqrt(h) + eps)
+ *
+ * and rounded back to the table type (nearest-even, or stochastically for 16-bit tables).
+ *
+ * Two steps:
+ *   1. pk_training_group (portable C, any ISA): reads every entry once, checks its index
+ *      (PK_ERR_INDEX with *bad_pos, before anything is written), and groups the entries by row with
+ *      a stable LSD radix sort of packed (row << payload_bits | payload) keys, so each row's entries
+ *      stay in index order.  The payload says where the entry's gradient comes from: without
+ *      weights its bag b (coefficient bag_scale[b]: 1, or 1 / count_b for mean), so a row's walk
+ *      reads only the keys, a tiny per-bag array and G; with weights the entry number m (bag and
+ *      coefficient in entry_bag[m], entry_coef[m]).  Writes only the caller's workspace.
+ *   2. an update kernel (one per ISA and table type) updates the rows of groups [g_begin, g_end).
+ *      Each row belongs to exactly one group, so disjoint group ranges may run on different threads
+ *      and the result does not depend on how the groups are split.
+ *
+ * Nothing here allocates: the wrapper sizes and passes the workspace.
+ */
+#ifndef PERFKERNELS_TRAINING_H
+#define PERFKERNELS_TRAINING_H
+
+#include "perfkernels/bags.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pk_optimizer {
+    PK_OPT_SGD = 0,
+    PK_OPT_ADAGRAD = 1,          /* state: rows x state_stride float32, D used per row */
+    PK_OPT_ROWWISE_ADAGRAD = 2   /* state: one float32 per row, row r at state[r * state_stride] */
+} pk_optimizer;
+
+typedef struct pk_sparse_optim {
+    int optimizer;               /* pk_optimizer */
+    float lr, eps, weight_decay;
+    int stochastic_rounding;     /* 16-bit tables: round the new row stochastically */
+    uint64_t seed;               /* stochastic rounding: bits are a hash of (seed, row, column) */
+    float *state;                /* NULL for sgd */
+    int64_t state_stride;        /* floats between the state of row r and row r + 1 */
+} pk_sparse_optim;
+
+/* The workspace of one call, n = bags->n_indices entries (sizes in elements). */
+typedef struct pk_training_work {
+    uint64_t *keys;        /* n: sorted packed keys (row << payload_bits | payload) on return */
+    uint64_t *keys_tmp;    /* n: the radix sort's other buffer */
+    int64_t *entry_bag;    /* n (weighted calls only): bag of entry m (m counts the non-padding
+                              entries in index order) */
+    float *entry_coef;     /* n (weighted calls only): scale_b * w_j of entry m */
+    float *bag_scale;      /* num_bags: 1, or 1 / count_b for mean (unweighted calls) */
+    int64_t *group_start;  /* n + 1: group u is keys[group_start[u] : group_start[u + 1]] */
+    int64_t *histogram;    /* PK_TRAINING_HISTOGRAM entries */
+    int per_entry;         /* payload is m (weighted), else b (set by pk_training_group) */
+    int payload_bits;      /* bits of the payload in a key (set by pk_training_group) */
+    int64_t num_entries;   /* non-padding entries (set by pk_training_group) */
+    int64_t num_groups;    /* distinct rows touched (set by pk_training_group) */
+} pk_training_work;
+
+/* Radix digits of at most 11 bits (a 16 KiB histogram per pass stays in L1), at most 6 passes. */
+#define PK_TRAINING_RADIX_BITS 11
+#define PK_TRAINING_HISTOGRAM (6 * (1 << PK_TRAINING_RADIX_BITS))
+
+/* Bits needed to hold values 0 .. x (0 for x == 0). */
+static inline int pk_bit_length(uint64_t x)
+{
+    int n = 0;
+    while (x) { n++; x >>= 1; }
+    return n;
+}
+
+/* Whether a call's keys fit a 64-bit word: bits(rows - 1) + bits(max(n_indices, num_bags) - 1)
+ * <= 64. */
+static inline int pk_training_fits(int64_t rows, int64_t n_indices, int64_t num_bags)
+{
+    const int64_t payloads = n_indices > num_bags ? n_indices : num_bags;
+    return pk_bit_length(rows > 0 ? (uint64_t)(rows - 1) : 0)
+         + pk_bit_length(payloads > 0 ? (uint64_t)(payloads - 1) : 0) <= 64;
+}
+
+pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work *work,
+                            int64_t *bad_pos);
+
+/* Update the rows of groups [g_begin, g_end).  grad: G, num_bags rows of grad_stride floats.
+ * table: rows of row_stride elements.  scratch: dim floats (one per concurrent caller). */
+typedef void (*pk_training_update_fn)(const pk_training_work *work, int64_t g_begin, int64_t g_end,
+                                      const float *grad, int64_t grad_stride, void *table,
+                                      int64_t dim, int64_t row_stride, const pk_sparse_optim *opt,
+                                      float *scratch);
+
+typedef struct pk_training_kernels {
+    pk_training_update_fn update_f32;
+    pk_training_update_fn update_f16;
+    pk_training_update_fn update_bf16;
+} pk_training_kernels;
+
+/* The kernels of one level, or NULL when this build does not contain that level. */
+const pk_training_kernels *pk_training_table(int isa);
+
+#define PK_DECLARE_TRAINING(isa)                                                                 \
+    void pk_training_update_f32_##isa(const pk_training_work *, int64_t, int64_t, const float *, \
+                                      int64_t, void *, int64_t, int64_t,                         \
+                                      const pk_sparse_optim *, float *);                         \
+    void pk_training_update_f16_##isa(const pk_training_work *, int64_t, int64_t, const float *, \
+                                      int64_t, void *, int64_t, int64_t,                         \
+                                      const pk_sparse_optim *, float *);                         \
+    void pk_training_update_bf16_##isa(const pk_training_work *, int64_t, int64_t, const float *,\
+                                       int64_t, void *, int64_t, int64_t,                        \
+                                       const pk_sparse_optim *, float *);
+
+PK_DECLARE_FOR_EACH_ISA(PK_DECLARE_TRAINING)
+/* One level's row of the dispatch table (training/dispatch.c). */
+#define PK_TRAINING_KERNELS(isa) \
+    {pk_training_update_f32_##isa, pk_training_update_f16_##isa, pk_training_update_bf16_##isa}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

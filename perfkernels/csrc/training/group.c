@@ -1,0 +1,101 @@
+/* Grouping the entries of a call by table row (training.h step 1).  Portable C, baseline flags:
+ * the work is integer loads, stores and counting, bound by memory rather than arithmetic.
+ *
+ * Each non-padding entry m (in index order) becomes the key (row << payload_bits) | payload, the
+ * payload its bag b (unweighted calls) or m (weighted calls).  A stable LSD radix sort on the row
+ * bits only (digits of at most PK_TRAINING_RADIX_BITS bits, all histograms
+ * counted in one read) leaves the keys ordered by row and, within a row, by m, i.e. in index order.
+ * That order makes each row's gradient sum the same whatever thread later updates the row. */
+#include "perfkernels/training.h"
+
+static void radix_sort(pk_training_work *work, int64_t n, int row_bits)
+{
+    const int shift0 = work->payload_bits;
+    const int passes = (row_bits + PK_TRAINING_RADIX_BITS - 1) / PK_TRAINING_RADIX_BITS;
+    const int digit = passes ? (row_bits + passes - 1) / passes : 0;
+    const uint64_t mask = ((uint64_t)1 << digit) - 1u;
+    const int64_t buckets = (int64_t)1 << digit;
+    int64_t *hist = work->histogram;
+    uint64_t *src = work->keys, *dst = work->keys_tmp;
+
+    for (int64_t i = 0; i < passes * buckets; i++) hist[i] = 0;
+    for (int64_t k = 0; k < n; k++) {
+        const uint64_t row = src[k] >> shift0;
+        for (int p = 0; p < passes; p++) hist[p * buckets + (int64_t)((row >> (p * digit)) & mask)]++;
+    }
+    for (int p = 0; p < passes; p++) {
+        int64_t *h = hist + p * buckets;
+        int single = 0;   /* every key has the same digit: the pass would copy in order, skip it */
+        for (int64_t b = 0; b < buckets; b++)
+            if (h[b] == n) { single = 1; break; }
+        if (single) continue;
+        int64_t sum = 0;
+        for (int64_t b = 0; b < buckets; b++) { const int64_t c = h[b]; h[b] = sum; sum += c; }
+        const int shift = shift0 + p * digit;
+        for (int64_t k = 0; k < n; k++) {
+            const uint64_t key = src[k];
+            dst[h[(key >> shift) & mask]++] = key;
+        }
+        uint64_t *t = src; src = dst; dst = t;
+    }
+    work->keys = src;       /* the sorted keys, whichever buffer they ended in */
+    work->keys_tmp = dst;
+}
+
+pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work *work,
+                            int64_t *bad_pos)
+{
+    const int64_t n_indices = bags->n_indices;
+    const int per_entry = bags->weights != NULL;
+    const int64_t payloads = per_entry ? n_indices : bags->num_bags;
+    const int payload_bits = pk_bit_length(payloads > 0 ? (uint64_t)(payloads - 1) : 0);
+    const int row_bits = pk_bit_length(rows > 0 ? (uint64_t)(rows - 1) : 0);
+    if (payload_bits + row_bits > 64) return PK_ERR_VALUE;
+    work->payload_bits = payload_bits;
+    work->per_entry = per_entry;
+
+    /* every entry read once, every index checked, before anything outside the workspace is written */
+    uint64_t *keys = work->keys;
+    int64_t m = 0;
+    for (int64_t b = 0; b < bags->num_bags; b++) {
+        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1], first = m;
+        for (int64_t j = begin; j < end; j++) {
+            int64_t idx;
+            float w;
+            const int use = pk_bags_entry(bags, j, begin, rows, &idx, &w, bad_pos);
+            if (use < 0) return PK_ERR_INDEX;
+            if (!use) continue;
+            if (per_entry) {
+                keys[m] = ((uint64_t)idx << payload_bits) | (uint64_t)m;
+                work->entry_bag[m] = b;
+                work->entry_coef[m] = w;
+            } else {
+                keys[m] = ((uint64_t)idx << payload_bits) | (uint64_t)b;
+            }
+            m++;
+        }
+        /* mode mean scales the bag by 1 / count, as the forward does */
+        const float scale = (bags->mean && m > first) ? 1.0f / (float)(m - first) : 1.0f;
+        if (per_entry) {
+            if (scale != 1.0f)
+                for (int64_t k = first; k < m; k++) work->entry_coef[k] *= scale;
+        } else {
+            work->bag_scale[b] = scale;
+        }
+    }
+    work->num_entries = m;
+
+    radix_sort(work, m, row_bits);
+
+    /* one group per distinct row */
+    int64_t u = 0;
+    keys = work->keys;
+    if (m > 0) {
+        work->group_start[0] = 0;
+        for (int64_t k = 1; k < m; k++)
+            if ((keys[k] >> payload_bits) != (keys[k - 1] >> payload_bits)) work->group_start[++u] = k;
+        work->group_start[++u] = m;
+    }
+    work->num_groups = u;
+    return PK_OK;
+}

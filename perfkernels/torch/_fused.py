@@ -1,0 +1,141 @@
+"""Fused optimizers for the embedding modules: the table is updated during backward by
+:func:`perfkernels.embedding_bag_backward_update` (FBGEMM's fused table-batched-embedding style),
+and no gradient is returned for it.
+
+    bag = perfkernels.torch.EmbeddingBag(1000, 64, mode="sum",
+                                         fused_optimizer=("rowwise_adagrad", {"lr": 0.01}))
+
+The optimizer state lives in the module as the buffer ``momentum1`` (float32 ``[rows]`` for
+``"rowwise_adagrad"``, ``[rows, D]`` for ``"adagrad"``, none for ``"sgd"``), so it is part of
+``state_dict`` and is saved and loaded with the table.  The other parameters of the model are
+untouched: give them a torch optimizer as usual (the table's ``.grad`` stays None, so a torch
+optimizer that also holds the table skips it).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+import perfkernels as pk
+
+from ._bridge import IndexOutOfRangeError, as_numpy
+
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+_OPTIONS = {"lr", "eps", "weight_decay", "stochastic_rounding", "initial_accumulator_value"}
+
+#: What ``fused_optimizer=`` accepts: ``(name, {"lr": ..., ...})``, a name alone is not enough
+#: (lr has no default), or a :class:`FusedOptimizer`.
+FusedOptimizerSpec = Union[Tuple[str, Mapping[str, Any]], "FusedOptimizer"]
+
+
+class FusedOptimizer:
+    """A sparse optimizer applied to an embedding table during backward.
+
+    ``name``: ``"sgd"``, ``"adagrad"`` (element-wise state, ``torch.optim.Adagrad``'s update) or
+    ``"rowwise_adagrad"`` (one state value per row, FBGEMM's ``EXACT_ROWWISE_ADAGRAD``).
+    Options: ``lr`` (required), ``eps`` (default 1e-8), ``weight_decay`` (0),
+    ``stochastic_rounding`` (False; float16 / bfloat16 tables), ``initial_accumulator_value``
+    (0; the starting state of the adagrad variants).  The formulas are those of
+    :func:`perfkernels.embedding_bag_backward_update`.
+    """
+
+    def __init__(self, name: str, options: Optional[Mapping[str, Any]] = None) -> None:
+        if name not in OPTIMIZERS:
+            raise ValueError(f"fused optimizer must be one of {', '.join(OPTIMIZERS)}; got {name!r}")
+        options = dict(options or {})
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise ValueError(f"unknown fused optimizer option(s) {sorted(unknown)}; valid: "
+                             f"{sorted(_OPTIONS)}")
+        if "lr" not in options:
+            raise ValueError(f"fused optimizer {name!r} needs a learning rate: "
+                             f"({name!r}, {{'lr': ...}})")
+        self.name = name
+        self.lr = float(options["lr"])
+        self.eps = float(options.get("eps", 1e-8))
+        self.weight_decay = float(options.get("weight_decay", 0.0))
+        self.stochastic_rounding = bool(options.get("stochastic_rounding", False))
+        self.initial_accumulator_value = float(options.get("initial_accumulator_value", 0.0))
+        for key in ("lr", "eps", "weight_decay", "initial_accumulator_value"):
+            value = getattr(self, key)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"fused optimizer option {key} = {value} must be finite and >= 0")
+        self._step = 0
+
+    @classmethod
+    def from_spec(cls, spec: FusedOptimizerSpec) -> "FusedOptimizer":
+        if isinstance(spec, FusedOptimizer):
+            return spec
+        if isinstance(spec, str):
+            return cls(spec, None)
+        try:
+            name, options = spec
+        except (TypeError, ValueError):
+            raise TypeError("fused_optimizer must be (name, options), e.g. "
+                            "('rowwise_adagrad', {'lr': 0.01}); got "
+                            f"{type(spec).__name__}") from None
+        return cls(name, options)
+
+    def options(self) -> dict:
+        return {"lr": self.lr, "eps": self.eps, "weight_decay": self.weight_decay,
+                "stochastic_rounding": self.stochastic_rounding,
+                "initial_accumulator_value": self.initial_accumulator_value}
+
+    def __repr__(self) -> str:
+        return f"FusedOptimizer({self.name!r}, {self.options()})"
+
+    def initial_state(self, weight: Tensor) -> Optional[Tensor]:
+        """The state for a table like ``weight`` (None for sgd)."""
+        rows, dim = weight.shape
+        if self.name == "sgd":
+            return None
+        shape = (rows, dim) if self.name == "adagrad" else (rows,)
+        return torch.full(shape, self.initial_accumulator_value, dtype=torch.float32,
+                          device=weight.device)
+
+    def update(self, weight: Tensor, state: Optional[Tensor], b) -> None:
+        """Apply one step to ``weight`` (and ``state``) in place for the lookup ``b``
+        (a :class:`~perfkernels.torch._bags.BagBackward`)."""
+        if weight.device.type != "cpu":
+            raise NotImplementedError("fused optimizers run on CPU tables only")
+        self._step += 1
+        grad = b.grad_output
+        if grad.dtype is not torch.float32:
+            grad = grad.float()
+        psw = b.per_sample_weights
+        if psw is not None and psw.dtype is not torch.float32:
+            psw = psw.float()
+        try:
+            pk.embedding_bag_backward_update(
+                as_numpy(weight), as_numpy(b.indices),
+                None if b.offsets is None else as_numpy(b.offsets),
+                grad_output=as_numpy(grad), optimizer=self.name,
+                state=None if state is None else as_numpy(state), lr=self.lr, eps=self.eps,
+                weight_decay=self.weight_decay,
+                per_sample_weights=None if psw is None else as_numpy(psw), mode=b.mode,
+                include_last_offset=b.include_last_offset, padding_idx=b.padding_idx,
+                stochastic_rounding=self.stochastic_rounding,
+                seed=self._step)   # reproducible runs; a new seed every step
+        except IndexError as exc:
+            raise IndexOutOfRangeError(str(exc)) from None
+
+
+def enable(module: torch.nn.Module, spec: Optional[FusedOptimizerSpec]) -> None:
+    """Give an embedding module (our EmbeddingBag) a fused optimizer, or remove it (None)."""
+    if spec is None:
+        module.fused_optimizer = None
+        module.weight_backward = None
+        if "momentum1" in module._buffers:
+            del module._buffers["momentum1"]
+        return
+    opt = FusedOptimizer.from_spec(spec)
+    module.fused_optimizer = opt
+    state = opt.initial_state(module.weight)
+    if state is not None:
+        module.register_buffer("momentum1", state)
+    elif "momentum1" in module._buffers:
+        del module._buffers["momentum1"]
+    module.weight_backward = module._fused_weight_backward

@@ -1,0 +1,220 @@
+"""Fused optimizers in the PyTorch layer: EmbeddingBag / EmbeddingBagCollection update their
+tables during backward (perfkernels.embedding_bag_backward_update), against torch's sparse
+gradients + torch.optim, against the float64 reference, and in a small DLRM-style training run
+whose loss must track the unfused torch run's."""
+import copy
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import perfkernels.torch as pt  # noqa: E402
+from perfkernels import reference  # noqa: E402
+
+
+def _bags(gen, rows, num_bags, max_len):
+    lengths = torch.randint(0, max_len + 1, (num_bags,), generator=gen)
+    ix = torch.randint(0, rows, (int(lengths.sum()),), generator=gen)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])
+    return ix, offsets
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_rowwise_step_matches_reference(mode):
+    gen = torch.Generator().manual_seed(1)
+    rows, dim = 30, 12
+    bag = pt.EmbeddingBag(rows, dim, mode=mode, padding_idx=2,
+                          fused_optimizer=("rowwise_adagrad", {"lr": 0.1, "eps": 1e-8}))
+    w0 = bag.weight.detach().numpy().astype(np.float64)
+    h0 = np.zeros(rows)
+    ix, off = _bags(gen, 8, 6, 9)
+    g = torch.randn(6, dim, generator=gen)
+    (bag(ix, off) * g).sum().backward()
+    assert bag.weight.grad is None
+    exp = reference.embedding_bag_backward_update(
+        w0, ix.numpy(), off.numpy(), grad_output=g.numpy(), optimizer="rowwise_adagrad",
+        state=h0, lr=0.1, eps=1e-8, mode=mode, padding_idx=2)
+    np.testing.assert_allclose(bag.weight.detach().numpy(), exp.weight, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(bag.momentum1.numpy(), exp.state, rtol=2e-5, atol=1e-9)
+    assert "momentum1" in bag.state_dict()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_matches_torch_sparse_optim(optimizer, weighted):
+    """Several steps against nn.EmbeddingBag(sparse=True) + torch.optim; per_sample_weights'
+    gradient is taken with the table as it was in the forward."""
+    gen = torch.Generator().manual_seed(2)
+    rows, dim, lr, eps = 40, 9, 0.05, 1e-10
+    ref = torch.nn.EmbeddingBag(rows, dim, mode="sum", sparse=True)
+    opts = {"lr": lr, "eps": eps} if optimizer == "adagrad" else {"lr": lr}
+    ours = pt.EmbeddingBag(rows, dim, mode="sum", fused_optimizer=(optimizer, opts))
+    with torch.no_grad():
+        ours.weight.copy_(ref.weight)
+    topt = (torch.optim.SGD(ref.parameters(), lr=lr) if optimizer == "sgd"
+            else torch.optim.Adagrad(ref.parameters(), lr=lr, eps=eps))
+    for _ in range(4):
+        ix, off = _bags(gen, 10, 8, 6)
+        g = torch.randn(8, dim, generator=gen)
+        psw = torch.randn(ix.numel(), generator=gen) if weighted else None
+        psw_ref = psw_ours = None
+        if weighted:
+            psw_ref, psw_ours = psw.clone().requires_grad_(), psw.clone().requires_grad_()
+        topt.zero_grad()
+        (ref(ix, off, per_sample_weights=psw_ref) * g).sum().backward()
+        topt.step()
+        (ours(ix, off, per_sample_weights=psw_ours) * g).sum().backward()
+        if weighted:
+            torch.testing.assert_close(psw_ours.grad, psw_ref.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.weight.detach(), ref.weight.detach(), rtol=2e-5, atol=2e-6)
+    if optimizer == "adagrad":
+        torch.testing.assert_close(ours.momentum1, topt.state[ref.weight]["sum"],
+                                   rtol=2e-5, atol=1e-7)
+
+
+def test_state_dict_round_trip_and_unfused():
+    bag = pt.EmbeddingBag(20, 4, mode="sum", fused_optimizer=("adagrad", {"lr": 0.1}))
+    ix, off = torch.tensor([1, 2, 1]), torch.tensor([0, 1])
+    bag(ix, off).sum().backward()
+    buf = io.BytesIO()
+    torch.save(bag.state_dict(), buf)
+    buf.seek(0)
+    other = pt.EmbeddingBag(20, 4, mode="sum", fused_optimizer=("adagrad", {"lr": 0.1}))
+    other.load_state_dict(torch.load(buf))
+    assert torch.equal(other.momentum1, bag.momentum1) and torch.equal(other.weight, bag.weight)
+    assert bag.momentum1[1].min() > 0 and bag.momentum1[0].max() == 0
+    clone = copy.deepcopy(bag)           # the fused backward follows the copy, not the original
+    before = bag.weight.detach().clone()
+    clone(ix, off).sum().backward()
+    assert torch.equal(bag.weight, before) and not torch.equal(clone.weight, before)
+    bag.set_fused_optimizer(None)        # back to ordinary gradients
+    bag(ix, off).sum().backward()
+    assert bag.weight.grad is not None and "momentum1" not in bag.state_dict()
+
+
+def test_bad_fused_optimizer():
+    with pytest.raises(ValueError, match="adam"):
+        pt.EmbeddingBag(5, 2, fused_optimizer=("adam", {"lr": 0.1}))
+    with pytest.raises(ValueError, match="learning rate"):
+        pt.EmbeddingBag(5, 2, fused_optimizer=("sgd", {}))
+    with pytest.raises(ValueError, match="lr"):
+        pt.EmbeddingBag(5, 2, fused_optimizer=("sgd", {"lr": float("nan")}))
+    with pytest.raises(ValueError, match="momentum"):
+        pt.EmbeddingBag(5, 2, fused_optimizer=("sgd", {"lr": 0.1, "momentum": 0.9}))
+    bag = pt.EmbeddingBag(5, 2, mode="sum", fused_optimizer=("sgd", {"lr": 0.1}))
+    before = bag.weight.detach().clone()
+    with pytest.raises(IndexError, match="out of range"):
+        bag(torch.tensor([1, 7]), torch.tensor([0])).sum().backward()
+    assert torch.equal(bag.weight, before)
+
+
+def test_collection_fused():
+    tables = [pt.EmbeddingBagConfig(50, 8, name="t0", feature_names=["f0"]),
+              pt.EmbeddingBagConfig(30, 4, name="t1", feature_names=["f1"])]
+    ebc = pt.EmbeddingBagCollection(tables, fused_optimizer=("rowwise_adagrad", {"lr": 0.1}))
+    kjt = pt.KeyedJaggedTensor(["f0", "f1"], torch.tensor([3, 4, 3, 7, 1, 2]),
+                               lengths=torch.tensor([2, 1, 2, 1]))
+    before = {k: v.clone() for k, v in ebc.state_dict().items()}
+    ebc(kjt).values().sum().backward()
+    sd = ebc.state_dict()
+    assert set(sd) == {"embedding_bags.t0.weight", "embedding_bags.t0.momentum1",
+                       "embedding_bags.t1.weight", "embedding_bags.t1.momentum1"}
+    for name, rows_hit in (("t0", [3, 4]), ("t1", [1, 2, 7])):
+        w, h = sd[f"embedding_bags.{name}.weight"], sd[f"embedding_bags.{name}.momentum1"]
+        changed = torch.nonzero((w != before[f"embedding_bags.{name}.weight"]).any(1)).flatten()
+        assert changed.tolist() == rows_hit
+        assert torch.nonzero(h).flatten().tolist() == rows_hit
+        assert ebc.embedding_bags[name].weight.grad is None
+
+
+# ---------------------------------------------------------------------------------------------
+# a small DLRM-style model: the fused run's loss tracks the unfused torch run's
+# ---------------------------------------------------------------------------------------------
+
+class _RowwiseAdagrad(torch.optim.Optimizer):
+    """Unfused row-wise Adagrad on a sparse gradient (coalesce, then one update per row), for
+    comparing with the fused kernel: h += mean(g^2); w -= lr * g / (sqrt(h) + eps)."""
+
+    def __init__(self, params, lr, eps):
+        super().__init__(params, {"lr": lr, "eps": eps})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "sum" not in state:
+                    state["sum"] = torch.zeros(p.shape[0])
+                g = p.grad.coalesce()
+                rows, values = g.indices()[0], g.values()
+                h = state["sum"].index_select(0, rows) + values.pow(2).mean(1)
+                state["sum"].index_copy_(0, rows, h)
+                p.index_add_(0, rows, -group["lr"] * values / (h.sqrt() + group["eps"])[:, None])
+
+
+def _tiny_dlrm(fused, optimizer, seed=0):
+    torch.manual_seed(seed)
+    num_tables, rows, dim = 3, 200, 8
+    if fused:
+        opts = {"lr": 0.05, "eps": 1e-8}
+        tables = [pt.EmbeddingBag(rows, dim, mode="sum", fused_optimizer=(optimizer, opts))
+                  for _ in range(num_tables)]
+    else:
+        tables = [torch.nn.EmbeddingBag(rows, dim, mode="sum", sparse=True)
+                  for _ in range(num_tables)]
+    torch.manual_seed(seed + 1)
+    init = [torch.randn(rows, dim) * 0.1 for _ in range(num_tables)]
+    with torch.no_grad():
+        for t, w in zip(tables, init):
+            t.weight.copy_(w)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4 + num_tables * dim, 16), torch.nn.ReLU(),
+                              torch.nn.Linear(16, 1))
+    torch.manual_seed(seed + 2)
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.copy_(torch.randn(p.shape) * 0.3)
+    return torch.nn.ModuleList(tables), mlp
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "rowwise_adagrad"])
+def test_dlrm_training_tracks_unfused_torch(optimizer):
+    steps, batch, bag_len = 300, 32, 5
+    data = torch.Generator().manual_seed(7)
+    batches = []
+    for _ in range(steps):
+        dense = torch.randn(batch, 4, generator=data)
+        hot = torch.randint(0, 20, (3, batch * bag_len), generator=data)   # skewed: duplicates
+        cold = torch.randint(0, 200, (3, batch * bag_len), generator=data)
+        ix = torch.where(torch.rand(3, batch * bag_len, generator=data) < 0.6, hot, cold)
+        label = (dense[:, :1] + 0.1 * torch.randn(batch, 1, generator=data) > 0).float()
+        batches.append((dense, ix, label))
+    offsets = torch.arange(batch) * bag_len
+    losses = {}
+    for fused in (False, True):
+        tables, mlp = _tiny_dlrm(fused, optimizer)
+        dense_opt = torch.optim.SGD(mlp.parameters(), lr=0.05)
+        sparse_opt = None
+        if not fused:
+            sparse_opt = (torch.optim.Adagrad(tables.parameters(), lr=0.05, eps=1e-8)
+                          if optimizer == "adagrad" else
+                          _RowwiseAdagrad(tables.parameters(), lr=0.05, eps=1e-8))
+        run = []
+        for dense, ix, label in batches:
+            emb = [t(ix[k], offsets) for k, t in enumerate(tables)]
+            logit = mlp(torch.cat([dense] + emb, dim=1))
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, label)
+            dense_opt.zero_grad()
+            if sparse_opt is not None:
+                sparse_opt.zero_grad()
+            loss.backward()
+            dense_opt.step()
+            if sparse_opt is not None:
+                sparse_opt.step()
+            run.append(loss.item())
+        losses[fused] = np.array(run)
+    unfused, fused = losses[False], losses[True]
+    assert unfused[-50:].mean() < unfused[:50].mean() * 0.9        # the model does learn
+    np.testing.assert_allclose(fused, unfused, rtol=1e-3, atol=1e-4)
