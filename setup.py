@@ -23,6 +23,32 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REGISTRY = runpy.run_path(os.path.join(HERE, "perfkernels", "_isa_registry.py"))
 LEVELS = REGISTRY["LEVELS"]
 BASE_FLAGS = list(REGISTRY["BASE_FLAGS"])
+SANITIZERS = ("address", "undefined")
+
+
+def sanitizer_flags(value: str) -> tuple[list[str], list[str]]:
+    """Compile and link flags for ``PERFKERNELS_SANITIZE`` (e.g. ``address,undefined``).
+
+    Applied to every C source and Cython module.  UBSan stops at the first report
+    (``-fno-sanitize-recover``) so that any report fails the test that triggered it; frame pointers
+    and -O1 keep ASan's stack traces readable.  An empty value gives no flags; an unknown name is an
+    error, so a typo never silently builds an uninstrumented extension.
+    """
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SANITIZERS]
+    if unknown:
+        raise SystemExit(f"PERFKERNELS_SANITIZE={value!r}: unknown sanitizer(s) {', '.join(unknown)}; "
+                         f"valid: {', '.join(SANITIZERS)}")
+    if not names:
+        return [], []
+    sanitize = "-fsanitize=" + ",".join(names)
+    compile_flags = [sanitize, "-fno-omit-frame-pointer", "-O1", "-g"]
+    if "undefined" in names:
+        compile_flags.append("-fno-sanitize-recover=undefined")
+    return compile_flags, [sanitize]
+
+
+SANITIZE_COMPILE, SANITIZE_LINK = sanitizer_flags(os.environ.get("PERFKERNELS_SANITIZE", ""))
 
 
 def _target_arch() -> str:
@@ -75,7 +101,8 @@ def _extensions():
         family = os.path.basename(pyx)[1:-4]
         sources = [pyx] + sorted(glob(f"perfkernels/csrc/{family}/*.c"))
         exts.append(Extension(f"perfkernels._{family}", sources=sources, include_dirs=include,
-                              define_macros=macros, extra_compile_args=BASE_FLAGS, depends=headers))
+                              define_macros=macros, extra_compile_args=BASE_FLAGS + SANITIZE_COMPILE,
+                              extra_link_args=SANITIZE_LINK, depends=headers))
     return exts
 
 

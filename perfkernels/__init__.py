@@ -3,6 +3,8 @@ sequence models: embedding bags on float and row-wise quantized tables, fp16/bf1
 LSTM unit.  NumPy arrays in, NumPy arrays out; the best ISA level is chosen once at import.
 
 ``perfkernels.show_runtime()`` says what was chosen; ``PERFKERNELS_ISA`` forces a level.
+Large calls run on several threads (``set_num_threads``, ``PERFKERNELS_NUM_THREADS``, or a call's
+``num_threads=``), with the same results for any thread count.
 """
 __version__ = "0.1.0"
 
@@ -15,22 +17,26 @@ from . import _source_tree
 __path__[:] = [_source_tree.package_dir(__path__[0])]
 __file__ = _os.path.join(__path__[0], "__init__.py")
 
-from . import _dispatch  # noqa: E402
+from . import _dispatch, _parallel  # noqa: E402
 
 _dispatch._init_from_environment()
+_parallel._init_from_environment()
 
 from ._dispatch import active_isa, available_isas, cpu_features, show_runtime, use_isa  # noqa: E402
+from ._parallel import get_num_threads, set_num_threads  # noqa: E402
 from ._convert import bfloat16_to_float, float_to_bfloat16, float_to_half, half_to_float  # noqa: E402
 # kernel families: one import line each (keep this marker for the families still to come)
 from ._embedding import embedding_bag  # noqa: E402
 from ._quantized import dequantize_rowwise, embedding_bag_quantized, quantize_rowwise  # noqa: E402
 from ._lstm import lstm_unit, lstm_unit_backward  # noqa: E402
+from ._multi import embedding_bags_multi  # noqa: E402
 from ._training import embedding_bag_backward_update  # noqa: E402
 
 __all__ = [
     "active_isa", "available_isas", "cpu_features", "show_runtime", "use_isa",
+    "get_num_threads", "set_num_threads",
     "float_to_half", "half_to_float", "float_to_bfloat16", "bfloat16_to_float",
-    "embedding_bag",
+    "embedding_bag", "embedding_bags_multi",
     "quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized",
     "lstm_unit", "lstm_unit_backward",
     "embedding_bag_backward_update",

@@ -4,7 +4,9 @@ info   print the build, the CPU features and the chosen ISA level (show_runtime)
 bench  time every kernel family on its default workload, for every ISA level this CPU runs,
        side by side with NumPy and PyTorch (when installed), single-threaded; prints GB/s and ratios.
        ``--family dlrm``: the DLRM example end to end, stock PyTorch against perfkernels.torch
-       .convert(), both at PyTorch's default thread count
+       .convert(), both at PyTorch's default thread count.
+       ``--scaling``: the thread-scaling view instead (ours at 1, 2, ... threads, PyTorch at 1
+       thread and at its default)
 check  run small inputs of every kernel on every ISA level and compare with perfkernels.reference
 history  asv performance history of the last N commits (asv run + asv publish), from a checkout
 """
@@ -49,7 +51,7 @@ def run_bench(families: list[str] | None, quick: bool, isas: list[str] | None, g
     import perfkernels as pk
     from perfkernels import benchsuite
 
-    benchsuite.torch_or_none()  # PyTorch baselines on one thread
+    benchsuite.torch_or_none()  # PyTorch baselines on one thread, ours too (main sets it)
     chosen = families or benchsuite.families()
     if gpu:
         chosen = ["cuda"]
@@ -93,6 +95,81 @@ def run_bench(families: list[str] | None, quick: bool, isas: list[str] | None, g
         rows.append(row)
     _progress(total, total, "done", start)
     return rows
+
+
+def run_scaling(families: list[str] | None, quick: bool, counts: list[int], repeat: int) -> list[dict]:
+    """The cases marked ``scaling``: ours at every thread count in ``counts`` and PyTorch at one
+    thread and at its default (all the cores it sees), all sampled in turn (interleaved)."""
+    import perfkernels as pk
+    from perfkernels import benchsuite
+
+    torch = benchsuite.torch_or_none()
+    torch_default = None
+    if torch is not None:
+        torch_default = max(counts)
+    cases = [c for fam in (families or benchsuite.families()) if fam != "cuda"
+             for c in benchsuite.load_scaling_cases(fam, quick)]
+    rows = []
+    start = time.perf_counter()
+    for i, case in enumerate(cases):
+        _progress(i, len(cases), case.name, start)
+        fns = {f"ours:{n}": case.ours for n in counts}
+        if "torch" in case.baselines or "torch loop" in case.baselines:
+            fn = case.baselines.get("torch") or case.baselines["torch loop"]
+            fns["torch:1"] = fn
+            fns[f"torch:{torch_default}"] = fn
+
+        @contextlib.contextmanager
+        def context(key):
+            kind, n = key.split(":")
+            if kind == "ours":
+                old = pk.get_num_threads()
+                pk.set_num_threads(int(n))
+                try:
+                    yield
+                finally:
+                    pk.set_num_threads(old)
+            else:
+                old = torch.get_num_threads()
+                torch.set_num_threads(int(n))
+                try:
+                    yield
+                finally:
+                    torch.set_num_threads(old)
+
+        times = benchsuite.interleaved_times(fns, repeat=repeat, min_time=0.05 if not quick else 0.01,
+                                             context=context)
+        rows.append({"case": case, "times": times, "counts": counts, "torch_default": torch_default})
+    _progress(len(cases), len(cases), "done", start)
+    return rows
+
+
+def print_scaling(rows: list[dict]) -> None:
+    if not rows:
+        print("no scaling cases")
+        return
+    counts = rows[0]["counts"]
+    td = rows[0]["torch_default"]
+    width = max(len(r["case"].name) for r in rows) + 2
+    head = (f"{'case':<{width}}" + "".join(f"{f'{n} thr':>11}" for n in counts)
+            + "".join(f"{f'x{n}/1':>8}" for n in counts[1:])
+            + (f"{'torch 1':>11}{f'torch {td}':>11}{'vs torch 1':>11}{f'vs torch {td}':>12}"
+               if td else ""))
+    print("\nThread scaling: time per call; x n/1 = our 1-thread time / our n-thread time; "
+          "vs torch = PyTorch's time / ours (1 vs 1 thread, and PyTorch's default vs ours at "
+          "the same count)")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        t = r["times"]
+        ours = [t[f"ours:{n}"] for n in counts]
+        line = f"{r['case'].name:<{width}}" + "".join(f"{_fmt_time(x):>11}" for x in ours)
+        line += "".join(f"{ours[0] / x:7.2f}x" for x in ours[1:])
+        if td and f"torch:{td}" in t:
+            line += (f"{_fmt_time(t['torch:1']):>11}{_fmt_time(t[f'torch:{td}']):>11}"
+                     f"{_fmt_ratio(t['torch:1'] / ours[0]):>11}"
+                     f"{_fmt_ratio(t[f'torch:{td}'] / t[f'ours:{td}']):>12}")
+        print(line)
 
 
 def print_table(rows: list[dict], copy_gbs: float | None) -> None:
@@ -182,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--gpu", action="store_true", help="the CUDA variant (needs a GPU and CuPy)")
     b.add_argument("--repeat", type=int, default=7, help="timed samples per measurement (median)")
     b.add_argument("--plot", metavar="FILE.png", help="save a chart of the speed-ups")
+    b.add_argument("--scaling", action="store_true",
+                   help="thread-scaling view: ours at 1, 2, ... threads beside PyTorch")
+    b.add_argument("--threads", metavar="N,M,...",
+                   help="thread counts of the scaling view (default: 1 up to the cores this "
+                        "process may use)")
     c = sub.add_parser("check", help="compare every ISA path with the NumPy references on small inputs")
     c.add_argument("--family", action="append", help="only this family (repeatable)")
     from . import _history
@@ -206,13 +288,25 @@ def main(argv: list[str] | None = None) -> int:
             return 0
 
     import perfkernels
-    from perfkernels import benchsuite
+    from perfkernels import _parallel, benchsuite
+    repeat = max(1, args.repeat if not args.quick else min(args.repeat, 3))
+    if args.scaling:
+        try:
+            counts = ([_parallel.check_num_threads(int(n), "--threads") for n in args.threads.split(",")]
+                      if args.threads else list(range(1, _parallel.available_cores() + 1)))
+        except ValueError as exc:
+            raise SystemExit(f"--threads {args.threads!r}: {exc}")
+        print(f"perfkernels {perfkernels.__version__}: active ISA {perfkernels.active_isa()}, "
+              f"thread counts: {', '.join(map(str, counts))}")
+        print_scaling(run_scaling(args.family, args.quick, counts, repeat))
+        return 0
     if os.environ.get("OMP_NUM_THREADS") is None:
         os.environ["OMP_NUM_THREADS"] = "1"
+    perfkernels.set_num_threads(1)   # this view compares kernels thread for thread
     print(f"perfkernels {perfkernels.__version__}: active ISA {perfkernels.active_isa()}, "
           f"levels timed: {', '.join(args.isa or perfkernels.available_isas())}")
     copy_gbs = None if args.gpu else benchsuite.copy_bandwidth(repeat=3 if args.quick else 5)
-    rows = run_bench(args.family, args.quick, args.isa, args.gpu, max(1, args.repeat if not args.quick else min(args.repeat, 3)))
+    rows = run_bench(args.family, args.quick, args.isa, args.gpu, repeat)
     print_table(rows, copy_gbs)
     if args.plot and rows:
         plot(rows, args.plot)

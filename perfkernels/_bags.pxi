@@ -1,7 +1,8 @@
 # Bag handling shared by the embedding-bag families (float tables here, quantized tables in
-# _quantized.pyx).  Textually included after "_arrays.pxi":
+# _quantized.pyx).  Textually included after "_arrays.pxi" and "_threads.pxi":
 #
 #     include "_arrays.pxi"
+#     include "_threads.pxi"
 #     include "_bags.pxi"
 #
 #     cdef pk_bags bags
@@ -11,7 +12,7 @@
 #                         scratch, BAGS_SCRATCH)
 #     checked = None if out is None else bags_out_for_kernel(out, bags.num_bags, D, table, keep)
 #     dst = bags_output(&bags, out, checked, D, rows)       # sets bags.out / bags.out_stride
-#     ... call the kernel ...
+#     ... call the kernel (run_bags: on up to num_threads threads when the call is big enough) ...
 #     check_bags_status(&bags, status, bad_pos, rows, "name")
 #
 # `keep` holds the arrays the pointers in `bags` point into: keep it alive until the kernel
@@ -26,8 +27,25 @@ import operator
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
 from perfkernels._c_bags cimport pk_bags, pk_bags_index, pk_bags_first_bad_index
 
+cdef extern from "common/bags_parallel.h":
+    ctypedef pk_status (*pk_bags_call)(const void *args, const pk_bags *bags,
+                                       int64_t *bad_pos) noexcept nogil
+    ctypedef struct pk_bags_part:
+        pk_bags bags
+        pk_bags_call call
+        const void *args
+        int64_t index_cost
+        int64_t bag_cost
+        int64_t rows
+    pk_status pk_bags_run(const pk_parallel_api *api, int n_threads, const pk_bags_part *parts,
+                          int n_parts, int check_first, int64_t *bad_pos,
+                          int *bad_part) noexcept nogil
+
 cdef enum:
     BAGS_SCRATCH = 64   # normalised offsets of calls with < 64 bags live on the caller's stack
+    # calls with fewer output values + indices run with the GIL held, on the calling thread:
+    # releasing and re-taking the GIL would cost more than the kernel
+    TINY_BAGS = 4096
 
 cdef tuple _INDEX_TYPES = (cnp.NPY_INT32, cnp.NPY_INT64, cnp.NPY_LONGLONG, cnp.NPY_INT, cnp.NPY_LONG)
 cdef tuple _FLOAT32_TYPES = (cnp.NPY_FLOAT32,)
@@ -316,7 +334,9 @@ cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, 
 cdef cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int64_t dim,
                              int64_t rows):
     """The array the kernel writes, num_bags x dim float32, pointed to by bags.out: a new one when
-    out is None, else `checked` (out as checked by the caller, or the temporary it needs)."""
+    out is None, else `checked` (out as checked by the caller, or the temporary it needs).  A
+    tiny call that writes the caller's out= directly has its indices checked here; a larger one
+    by run_bags(check_first=True), on the threads that run it."""
     cdef cnp.npy_intp shape[2]
     cdef cnp.ndarray dst
     cdef int64_t bad
@@ -326,7 +346,7 @@ cdef cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int
         dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
     else:
         dst = checked
-        if dst is out:
+        if dst is out and bags.num_bags * dim + bags.n_indices < TINY_BAGS:
             # The kernel writes out= directly, so a bad index must be found before it starts:
             # this pre-scan reads only the index array (n * 4 or 8 bytes, vectorised, then warm in
             # cache for the kernel), much less than a temporary the size of out plus a copy.
@@ -346,3 +366,19 @@ cdef int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, i
     elif status != PK_OK:
         raise RuntimeError(f"{name} kernel failed with status {<int>status}")
     return 0
+
+
+cdef inline pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args,
+                               int64_t rows, int64_t row_bytes, int64_t dim, int n_threads,
+                               bint check_first, int64_t *bad_pos) noexcept nogil:
+    """One table's bags on up to n_threads threads (csrc/common/bags_parallel.h), GIL released by the caller.
+    check_first: the kernels write the caller's out=, so every index is checked before they run."""
+    cdef pk_bags_part part
+    cdef int bad_part = 0
+    part.bags = bags[0]
+    part.call = call
+    part.args = args
+    part.index_cost = row_bytes + (8 if bags.index_64 else 4)
+    part.bag_cost = dim * 4 + 8
+    part.rows = rows
+    return pk_bags_run(pool, n_threads, &part, 1, check_first, bad_pos, &bad_part)

@@ -14,3 +14,7 @@ cdef extern from "perfkernels/quantized.h":
                                    int64_t rows, int64_t row_bytes, int64_t dim,
                                    int64_t *bad_pos) noexcept nogil
     const pk_quantized_kernels *pk_quantized_table(int isa) noexcept nogil
+    ctypedef pk_status (*pk_embedding_bag_quantized_fn)(int bits, const pk_bags *bags,
+                                                        const uint8_t *packed, int64_t rows,
+                                                        int64_t row_bytes, int64_t dim,
+                                                        int64_t *bad_pos) noexcept nogil

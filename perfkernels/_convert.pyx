@@ -1,5 +1,6 @@
 """float32 <-> float16 and float32 <-> bfloat16 conversion."""
 include "_arrays.pxi"
+include "_threads.pxi"
 
 from libc.stdint cimport uint16_t
 import ml_dtypes
@@ -18,6 +19,51 @@ cdef tuple BF16 = (BF16_NUM,)
 register_family("conversion", <kernel_table_getter>pk_convert_table, <const void **>&_kernels)
 
 
+cdef enum:
+    TO_HALF, TO_HALF_CLIP, FROM_HALF, TO_BF16, FROM_BF16
+    ALIGN = 64   # elements per range boundary: whole cache lines of both arrays
+
+
+ctypedef struct _job:
+    const pk_convert_kernels *k
+    int kind
+    const char *src
+    char *dst
+    int src_size
+    int dst_size
+
+
+cdef void _convert_range(void *vjob, int64_t lo, int64_t hi, int64_t chunk) noexcept nogil:
+    cdef const _job *j = <const _job *>vjob
+    cdef const void *s = j.src + lo * j.src_size
+    cdef void *d = j.dst + lo * j.dst_size
+    cdef size_t n = <size_t>(hi - lo)
+    if j.kind == TO_HALF or j.kind == TO_HALF_CLIP:
+        j.k.float_to_half(<const float *>s, <uint16_t *>d, n, 1 if j.kind == TO_HALF_CLIP else 0)
+    elif j.kind == FROM_HALF:
+        j.k.half_to_float(<const uint16_t *>s, <float *>d, n)
+    elif j.kind == TO_BF16:
+        j.k.float_to_bf16(<const float *>s, <uint16_t *>d, n)
+    else:
+        j.k.bf16_to_float(<const uint16_t *>s, <float *>d, n)
+
+
+cdef object _convert(int kind, cnp.ndarray src, cnp.ndarray dst, object num_threads):
+    """Run one conversion over every element, split in element ranges on large arrays."""
+    cdef int nt = resolve_threads(num_threads)
+    cdef _job j
+    j.k = _kernels
+    j.kind = kind
+    j.src = <const char *>cnp.PyArray_DATA(src)
+    j.dst = <char *>cnp.PyArray_DATA(dst)
+    j.src_size = cnp.PyArray_ITEMSIZE(src)
+    j.dst_size = cnp.PyArray_ITEMSIZE(dst)
+    cdef int64_t n = cnp.PyArray_SIZE(src)
+    cdef int threads = ranges_threads(n * (j.src_size + j.dst_size), nt)
+    with nogil:
+        run_ranges(n, threads, ALIGN, _convert_range, &j)
+
+
 cdef tuple _prepare(object x, object out, str xname, tuple in_types, str in_name,
                     object out_dtype, int out_num):
     cdef cnp.ndarray src = as_input(x, xname, in_types, in_name)
@@ -30,7 +76,7 @@ cdef tuple _prepare(object x, object out, str xname, tuple in_types, str in_name
     return src, dst
 
 
-def float_to_half(x, out=None, *, clip=False):
+def float_to_half(x, out=None, *, clip=False, num_threads=None):
     """Convert float32 to float16, rounding to nearest even.
 
     Bit-exact with ``x.astype(np.float16)`` for every input: overflow goes to +-inf, subnormals are
@@ -43,6 +89,9 @@ def float_to_half(x, out=None, *, clip=False):
     out : ndarray of float16 with x's shape, optional
         Written in place and returned; left untouched if an error is raised.
     clip : bool
+    num_threads : int, optional
+        Threads this call may use (default :func:`perfkernels.get_num_threads`); large arrays are
+        split in element ranges, small ones stay on the calling thread.
 
     Returns
     -------
@@ -56,23 +105,19 @@ def float_to_half(x, out=None, *, clip=False):
     """
     cdef cnp.ndarray src, dst
     src, dst = _prepare(x, out, "x", F32, "float32", np.float16, cnp.NPY_FLOAT16)
-    cdef const float *s = <const float *>cnp.PyArray_DATA(src)
-    cdef uint16_t *d = <uint16_t *>cnp.PyArray_DATA(dst)
-    cdef size_t n = <size_t>cnp.PyArray_SIZE(src)
-    cdef int c = 1 if clip else 0
-    cdef const pk_convert_kernels *k = _kernels
-    with nogil:
-        k.float_to_half(s, d, n, c)
+    _convert(TO_HALF_CLIP if clip else TO_HALF, src, dst, num_threads)
     return finish_out(out, dst)
 
 
-def half_to_float(h, out=None):
+def half_to_float(h, out=None, *, num_threads=None):
     """Convert float16 to float32, exactly (subnormals, infinities and NaN payloads included).
 
     Parameters
     ----------
     h : array_like of float16, any shape
     out : ndarray of float32 with h's shape, optional
+    num_threads : int, optional
+        As in :func:`float_to_half`.
 
     Returns
     -------
@@ -86,16 +131,11 @@ def half_to_float(h, out=None):
     """
     cdef cnp.ndarray src, dst
     src, dst = _prepare(h, out, "h", F16, "float16", np.float32, cnp.NPY_FLOAT32)
-    cdef const uint16_t *s = <const uint16_t *>cnp.PyArray_DATA(src)
-    cdef float *d = <float *>cnp.PyArray_DATA(dst)
-    cdef size_t n = <size_t>cnp.PyArray_SIZE(src)
-    cdef const pk_convert_kernels *k = _kernels
-    with nogil:
-        k.half_to_float(s, d, n)
+    _convert(FROM_HALF, src, dst, num_threads)
     return finish_out(out, dst)
 
 
-def float_to_bfloat16(x, out=None):
+def float_to_bfloat16(x, out=None, *, num_threads=None):
     """Convert float32 to bfloat16 (``ml_dtypes.bfloat16``), rounding to nearest even.
 
     Bit-exact with ``x.astype(ml_dtypes.bfloat16)``: NaN becomes the quiet NaN with x's sign,
@@ -105,6 +145,8 @@ def float_to_bfloat16(x, out=None):
     ----------
     x : array_like of float32, any shape
     out : ndarray of ml_dtypes.bfloat16 with x's shape, optional
+    num_threads : int, optional
+        As in :func:`float_to_half`.
 
     Returns
     -------
@@ -118,22 +160,19 @@ def float_to_bfloat16(x, out=None):
     """
     cdef cnp.ndarray src, dst
     src, dst = _prepare(x, out, "x", F32, "float32", BFLOAT16, BF16_NUM)
-    cdef const float *s = <const float *>cnp.PyArray_DATA(src)
-    cdef uint16_t *d = <uint16_t *>cnp.PyArray_DATA(dst)
-    cdef size_t n = <size_t>cnp.PyArray_SIZE(src)
-    cdef const pk_convert_kernels *k = _kernels
-    with nogil:
-        k.float_to_bf16(s, d, n)
+    _convert(TO_BF16, src, dst, num_threads)
     return finish_out(out, dst)
 
 
-def bfloat16_to_float(b, out=None):
+def bfloat16_to_float(b, out=None, *, num_threads=None):
     """Convert bfloat16 (``ml_dtypes.bfloat16``) to float32, exactly.
 
     Parameters
     ----------
     b : array_like of ml_dtypes.bfloat16, any shape
     out : ndarray of float32 with b's shape, optional
+    num_threads : int, optional
+        As in :func:`float_to_half`.
 
     Returns
     -------
@@ -147,10 +186,5 @@ def bfloat16_to_float(b, out=None):
     """
     cdef cnp.ndarray src, dst
     src, dst = _prepare(b, out, "b", BF16, "bfloat16 (ml_dtypes.bfloat16)", np.float32, cnp.NPY_FLOAT32)
-    cdef const uint16_t *s = <const uint16_t *>cnp.PyArray_DATA(src)
-    cdef float *d = <float *>cnp.PyArray_DATA(dst)
-    cdef size_t n = <size_t>cnp.PyArray_SIZE(src)
-    cdef const pk_convert_kernels *k = _kernels
-    with nogil:
-        k.bf16_to_float(s, d, n)
+    _convert(FROM_BF16, src, dst, num_threads)
     return finish_out(out, dst)

@@ -1,11 +1,20 @@
 """Embedding bags on float32 / float16 / bfloat16 tables."""
 include "_arrays.pxi"
+include "_threads.pxi"
 include "_bags.pxi"
 
+from cpython.pycapsule cimport PyCapsule_New
 import ml_dtypes
 
 from perfkernels._c_embedding cimport (pk_embedding_bag_fn, pk_embedding_kernels,
                                        pk_embedding_table)
+
+cdef extern from "common/bags_parallel.h":
+    ctypedef struct pk_float_bags_args:
+        pk_embedding_bag_fn fn
+        const void *table
+        int64_t rows, dim, row_stride
+    pk_status pk_float_bags_call(const void *args, const pk_bags *bags, int64_t *bad_pos) noexcept nogil
 
 cdef const pk_embedding_kernels *_kernels = NULL
 
@@ -15,6 +24,12 @@ cdef str _TABLE_ACCEPTED = "float32, float16 or bfloat16 (ml_dtypes.bfloat16)"
 
 
 register_family("embedding", <kernel_table_getter>pk_embedding_table, <const void **>&_kernels)
+
+
+def _kernel_table(int level):
+    """This level's kernel table (``const pk_embedding_kernels *``) as a PyCapsule, for the
+    multi-table lookup (perfkernels._multi), which has no kernels of its own."""
+    return PyCapsule_New(<void *>pk_embedding_table(level), b"perfkernels.embedding_kernels", NULL)
 
 
 cdef cnp.ndarray _as_table(object weight):
@@ -46,9 +61,14 @@ cdef cnp.ndarray _as_table(object weight):
     return a
 
 
+def _checked_table(weight):
+    """``weight`` validated (and copied if its layout needs it) as embedding_bag does."""
+    return _as_table(weight)
+
+
 def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_weights=None,
                   mode="sum", include_last_offset=False, padding_idx=None,
-                  positional_weights=False, out=None):
+                  positional_weights=False, out=None, num_threads=None):
     """Sum (or average) rows of an embedding table over bags of indices.
 
     ``out[b] = scale_b * sum(w_j * float32(weight[indices[j]]) for j in bag b)``, accumulated in
@@ -56,6 +76,8 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
     ``torch.nn.functional.embedding_bag``).  The kernel runs with the GIL released, except for
     calls touching fewer than 4096 output values + indices, where releasing and re-taking the GIL
     would cost more than the kernel itself (NumPy's ufuncs use the same kind of threshold).
+    Larger calls split their bags across up to ``num_threads`` threads (each bag summed by one
+    thread, so the result does not depend on the thread count).
 
     Parameters
     ----------
@@ -88,6 +110,9 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
         SparseLengthsPositionalWeightedSum, FBGEMM ``is_weight_positional``).
     out : ndarray [num_bags, D] of float32, optional
         Written in place and returned; left untouched if an error is raised.
+    num_threads : int, optional
+        Threads this call may use (default :func:`perfkernels.get_num_threads`); a call uses
+        fewer when it is too small to pay for more.
 
     Returns
     -------
@@ -117,6 +142,7 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
     """
     cdef pk_bags bags
     cdef int64_t scratch[BAGS_SCRATCH]
+    cdef int nt = resolve_threads(num_threads)
     cdef cnp.ndarray table = _as_table(weight)
     cdef int64_t rows = cnp.PyArray_DIM(table, 0)
     cdef int64_t dim = cnp.PyArray_DIM(table, 1)
@@ -135,11 +161,18 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
         k.bag_f16 if t == cnp.NPY_FLOAT16 else k.bag_bf16)
     cdef const void *data = cnp.PyArray_DATA(table)
     cdef pk_status status
-    if bags.num_bags * dim + bags.n_indices < 4096:
-        # tiny calls: releasing and re-taking the GIL costs more than the kernel
+    cdef pk_float_bags_args args
+    cdef bint direct = dst is out   # the kernels write the caller's out=
+    if bags.num_bags * dim + bags.n_indices < TINY_BAGS:
         status = fn(&bags, data, rows, dim, row_stride, &bad)
     else:
+        args.fn = fn
+        args.table = data
+        args.rows = rows
+        args.dim = dim
+        args.row_stride = row_stride
         with nogil:
-            status = fn(&bags, data, rows, dim, row_stride, &bad)
+            status = run_bags(&bags, pk_float_bags_call, &args, rows,
+                              dim * cnp.PyArray_ITEMSIZE(table), dim, nt, direct, &bad)
     check_bags_status(&bags, status, bad, rows, "embedding_bag")
     return finish_out(out, dst)

@@ -125,6 +125,11 @@ def _config_for_branch(config: str, branch: str) -> str:
     if branch in data.get("branches", []) or branch == "HEAD":
         return config
     data["branches"] = list(data.get("branches", [])) + [branch]
+    # asv reads paths relative to the config file: keep them pointing into the checkout
+    base = os.path.dirname(os.path.abspath(config))
+    for key in ("repo", "benchmark_dir", "env_dir", "results_dir", "html_dir"):
+        if key in data and "://" not in data[key]:
+            data[key] = os.path.join(base, data[key])
     Path(".asv").mkdir(exist_ok=True)
     path = os.path.join(".asv", "history.conf.json")
     with open(path, "w", encoding="utf-8") as f:

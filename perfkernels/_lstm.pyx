@@ -1,5 +1,6 @@
 """The LSTM unit, forward and backward (caffe2 LSTMUnit / LSTMUnitGradient)."""
 include "_arrays.pxi"
+include "_threads.pxi"
 
 from libc.stdint cimport int32_t, int64_t
 import operator
@@ -10,7 +11,9 @@ from perfkernels._c_lstm cimport (pk_lstm_params, pk_lstm_kernels, pk_lstm_table
 cdef const pk_lstm_kernels *_kernels = NULL
 
 cdef tuple F32 = (cnp.NPY_FLOAT32,)
-cdef tuple INTS = (cnp.NPY_INT32, cnp.NPY_INT64)
+# Every signed integer type of 4 or 8 bytes: int64 is NPY_LONG or NPY_LONGLONG depending on the
+# platform and on how the array was made, and both print as "int64".
+cdef tuple INTS = (cnp.NPY_INT, cnp.NPY_LONG, cnp.NPY_LONGLONG, cnp.NPY_INT32, cnp.NPY_INT64)
 cdef dict GATE_ORDERS = {"ifog": PK_LSTM_IFOG, "ifgo": PK_LSTM_IFGO}
 _MATH = {"exp": PK_MATH_EXP, "sigmoid": PK_MATH_SIGMOID, "tanh": PK_MATH_TANH}
 
@@ -66,7 +69,7 @@ cdef object _params(pk_lstm_params *p, Py_ssize_t n, Py_ssize_t d, object seq_le
         if lens.ndim != 1 or lens.shape[0] != n:
             raise ValueError(f"seq_lengths must have shape ({n},) (one length per row); "
                              f"got {(<object>lens).shape}")
-        if cnp.PyArray_TYPE(lens) == cnp.NPY_INT32:
+        if cnp.PyArray_ITEMSIZE(lens) == 4:
             p.seq_lengths32 = <const int32_t *>cnp.PyArray_DATA(lens)
         else:
             p.seq_lengths64 = <const int64_t *>cnp.PyArray_DATA(lens)
@@ -98,8 +101,41 @@ cdef tuple _outputs(object out, tuple names, tuple shapes, tuple inputs):
     return given, dst
 
 
+ctypedef struct _job:
+    const pk_lstm_kernels *k
+    pk_lstm_params p
+    const float *a[5]    # inputs: forward h_prev, c_prev, gates; backward c_prev, gates, c, dh, dc
+    float *o[3]          # outputs: forward h, c; backward dh_prev, dc_prev, dgates
+    int backward
+
+
+cdef void _lstm_range(void *vjob, int64_t lo, int64_t hi, int64_t chunk) noexcept nogil:
+    """Rows [lo, hi) of one call: the same kernel on a view of the rows (rows are independent)."""
+    cdef const _job *j = <const _job *>vjob
+    cdef pk_lstm_params p = j.p
+    cdef size_t d = p.d, r = <size_t>lo
+    p.n = <size_t>(hi - lo)
+    if p.seq_lengths32 != NULL:
+        p.seq_lengths32 = p.seq_lengths32 + r
+    if p.seq_lengths64 != NULL:
+        p.seq_lengths64 = p.seq_lengths64 + r
+    if j.backward:
+        j.k.backward(&p, j.a[0] + r * d, j.a[1] + r * 4 * d, j.a[2] + r * d, j.a[3] + r * d,
+                     j.a[4] + r * d, j.o[0] + r * d, j.o[1] + r * d, j.o[2] + r * 4 * d)
+    else:
+        j.k.forward(&p, j.a[0] + r * d, j.a[1] + r * d, j.a[2] + r * 4 * d,
+                    j.o[0] + r * d, j.o[1] + r * d)
+
+
+cdef void _run(_job *j, int nt) noexcept nogil:
+    # bytes per row: forward reads 6d floats and writes 2d, backward reads 8d and writes 6d
+    cdef int64_t n = <int64_t>j.p.n
+    cdef int64_t row_bytes = <int64_t>j.p.d * 4 * (14 if j.backward else 8)
+    run_ranges(n, ranges_threads(n * row_bytes, nt), 1, _lstm_range, j)
+
+
 def lstm_unit(h_prev, c_prev, gates, *, seq_lengths=None, t=0, forget_bias=0.0,
-              drop_states=False, gate_order="ifog", out=None):
+              drop_states=False, gate_order="ifog", out=None, num_threads=None):
     """One LSTM step's pointwise part (caffe2 ``LSTMUnit``), in one pass over memory.
 
     For each valid row ``n`` (``seq_lengths is None or t < seq_lengths[n]``)::
@@ -131,6 +167,9 @@ def lstm_unit(h_prev, c_prev, gates, *, seq_lengths=None, t=0, forget_bias=0.0,
     out : tuple (h, c) of float32 ndarrays of shape (N, D) or None, optional
         As NumPy ufuncs' ``out=``: written in place and returned; an element may be None to allocate
         that output.  Left untouched if an error is raised.
+    num_threads : int, optional
+        Threads this call may use (default :func:`perfkernels.get_num_threads`); large calls are
+        split in row ranges, each row computed by one thread.
 
     Returns
     -------
@@ -149,23 +188,25 @@ def lstm_unit(h_prev, c_prev, gates, *, seq_lengths=None, t=0, forget_bias=0.0,
     cdef Py_ssize_t n = shape[0], d = shape[1]
     cdef cnp.ndarray cp = _state(c_prev, "c_prev", shape)
     cdef cnp.ndarray gx = _state(gates, "gates", (n, 4 * d))
-    cdef pk_lstm_params p
-    keep = _params(&p, n, d, seq_lengths, t, forget_bias, drop_states, gate_order)
+    cdef int nt = resolve_threads(num_threads)
+    cdef _job j
+    keep = _params(&j.p, n, d, seq_lengths, t, forget_bias, drop_states, gate_order)
     given, dst = _outputs(out, ("h", "c"), (shape, shape), (hp, cp, gx))
     cdef cnp.ndarray h = dst[0], c = dst[1]
-    cdef const pk_lstm_kernels *k = _kernels
-    cdef const float *php = _f32(hp)
-    cdef const float *pcp = _f32(cp)
-    cdef const float *pgx = _f32(gx)
-    cdef float *ph = _f32(h)
-    cdef float *pc = _f32(c)
+    j.k = _kernels
+    j.backward = 0
+    j.a[0] = _f32(hp)
+    j.a[1] = _f32(cp)
+    j.a[2] = _f32(gx)
+    j.o[0] = _f32(h)
+    j.o[1] = _f32(c)
     with nogil:
-        k.forward(&p, php, pcp, pgx, ph, pc)
+        _run(&j, nt)
     return finish_out(given[0], h), finish_out(given[1], c)
 
 
 def lstm_unit_backward(c_prev, gates, c, dh, dc, *, seq_lengths=None, t=0, forget_bias=0.0,
-                       drop_states=False, gate_order="ifog", out=None):
+                       drop_states=False, gate_order="ifog", out=None, num_threads=None):
     """Gradient of :func:`lstm_unit` (caffe2 ``LSTMUnitGradient``), in one pass over memory.
 
     Given the forward inputs ``c_prev, gates``, its output ``c`` and the gradients ``dh, dc`` of
@@ -190,6 +231,8 @@ def lstm_unit_backward(c_prev, gates, c, dh, dc, *, seq_lengths=None, t=0, forge
         As in :func:`lstm_unit` (use the same values as the forward call).
     out : tuple (dh_prev, dc_prev, dgates) of float32 ndarrays or None, optional
         Shapes (N, D), (N, D), (N, 4 * D); an element may be None.  Left untouched on error.
+    num_threads : int, optional
+        As in :func:`lstm_unit`.
 
     Returns
     -------
@@ -213,22 +256,24 @@ def lstm_unit_backward(c_prev, gates, c, dh, dc, *, seq_lengths=None, t=0, forge
     cdef cnp.ndarray cc = _state(c, "c", shape)
     cdef cnp.ndarray gh = _state(dh, "dh", shape)
     cdef cnp.ndarray gc = _state(dc, "dc", shape)
-    cdef pk_lstm_params p
-    keep = _params(&p, n, d, seq_lengths, t, forget_bias, drop_states, gate_order)
+    cdef int nt = resolve_threads(num_threads)
+    cdef _job j
+    keep = _params(&j.p, n, d, seq_lengths, t, forget_bias, drop_states, gate_order)
     given, dst = _outputs(out, ("dh_prev", "dc_prev", "dgates"), (shape, shape, gshape),
                           (cp, gx, cc, gh, gc))
     cdef cnp.ndarray dhp = dst[0], dcp = dst[1], dgx = dst[2]
-    cdef const pk_lstm_kernels *k = _kernels
-    cdef const float *pcp = _f32(cp)
-    cdef const float *pgx = _f32(gx)
-    cdef const float *pcc = _f32(cc)
-    cdef const float *pgh = _f32(gh)
-    cdef const float *pgc = _f32(gc)
-    cdef float *pdhp = _f32(dhp)
-    cdef float *pdcp = _f32(dcp)
-    cdef float *pdgx = _f32(dgx)
+    j.k = _kernels
+    j.backward = 1
+    j.a[0] = _f32(cp)
+    j.a[1] = _f32(gx)
+    j.a[2] = _f32(cc)
+    j.a[3] = _f32(gh)
+    j.a[4] = _f32(gc)
+    j.o[0] = _f32(dhp)
+    j.o[1] = _f32(dcp)
+    j.o[2] = _f32(dgx)
     with nogil:
-        k.backward(&p, pcp, pgx, pcc, pgh, pgc, pdhp, pdcp, pdgx)
+        _run(&j, nt)
     return (finish_out(given[0], dhp), finish_out(given[1], dcp), finish_out(given[2], dgx))
 
 

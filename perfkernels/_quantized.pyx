@@ -1,17 +1,35 @@
 """Row-wise quantized tables: quantize, dequantize and embedding-bag lookups."""
 include "_arrays.pxi"
+include "_threads.pxi"
 include "_bags.pxi"
 
 from libc.stdint cimport uint8_t, uint16_t, int64_t
+from cpython.pycapsule cimport PyCapsule_New
 
 from perfkernels._c_common cimport PK_ERR_NONFINITE
 from perfkernels._c_quantized cimport (pk_quantized_kernels, pk_quantized_row_bytes,
-                                       pk_quantized_table)
+                                       pk_quantized_table,
+                                       pk_embedding_bag_quantized_fn)
+
+cdef extern from "common/bags_parallel.h":
+    ctypedef struct pk_quantized_bags_args:
+        pk_embedding_bag_quantized_fn fn
+        int bits
+        const uint8_t *packed
+        int64_t rows, row_bytes, dim
+    pk_status pk_quantized_bags_call(const void *args, const pk_bags *bags,
+                                     int64_t *bad_pos) noexcept nogil
 
 cdef const pk_quantized_kernels *_kernels = NULL
 
 
 register_family("quantized-table", <kernel_table_getter>pk_quantized_table, <const void **>&_kernels)
+
+
+def _kernel_table(int level):
+    """This level's kernel table (``const pk_quantized_kernels *``) as a PyCapsule, for the
+    multi-table lookup (perfkernels._multi), which has no kernels of its own."""
+    return PyCapsule_New(<void *>pk_quantized_table(level), b"perfkernels.quantized_kernels", NULL)
 
 cdef tuple WEIGHT_TYPES = (cnp.NPY_FLOAT32, cnp.NPY_FLOAT16)
 cdef tuple PACKED_TYPES = (cnp.NPY_UINT8,)
@@ -48,7 +66,43 @@ cdef cnp.ndarray _as_packed(object packed):
     return p
 
 
-def quantize_rowwise(weight, bits=8):
+ctypedef struct _rows_job:
+    const pk_quantized_kernels *k
+    int bits
+    int half
+    const char *src
+    char *dst
+    size_t src_row_bytes
+    size_t dst_row_bytes
+    size_t dim
+    pk_status *status    # quantize: per range
+    size_t *bad_row
+
+
+cdef void _quantize_range(void *vjob, int64_t lo, int64_t hi, int64_t chunk) noexcept nogil:
+    cdef const _rows_job *j = <const _rows_job *>vjob
+    cdef size_t bad = 0
+    j.status[chunk] = j.k.quantize_rowwise(j.bits, j.half, j.src + <size_t>lo * j.src_row_bytes,
+                                           <size_t>(hi - lo), j.dim,
+                                           <uint8_t *>(j.dst + <size_t>lo * j.dst_row_bytes), &bad)
+    j.bad_row[chunk] = <size_t>lo + bad
+
+
+cdef void _dequantize_range(void *vjob, int64_t lo, int64_t hi, int64_t chunk) noexcept nogil:
+    cdef const _rows_job *j = <const _rows_job *>vjob
+    j.k.dequantize_rowwise(j.bits, <const uint8_t *>(j.src + <size_t>lo * j.src_row_bytes),
+                           <size_t>(hi - lo), j.src_row_bytes, j.dim,
+                           <float *>(j.dst + <size_t>lo * j.dst_row_bytes))
+
+
+def _checked_packed(packed, bits, dim):
+    """(packed array, bits, D) validated as embedding_bag_quantized does."""
+    cdef int b = _check_bits(bits)
+    cdef cnp.ndarray p = _as_packed(packed)
+    return p, b, _packed_dim(p.shape[1], b, dim)
+
+
+def quantize_rowwise(weight, bits=8, *, num_threads=None):
     """Quantize a table row by row to 8, 4 or 2 bits (caffe2/FBGEMM "fused rowwise" layout).
 
     Bit-exact with ``torch.ops.quantized.embedding_bag_byte_prepack`` (``bits=8``) and
@@ -66,6 +120,9 @@ def quantize_rowwise(weight, bits=8):
     ----------
     weight : array_like of float32 or float16, shape (rows, D)
     bits : {8, 4, 2}
+    num_threads : int, optional
+        Threads this call may use (default :func:`perfkernels.get_num_threads`); large tables
+        are split in row ranges, each row quantized by one thread.
 
     Returns
     -------
@@ -74,7 +131,8 @@ def quantize_rowwise(weight, bits=8):
     Raises
     ------
     ValueError
-        If a row holds NaN or inf (the message names the row), or for a bad shape or ``bits``.
+        If a row holds NaN or inf (the message names the first such row), or for a bad shape or
+        ``bits``.
 
     Examples
     --------
@@ -86,6 +144,7 @@ def quantize_rowwise(weight, bits=8):
     >>> perfkernels.dequantize_rowwise(p)
     array([[0., 1., 2., 3.]], dtype=float32)
     """
+    cdef int nt = resolve_threads(num_threads)
     cdef int b = _check_bits(bits)
     cdef cnp.ndarray w = as_input(weight, "weight", WEIGHT_TYPES, "float32 or float16")
     if w.ndim != 2:
@@ -95,14 +154,32 @@ def quantize_rowwise(weight, bits=8):
         raise ValueError(f"weight must have at least one column; got shape {(<object>w).shape}")
     cdef size_t row_bytes = pk_quantized_row_bytes(b, dim)
     cdef cnp.ndarray out = np.empty((rows, row_bytes), dtype=np.uint8)
-    cdef int half = 1 if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT16 else 0
-    cdef const void *src = cnp.PyArray_DATA(w)
-    cdef uint8_t *dst = <uint8_t *>cnp.PyArray_DATA(out)
-    cdef size_t bad_row = 0
-    cdef pk_status status
-    cdef const pk_quantized_kernels *k = _kernels
+    cdef _rows_job j
+    j.k = _kernels
+    j.bits = b
+    j.half = 1 if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT16 else 0
+    j.src = <const char *>cnp.PyArray_DATA(w)
+    j.dst = <char *>cnp.PyArray_DATA(out)
+    j.src_row_bytes = dim * cnp.PyArray_ITEMSIZE(w)
+    j.dst_row_bytes = row_bytes
+    j.dim = dim
+    cdef int threads = ranges_threads(rows * (j.src_row_bytes + row_bytes), nt)
+    cdef int k = ranges_chunks(rows, threads, 1)
+    # per range: its status and first bad row (ranges are in row order: the first failed range
+    # has the first bad row of the table)
+    cdef cnp.ndarray results = np.zeros(2 * k, dtype=np.int64)
+    j.status = <pk_status *>cnp.PyArray_DATA(results)
+    j.bad_row = <size_t *>(<int64_t *>cnp.PyArray_DATA(results) + k)
     with nogil:
-        status = k.quantize_rowwise(b, half, src, rows, dim, dst, &bad_row)
+        run_ranges(rows, threads, 1, _quantize_range, &j)
+    cdef pk_status status = PK_OK
+    cdef size_t bad_row = 0
+    cdef int c
+    for c in range(k):
+        if j.status[c] != PK_OK:
+            status = j.status[c]
+            bad_row = j.bad_row[c]
+            break
     if status == PK_ERR_NONFINITE:
         raise ValueError(f"weight row {bad_row} contains NaN or inf; row-wise quantization needs "
                          f"finite values")
@@ -111,7 +188,7 @@ def quantize_rowwise(weight, bits=8):
     return out
 
 
-def dequantize_rowwise(packed, bits=8, dim=None):
+def dequantize_rowwise(packed, bits=8, dim=None, *, num_threads=None):
     """Expand row-wise quantized rows back to float32: ``x = code * scale + bias``.
 
     Parameters
@@ -123,6 +200,8 @@ def dequantize_rowwise(packed, bits=8, dim=None):
         The embedding dimension D.  Needed for 4/2-bit rows whose D is not a multiple of
         ``8 // bits`` (otherwise D is ``(row_bytes - 4) * (8 // bits)``); checked against the
         row width when given.
+    num_threads : int, optional
+        Threads this call may use (default :func:`perfkernels.get_num_threads`).
 
     Returns
     -------
@@ -135,23 +214,30 @@ def dequantize_rowwise(packed, bits=8, dim=None):
     >>> perfkernels.dequantize_rowwise(p, bits=4, dim=3)
     array([[1., 2., 3.]], dtype=float32)
     """
+    cdef int nt = resolve_threads(num_threads)
     cdef int b = _check_bits(bits)
     cdef cnp.ndarray p = _as_packed(packed)
     cdef Py_ssize_t d = _packed_dim(p.shape[1], b, dim)
     cdef size_t rows = <size_t>p.shape[0], row_bytes = <size_t>p.shape[1]
     cdef cnp.ndarray out = np.empty((rows, d), dtype=np.float32)
-    cdef const uint8_t *src = <const uint8_t *>cnp.PyArray_DATA(p)
-    cdef float *dst = <float *>cnp.PyArray_DATA(out)
-    cdef const pk_quantized_kernels *k = _kernels
+    cdef _rows_job j
+    j.k = _kernels
+    j.bits = b
+    j.src = <const char *>cnp.PyArray_DATA(p)
+    j.dst = <char *>cnp.PyArray_DATA(out)
+    j.src_row_bytes = row_bytes
+    j.dst_row_bytes = <size_t>d * 4
+    j.dim = <size_t>d
+    cdef int threads = ranges_threads(rows * (row_bytes + j.dst_row_bytes), nt)
     with nogil:
-        k.dequantize_rowwise(b, src, rows, row_bytes, <size_t>d, dst)
+        run_ranges(rows, threads, 1, _dequantize_range, &j)
     return out
 
 
 
 def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, lengths=None,
                             per_sample_weights=None, mode="sum", include_last_offset=False,
-                            padding_idx=None, positional_weights=False, out=None):
+                            padding_idx=None, positional_weights=False, out=None, num_threads=None):
     """Embedding bags over a row-wise quantized table, dequantising rows on the fly.
 
     ``out[b] = scale_b * sum(w_j * (q * scale + bias) of row indices[j], j in bag b)``, computed per
@@ -178,6 +264,9 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
         PyTorch divides), count excluding ``padding_idx`` entries; empty bags are zeros.
     out : ndarray of float32, shape (num_bags, D), optional
         Written in place and returned; left untouched if an error is raised.
+    num_threads : int, optional
+        Threads this call may use (default :func:`perfkernels.get_num_threads`); bags are split
+        across threads, each summed by one thread, so the result does not depend on it.
 
     Returns
     -------
@@ -199,6 +288,7 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
     array([[ 6.,  8., 10.],
            [ 9., 10., 11.]], dtype=float32)
     """
+    cdef int nt = resolve_threads(num_threads)
     cdef int b = _check_bits(bits)
     cdef cnp.ndarray p = _as_packed(packed)
     cdef int64_t d = _packed_dim(p.shape[1], b, dim)
@@ -215,11 +305,19 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
     cdef const uint8_t *data = <const uint8_t *>cnp.PyArray_DATA(p)
     cdef const pk_quantized_kernels *k = _kernels
     cdef pk_status status
-    if bags.num_bags * d + bags.n_indices < 4096:
-        # tiny calls: releasing and re-taking the GIL costs more than the kernel
+    cdef pk_quantized_bags_args args
+    cdef bint direct = dst is out   # the kernels write the caller's out=
+    if bags.num_bags * d + bags.n_indices < TINY_BAGS:
         status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
     else:
+        args.fn = k.embedding_bag
+        args.bits = b
+        args.packed = data
+        args.rows = rows
+        args.row_bytes = row_bytes
+        args.dim = d
         with nogil:
-            status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
+            status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, nt,
+                              direct, &bad)
     check_bags_status(&bags, status, bad, rows, "embedding_bag_quantized")
     return finish_out(out, dst)

@@ -15,7 +15,7 @@ from . import reference
 from ._variants import BITS, CONVERSIONS, GATE_ORDERS, MODES, TABLE_DTYPES
 
 #: Families ``check`` knows, in the order it runs them.
-FAMILIES = ("convert", "embedding", "quantized", "lstm")
+FAMILIES = ("convert", "embedding", "quantized", "multi", "lstm")
 #: A few of the awkward dimensions: below, at and above a vector width, and a long odd row.
 DIMS = (7, 64, 129)
 
@@ -88,6 +88,25 @@ def _quantized(rng) -> list[Check]:
     return out
 
 
+def _multi(rng) -> list[Check]:
+    """One batch over a float32, a bfloat16 and a 4-bit table of different widths."""
+    import perfkernels as pk
+    batch = 6
+    tables = [rng.standard_normal((40, 7)).astype(np.float32),
+              rng.standard_normal((30, 64)).astype(np.float32).astype(TABLE_DTYPES["bfloat16"]),
+              reference.quantize_rowwise(rng.standard_normal((50, 129)).astype(np.float32), 4)]
+    bits, dims = [None, None, 4], [None, None, 129]
+    lengths = rng.integers(0, 5, 3 * batch)
+    lengths[batch:batch + 2] = 0                          # empty bags
+    indices = np.concatenate([rng.integers(0, len(t), int(lengths[f * batch:(f + 1) * batch].sum()))
+                              for f, t in enumerate(tables)])
+    kw = dict(lengths=lengths, modes=["sum", "mean", "sum"], padding_idx=[None, 2, None],
+              bits=bits, dims=dims)
+    return [Check("multi", "3 tables (float32, bfloat16, 4-bit)",
+                  lambda: pk.embedding_bags_multi(tables, indices, **kw),
+                  reference.embedding_bags_multi(tables, indices, **kw), 1e-5, 1e-5)]
+
+
 def _lstm(rng) -> list[Check]:
     import perfkernels as pk
     out = []
@@ -111,7 +130,8 @@ def _lstm(rng) -> list[Check]:
     return out
 
 
-_BUILDERS = {"convert": _convert, "embedding": _embedding, "quantized": _quantized, "lstm": _lstm}
+_BUILDERS = {"convert": _convert, "embedding": _embedding, "quantized": _quantized,
+             "multi": _multi, "lstm": _lstm}
 
 
 def checks(families: list[str] | None = None) -> list[Check]:

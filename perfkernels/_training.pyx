@@ -1,5 +1,6 @@
 """Fused embedding-bag backward + sparse optimizer step (training)."""
 include "_arrays.pxi"
+include "_threads.pxi"
 include "_bags.pxi"
 
 from libc.stdint cimport uintptr_t
@@ -204,7 +205,9 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     weight_decay : float
         L2 penalty, finite and >= 0, applied to the touched rows only.
     num_threads : int, optional
-        Threads for the update (default: the package setting).  Does not change the result.
+        Threads for the update (a positive integer; it never changes the result).  For now every
+        call runs on the calling thread: the kernel is split into disjoint row groups, ready for
+        the package's thread pool, but does not use one yet.
     stochastic_rounding : bool
         16-bit tables: round each new value up or down with probability proportional to its
         distance from the two neighbouring 16-bit values (bfloat16: 16 random bits added below

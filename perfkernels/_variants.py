@@ -85,6 +85,30 @@ QUICK_BAG_SHAPES: tuple[BagShape, ...] = (
 )
 QUICK_ZIPF_BAG_SHAPE: BagShape = QUICK_BAG_SHAPES[1]
 
+#: Criteo Kaggle's 26 sparse-feature cardinalities (the DLRM example's tables).
+CRITEO_KAGGLE_ROWS: tuple[int, ...] = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
+    5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
+
+
+class MultiShape(NamedTuple):
+    """A multi-table lookup: one table per feature (rows capped at ``max_rows``), ``dim`` wide,
+    ``batch`` samples, each bag's length drawn uniformly from ``[min_len, max_len]``."""
+    name: str
+    rows: tuple[int, ...]
+    max_rows: int
+    dim: int
+    batch: int
+    min_len: int
+    max_len: int
+
+
+#: The multi-table benchmark: the 26 DLRM tables in one call (docs/benchmarking.md).
+MULTI_SHAPE: MultiShape = MultiShape("criteo 26 tables", CRITEO_KAGGLE_ROWS, 1_000_000, 64, 2048,
+                                     1, 100)
+QUICK_MULTI_SHAPE: MultiShape = MultiShape("criteo 26 tables small", CRITEO_KAGGLE_ROWS, 20_000, 64,
+                                           256, 1, 20)
+
 #: ``quantize_rowwise`` benchmark tables (rows, D): full and quick.
 QUANTIZE_SHAPE: tuple[int, int] = (200_000, 128)
 QUICK_QUANTIZE_SHAPE: tuple[int, int] = (20_000, 128)

@@ -33,6 +33,17 @@ def test_bench_quick_prints_a_table_with_ratios():
         assert isa in out.splitlines()[0] or isa in out
 
 
+def test_bench_scaling_times_every_thread_count_beside_torch():
+    proc = run("bench", "--quick", "--scaling", "--family", "convert", "--family", "multi",
+               "--threads", "1,2", "--repeat", "1")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "Thread scaling" in out and "1 thr" in out and "2 thr" in out and "x2/1" in out
+    assert "float_to_half" in out and "criteo 26 tables" in out
+    bad = run("bench", "--scaling", "--threads", "0")
+    assert bad.returncode != 0 and "--threads" in bad.stderr
+
+
 def test_interleaved_times_samples_in_turn_inside_each_context():
     """Ratios in `bench` come from samples taken in turn: one per function per round, each inside
     its own context (use_isa for our levels)."""

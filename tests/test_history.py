@@ -149,3 +149,17 @@ def test_speedup_is_their_time_over_ours_sampled_in_turn(monkeypatch):
     seen.clear()
     common.speedup(ours, theirs, one_thread=True, rounds=2, min_time=0.0)
     assert set(seen) == {1} and torch.get_num_threads() == before
+
+
+def test_a_branch_other_than_main_is_graphed_with_paths_kept(tmp_path, monkeypatch):
+    """asv publish graphs only configured branches, and reads paths relative to the config file:
+    the derived config adds the branch and keeps every path pointing into the checkout."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(CONFIG, tmp_path / "asv.conf.json")
+    assert _history._config_for_branch("asv.conf.json", "main") == "asv.conf.json"
+    derived = _history._config_for_branch("asv.conf.json", "feature")
+    from asv import util
+    data = util.load_json(derived, js_comments=True)
+    assert data["branches"][-1] == "feature" and "main" in data["branches"]
+    assert data["repo"] == os.path.join(str(tmp_path), ".")
+    assert data["results_dir"] == os.path.join(str(tmp_path), "benchmarks/results")

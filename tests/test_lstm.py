@@ -133,6 +133,19 @@ def test_invalid_rows_exact(isa, rng):
     assert not h[bad].any() and not c[bad].any()
 
 
+@pytest.mark.parametrize("dtype", [np.intc, np.int_, np.longlong, np.int32, np.int64])
+def test_seq_lengths_of_every_4_and_8_byte_integer_type(isa, rng, dtype):
+    """Regression (found by fuzzing): np.longlong arrays, int64 but a different NumPy type number
+    than np.int64 on Linux, were refused with "must have dtype int32 or int64; got int64"."""
+    n, d = 6, 9
+    h_prev, c_prev, gates, dh, dc = make_inputs(rng, n, d)
+    lens = np.array([0, 1, 2, 3, 0, 5], dtype)
+    h, c = perfkernels.lstm_unit(h_prev, c_prev, gates, seq_lengths=lens, t=1)
+    want_h, want_c = ref_forward(h_prev, c_prev, gates, seq_lengths=lens, t=1)
+    reference.assert_close(h, want_h, atol=2e-6)
+    reference.assert_close(c, want_c, atol=2e-6)
+
+
 def test_isa_paths_agree(rng):
     h_prev, c_prev, gates, dh, dc = make_inputs(rng, 8, 129)
     results = {}

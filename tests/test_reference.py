@@ -120,6 +120,35 @@ def test_embedding_bag_matches_torch_float64(rng, mode):
                                torch_bag(table, two_d, None, mode=mode), rtol=1e-12, atol=1e-12)
 
 
+def test_embedding_bags_multi_is_torch_per_feature_side_by_side(rng):
+    """The KJT layout: feature f's values follow feature f-1's; sample b's row is every
+    feature's pooled row in feature order (as TorchRec's KeyedTensor)."""
+    F, B = 3, 5
+    tables = [rng.standard_normal((rows, dim)) for rows, dim in ((9, 2), (4, 3), (30, 1))]
+    lengths = rng.integers(0, 4, F * B)
+    lengths[B:2 * B] = 0                       # an empty feature (the "mean" one: torch has no
+                                               # per-sample weights in mean mode)
+    indices = np.concatenate([rng.integers(0, tables[f].shape[0], int(lengths[f * B:(f + 1) * B].sum()))
+                              for f in range(F)])
+    psw = rng.standard_normal(indices.size)
+    got = reference.embedding_bags_multi(tables, indices, lengths=lengths, per_sample_weights=psw,
+                                         modes=["sum", "mean", "sum"], padding_idx=[None, 1, -2])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    want = []
+    for f, (mode, pad) in enumerate(zip(["sum", "mean", "sum"], [None, 1, -2])):
+        lo, hi = offsets[f * B], offsets[(f + 1) * B]
+        weights = {"per_sample_weights": psw[lo:hi]} if mode == "sum" else {}  # torch: sum only
+        want.append(torch_bag(tables[f], indices[lo:hi], offsets[f * B:(f + 1) * B] - lo,
+                              mode=mode, padding_idx=pad, **weights))
+    assert got.value.shape == (B, 6)
+    np.testing.assert_allclose(got.value[:, [0, 1, 5]], np.concatenate([want[0], want[2]], 1),
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(got.value[:, 2:5], 0)   # the empty feature
+    again = reference.embedding_bags_multi(tables, indices, offsets=offsets, per_sample_weights=psw,
+                                           modes=["sum", "mean", "sum"], padding_idx=[None, 1, -2])
+    np.testing.assert_array_equal(again.value, got.value)
+
+
 def test_positional_weights_index_the_position_in_the_bag(rng):
     table = rng.standard_normal((20, 5))
     indices = rng.integers(0, 20, 9)

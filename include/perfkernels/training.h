@@ -119,11 +119,10 @@ const pk_training_kernels *pk_training_table(int isa);
                                        int64_t, void *, int64_t, int64_t,                        \
                                        const pk_sparse_optim *, float *);
 
-PK_DECLARE_TRAINING(scalar)
-#if PK_X86_64
-PK_DECLARE_TRAINING(avx2)
-PK_DECLARE_TRAINING(avx512)
-#endif
+PK_DECLARE_FOR_EACH_ISA(PK_DECLARE_TRAINING)
+/* One level's row of the dispatch table (training/dispatch.c). */
+#define PK_TRAINING_KERNELS(isa) \
+    {pk_training_update_f32_##isa, pk_training_update_f16_##isa, pk_training_update_bf16_##isa}
 
 #ifdef __cplusplus
 }

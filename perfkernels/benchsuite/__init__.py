@@ -7,7 +7,8 @@ Each kernel family adds one module here, ``perfkernels/benchsuite/<family>.py``,
 Every :class:`Case` names the bytes its kernel must touch (for GB/s), our call, and the calls a user
 would otherwise make (NumPy, PyTorch when installed), all on the same inputs.  The runner times our
 call once per available ISA level, side by side with the baselines, single-threaded, median of
-several repetitions after a warm-up (docs/benchmarking.md).  The shapes and dtypes come from
+several repetitions after a warm-up (docs/benchmarking.md).  Cases marked ``scaling`` are also
+timed at 1, 2, ... threads beside PyTorch at one thread and at its default (``bench --scaling``).  The shapes and dtypes come from
 ``perfkernels._variants``, which the tests and the asv suite read too.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Case:
     ours: Callable[[], object]                    # timed under use_isa(level) for each level
     baselines: dict[str, Callable[[], object]] = field(default_factory=dict)  # "numpy", "torch", ...
     ours_gpu: bool = False                        # True: `ours` runs on the GPU (no ISA loop)
+    scaling: bool = False                         # also timed in the thread-scaling view
 
 
 
@@ -44,8 +46,18 @@ def load_cases(family: str, quick: bool) -> list[Case]:
     return importlib.import_module(f"{__name__}.{family}").cases(quick)
 
 
+def load_scaling_cases(family: str, quick: bool) -> list[Case]:
+    """The family's cases of the thread-scaling view: its ``scaling_cases(quick)`` when it builds
+    them apart (to avoid building every input of ``cases``), else its cases marked ``scaling``."""
+    module = importlib.import_module(f"{__name__}.{family}")
+    if hasattr(module, "scaling_cases"):
+        return module.scaling_cases(quick)
+    return [c for c in module.cases(quick) if c.scaling]
+
+
 def torch_or_none():
-    """PyTorch, single-threaded, or None when it is not installed."""
+    """PyTorch, single-threaded (the thread-scaling view sets its threads per sample), or None
+    when it is not installed."""
     try:
         import torch
     except ImportError:

@@ -42,5 +42,6 @@ def cases(quick: bool) -> list[Case]:
                     t, dst_t = _to_torch(torch, x), _to_torch(torch, np.empty(n, dtype=dst_dtype))
                     pre["torch"] = lambda t=t, dst_t=dst_t: dst_t.copy_(t)
                 out.append(Case("convert", f"{name} {label} out=", nbytes,
-                                lambda fn=fn, x=x, dst=dst: fn(x, out=dst), pre))
+                                lambda fn=fn, x=x, dst=dst: fn(x, out=dst), pre,
+                                scaling=name in ("float_to_half", "half_to_float")))
     return out

@@ -85,7 +85,7 @@ def bag_case(seed, name, rows, dim, num_bags, bag_len, dtype_name, dist="uniform
 
         baselines["torch"] = torch_bag
     return Case("embedding", f"bag {dtype_name} {name} B={num_bags} L={bag_len} {dist}", nbytes,
-                ours, baselines)
+                ours, baselines, scaling=dtype_name == "float32" and num_bags >= 256)
 
 
 def cases(quick: bool) -> list[Case]:

@@ -82,7 +82,8 @@ def cases(quick: bool) -> list[Case]:
             bwd_base["torch"] = lambda t=t: torch_backward(torch, t["c_prev"], t["gates"], t["c"],
                                                            t["dh"], t["dc"])
         out.append(Case("lstm", f"lstm_unit {label}", 7 * n * d * 4,
-                        lambda x=x: pk.lstm_unit(x["h_prev"], x["c_prev"], x["gates"]), fwd_base))
+                        lambda x=x: pk.lstm_unit(x["h_prev"], x["c_prev"], x["gates"]), fwd_base,
+                        scaling=n * d >= 1 << 18))
 
         def ours_backward(cp=cp, gx=gx, c=c, dh=dh, dc=dc):
             dh_prev, dc_prev, dgates = pk.lstm_unit_backward(cp, gx, c, dh, dc)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._variants import (BAG_SHAPES, BENCH_BITS, QUANTIZE_SHAPE, QUICK_BAG_SHAPES,
-                         QUICK_QUANTIZE_SHAPE, ZIPF_BAG_SHAPE)
+                         QUICK_QUANTIZE_SHAPE, QUICK_ZIPF_BAG_SHAPE, ZIPF_BAG_SHAPE)
 from . import Case, torch_or_none, zipf_indices
 
 _TORCH_LOOKUP = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit_rowwise_offsets",
@@ -77,4 +77,15 @@ def cases(quick: bool) -> list[Case]:
     rows, dim = QUICK_QUANTIZE_SHAPE if quick else QUANTIZE_SHAPE
     for bits in BENCH_BITS:
         out.append(quantize_case(rng, rows, dim, bits))
+    return out
+
+
+def scaling_cases(quick: bool) -> list[Case]:
+    """The thread-scaling view: 8-bit lookups on DLRM's shape (uniform and Zipf) and 8-bit
+    quantization, built alone (``cases`` builds every table of every shape)."""
+    rng = np.random.default_rng(2026)
+    name, rows, dim, num_bags, bag_len = QUICK_ZIPF_BAG_SHAPE if quick else ZIPF_BAG_SHAPE
+    out = [lookup_case(rng, name, rows, dim, num_bags, bag_len, 8, dist)
+           for dist in ("uniform", "zipf")]
+    out.append(quantize_case(rng, *(QUICK_QUANTIZE_SHAPE if quick else QUANTIZE_SHAPE), 8))
     return out

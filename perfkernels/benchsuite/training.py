@@ -1,7 +1,7 @@
 """Benchmarks of one training step's embedding part: the backward of an embedding bag fused with the
 sparse optimizer step (``embedding_bag_backward_update``), beside what a user would otherwise run.
 
-Shape: the DLRM table (1M x 64 float32, B 2048, L 100, Zipf indices; BENCHMARKS.md); --quick uses
+Shape: the DLRM table (1M x 64 float32, B 2048, L 100, Zipf indices; docs/benchmarking.md); --quick uses
 a 100k-row table, B 256, L 40.  Baselines, on the same table, indices and upstream gradient:
 
 - ``torch``: ``nn.EmbeddingBag(sparse=True)`` backward (``out.backward(grad, retain_graph=True)``:

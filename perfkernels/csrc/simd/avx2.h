@@ -30,6 +30,7 @@
  *   v_load_u4_pairs(p, &lo, &hi) 2*VL 4-bit codes from VL bytes: even codes in lo, odd in hi
  *   v_zip(a, b, &x, &y)  lanes a0 b0 a1 b1 ... (first VL in x, the rest in y)
  *   v_hmin, v_hmax       minimum / maximum over the lanes (any order)
+ *   v_sqrt               square root (correctly rounded); v_hsum: sum of the lanes (a fixed order)
  *   vb                   4*VL bytes (one vector register)
  *   v_round_u8(x0, x1, x2, x3, &low)  the 4*VL lanes rounded to nearest even and saturated to
  *                        [0, 255], in order; `low` (a vl, start vl_init()) keeps the lane-wise
@@ -206,6 +207,13 @@ PK_INLINE void v_zip(vf a, vf b, vf *x, vf *y)
     *y = _mm256_permute2f128_ps(l, h, 0x31);
 }
 
+PK_INLINE vf v_sqrt(vf a) { return _mm256_sqrt_ps(a); }
+PK_INLINE float v_hsum(vf x)
+{
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
 PK_INLINE float v_hmin(vf x)
 {
     __m128 a = _mm_min_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));

@@ -132,6 +132,8 @@ PK_INLINE void v_zip(vf a, vf b, vf *x, vf *y)
     *y = _mm512_permutex2var_ps(a, odd, b);
 }
 
+PK_INLINE vf v_sqrt(vf a) { return _mm512_sqrt_ps(a); }
+PK_INLINE float v_hsum(vf x) { return _mm512_reduce_add_ps(x); }
 PK_INLINE float v_hmin(vf x)
 {
     const __m256 a = _mm256_min_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));

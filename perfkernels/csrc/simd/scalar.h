@@ -34,6 +34,8 @@ PK_INLINE vf v_fnmadd(vf a, vf b, vf c) { return c - a * b; }
 /* the operand order of x86's minps/maxps: the second operand when either is NaN */
 PK_INLINE vf v_min(vf a, vf b) { return a < b ? a : b; }
 PK_INLINE vf v_max(vf a, vf b) { return a > b ? a : b; }
+PK_INLINE vf v_sqrt(vf a) { return sqrtf(a); }
+PK_INLINE float v_hsum(vf x) { return x; }
 /* round to nearest even for |a| < 2^22 (callers clamp far below that), without a libm call */
 PK_INLINE vf v_round(vf a) { return (a + 12582912.0f) - 12582912.0f; }
 PK_INLINE vf v_abs(vf a) { return fabsf(a); }

@@ -1,0 +1,100 @@
+"""The process-wide intra-op thread pool and its thread-count setting.
+
+Kernels split a call's work (bags, rows, element ranges) across threads only when it is big enough
+to pay for it; each output element is computed by exactly one thread, in the single-thread order,
+so results are identical for any thread count.  The pool is perfkernels' own (POSIX threads, see
+``include/perfkernels/parallel.h``), not OpenMP: it survives ``fork()`` and never oversubscribes.
+
+``PERFKERNELS_NUM_THREADS=<n>`` sets the default at import (validated strictly: a bad value fails
+the import with the reason).  Without it the default is the number of cores this process may run
+on (``len(os.sched_getaffinity(0))``: a container's or ``taskset``'s limit, not the machine's).
+"""
+import os
+import operator
+
+from cpython.pycapsule cimport PyCapsule_New
+
+cdef extern from "perfkernels/parallel.h":
+    ctypedef struct pk_parallel_api:
+        int abi_version
+        int (*get_num_threads)() noexcept nogil
+        void (*set_num_threads)(int n) noexcept nogil
+        int (*num_workers)() noexcept nogil
+    const pk_parallel_api *pk_parallel_get_api() noexcept nogil
+    const char *PK_PARALLEL_CAPSULE
+    int PK_PARALLEL_MAX_THREADS
+    long long PK_PARALLEL_MIN_BYTES_PER_THREAD
+
+cdef const pk_parallel_api *_api = pk_parallel_get_api()
+
+#: The pool's C API (a ``const pk_parallel_api *``) for the other extension modules.
+_C_API = PyCapsule_New(<void *>_api, PK_PARALLEL_CAPSULE, NULL)
+
+MAX_THREADS: int = PK_PARALLEL_MAX_THREADS
+MIN_BYTES_PER_THREAD: int = PK_PARALLEL_MIN_BYTES_PER_THREAD
+
+
+def available_cores() -> int:
+    """The number of cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS)
+        return max(1, os.cpu_count() or 1)
+
+
+def check_num_threads(value, str source="num_threads") -> int:
+    """``value`` as a thread count (an integer in [1, MAX_THREADS]), or the error naming ``source``."""
+    if type(value) is int and 1 <= value <= PK_PARALLEL_MAX_THREADS:
+        return value
+    if isinstance(value, bool):
+        raise TypeError(f"{source} must be a positive integer; got {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{source} must be a positive integer (or None for the default); got "
+                        f"{type(value).__name__} {value!r}") from None
+    if not 1 <= n <= PK_PARALLEL_MAX_THREADS:
+        raise ValueError(f"{source} = {n} is out of range: it must be between 1 and "
+                         f"{PK_PARALLEL_MAX_THREADS} (this process may use {available_cores()} cores)")
+    return n
+
+
+def get_num_threads() -> int:
+    """The number of threads a kernel call may use when it is not given ``num_threads=``."""
+    return _api.get_num_threads()
+
+
+def set_num_threads(n) -> None:
+    """Set the default number of threads of every kernel call (process-wide, like
+    ``torch.set_num_threads``).  ``n`` is an integer >= 1; more threads than cores is allowed.
+    A call still uses fewer when its work is too small to pay for more.
+
+    >>> import perfkernels
+    >>> old = perfkernels.get_num_threads()
+    >>> perfkernels.set_num_threads(1); perfkernels.get_num_threads()
+    1
+    >>> perfkernels.set_num_threads(old)
+    """
+    _api.set_num_threads(check_num_threads(n, "set_num_threads(n)"))
+
+
+def _num_workers() -> int:
+    """Pool workers started so far in this process (tests: 0 in a freshly forked child)."""
+    return _api.num_workers()
+
+
+def _parse_environment(value: str) -> int:
+    text = value.strip()
+    if not text.isdigit():
+        raise ValueError(f"PERFKERNELS_NUM_THREADS={value!r} is not a thread count; expected a "
+                         f"positive integer such as {available_cores()} (the cores this process "
+                         f"may use), or unset for that default")
+    return check_num_threads(int(text), "PERFKERNELS_NUM_THREADS")
+
+
+def _init_from_environment() -> None:
+    value = os.environ.get("PERFKERNELS_NUM_THREADS")
+    if value is None or value.strip() == "":
+        _api.set_num_threads(min(available_cores(), PK_PARALLEL_MAX_THREADS))
+    else:
+        _api.set_num_threads(_parse_environment(value))

@@ -1,0 +1,613 @@
+"""Coverage-guided fuzzing of every public perfkernels CPU function with atheris (libFuzzer).
+
+Each input is a byte string that :class:`Draw` decodes into one call: which function, which ISA
+level, and every argument (dtypes, shapes, strides and offsets, alignment, read-only flags, index
+values including negative, huge and int32-wrapping ones, bag offsets / lengths, weights, modes,
+``out=`` arrays of the wrong shape or dtype, read-only, non-contiguous or overlapping an input).
+While decoding, the harness records whether it made the call invalid and which documented
+exceptions may follow.  The oracle:
+
+* a valid call returns the float64 reference of ``perfkernels.reference`` within tolerance (bit
+  for bit for the conversions), written into ``out=`` when one was given;
+* an invalid call raises one of the documented exceptions and leaves ``out=`` unchanged;
+* nothing crashes, hangs or makes the sanitizers report (run it on the sanitizer build).
+
+Run (see docs/reliability.md)::
+
+    python tests/fuzz/fuzz_kernels.py tests/fuzz/corpus -runs=20000 -seed=1     # fuzz
+    python tests/fuzz/fuzz_kernels.py --replay tests/fuzz/corpus                 # no atheris needed
+
+The decoder is ours (not atheris' FuzzedDataProvider), so the corpus means the same thing with or
+without atheris and tests/test_fuzz_corpus.py replays it in the ordinary test run.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+import perfkernels as pk
+from perfkernels import reference as ref
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+ISAS = pk.available_isas()
+DIMS = (0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
+HUGE_INDICES = (-1, -2, -2 ** 31, -2 ** 31 - 1, 2 ** 31 - 1, 2 ** 31, 2 ** 32, 2 ** 32 + 1,
+                2 ** 63 - 1, -2 ** 63, 2 ** 62)
+#: The signed 4- and 8-byte integer types; np.longlong is int64 under another NumPy type number.
+INT_TYPES = (np.int32, np.int64, np.longlong, np.intc, np.int_)
+SPECIAL_FLOATS = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 65504.0, 65520.0, 1e-8,
+                           6e-8, 1e-40, 3.4e38, -3.4e38, 2.0 ** -24, 1.5], dtype=np.float32)
+
+
+class Draw:
+    """Decodes a byte string into choices; reading past the end yields zeros (the first choice)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.pos = 0
+        self.errors: set[type] = set()   # exceptions a call is documented to raise for what was drawn
+
+    def u8(self) -> int:
+        if self.pos >= len(self.data):
+            return 0
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+    def int(self, lo: int, hi: int) -> int:
+        """Uniform-ish in [lo, hi]."""
+        span = hi - lo
+        if span <= 0:
+            return lo
+        value = 0
+        for _ in range((span.bit_length() + 7) // 8):
+            value = (value << 8) | self.u8()
+        return lo + value % (span + 1)
+
+    def pick(self, options):
+        return options[self.int(0, len(options) - 1)]
+
+    def chance(self, one_in: int) -> bool:
+        """True with probability about 1/one_in (decided by one byte)."""
+        return self.u8() % one_in == 0
+
+    def invalid(self, one_in: int, *errors: type) -> bool:
+        """Decide to make one argument invalid; if so, record the exceptions allowed for it."""
+        if self.chance(one_in):
+            self.errors.update(errors)
+            return True
+        return False
+
+    def floats(self, n: int) -> np.ndarray:
+        """n float32 values: normal, small integers, special values or raw bit patterns."""
+        kind = self.int(0, 3)
+        seed = self.int(0, 2 ** 32 - 1)
+        rng = np.random.default_rng(seed)
+        if kind == 0:
+            return rng.standard_normal(n).astype(np.float32) * np.float32(self.pick((1, 100, 1e-3)))
+        if kind == 1:
+            return rng.integers(-8, 9, n).astype(np.float32)
+        if kind == 2:
+            return rng.choice(SPECIAL_FLOATS, n)
+        return rng.integers(0, 2 ** 32, n, dtype=np.uint32).view(np.float32)
+
+
+def layout(d: Draw, a: np.ndarray) -> np.ndarray:
+    """The same values in a layout the caller may legally pass: contiguous, Fortran order, a
+    strided view of a bigger array, misaligned, byte-swapped or read-only."""
+    kind = d.int(0, 6)
+    if a.ndim == 0 and kind in (2, 3):
+        kind = 0
+    if kind == 1 and a.ndim >= 2:
+        a = np.asfortranarray(a)
+    elif kind == 2:
+        big = np.zeros(tuple(2 * s + 1 for s in a.shape), a.dtype)
+        view = big[tuple(slice(1, None, 2) for _ in a.shape)]
+        view[...] = a
+        a = view
+    elif kind == 3 and a.itemsize > 1:
+        raw = np.zeros(a.nbytes + 1, np.uint8)
+        view = raw[1:].view(a.dtype).reshape(a.shape)
+        view[...] = a
+        a = view
+    elif kind == 4 and a.dtype != BF16:
+        a = a.astype(a.dtype.newbyteorder("S"))
+    if d.chance(4):
+        a = a.copy() if kind in (0, 1) else a
+        a.flags.writeable = False
+    return a
+
+
+def draw_out(d: Draw, shape: tuple, dtype, inputs: list[np.ndarray]):
+    """None, or an out= array: right, or wrong in one documented way, or legal but awkward
+    (non-contiguous, misaligned, overlapping an input: the kernel must then not misread)."""
+    kind = d.int(0, 9)
+    if kind <= 2:
+        return None
+    if kind == 3 and shape:
+        big = np.full(tuple(2 * s for s in shape), 5.0, np.float32).astype(dtype)
+        return big[tuple(slice(None, None, 2) for _ in shape)]
+    if kind == 4 and inputs and shape:
+        # overlapping an input: a view of the input's buffer reinterpreted as out's dtype
+        src = inputs[d.int(0, len(inputs) - 1)]
+        need = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if src.flags.c_contiguous and src.flags.writeable and src.nbytes >= need and need > 0:
+            return src.reshape(-1).view(np.uint8)[:need].view(dtype).reshape(shape)
+    if kind == 5 and d.invalid(1, ValueError):
+        return np.zeros(tuple(s + 1 for s in shape) or (1,), dtype)
+    if kind == 6 and d.invalid(1, TypeError):
+        return np.zeros(shape, np.float64 if np.dtype(dtype) != np.float64 else np.float32)
+    if kind == 7 and d.invalid(1, ValueError):
+        o = np.zeros(shape, dtype)
+        o.flags.writeable = False
+        return o
+    if kind == 8 and d.invalid(1, TypeError):
+        return [0.0] * (shape[0] if shape else 1)
+    return np.full(shape, 3.0, np.float32).astype(dtype)
+
+
+# --- targets -------------------------------------------------------------------------------------
+
+def offsets_valid(offs: np.ndarray, n: int, include_last: bool) -> bool:
+    """PyTorch's rules: offsets[0] == 0, non-decreasing, the last one <= n (== n, and at least one
+    offset, with include_last_offset); no offsets at all only when there are no indices."""
+    if len(offs) == 0:
+        return not include_last and n == 0
+    ok = offs[0] == 0 and bool(np.all(np.diff(offs) >= 0))
+    return ok and (offs[-1] == n if include_last else offs[-1] <= n)
+
+
+def draw_bags(d: Draw, rows: int):
+    """(indices, offsets, lengths, kwargs, reference kwargs) for a bag lookup over `rows` rows."""
+    nbags = d.int(0, 9)
+    lens = [d.pick((0, 1, 1, 2, 3, 5, 17)) for _ in range(nbags)]
+    n = sum(lens)
+    ix_dtype = d.pick(INT_TYPES)
+    if d.invalid(24, TypeError):
+        ix_dtype = d.pick((np.uint32, np.int16, np.float32, np.uint64, np.int8))
+    values = [d.int(0, rows - 1) if rows > 0 else 0 for _ in range(n)]
+    bad_index = rows == 0 and n > 0
+    if n and d.chance(10):
+        values[d.int(0, n - 1)] = d.pick(HUGE_INDICES + (rows, rows + 1, -rows))
+        bad_index = True
+    for v in values:
+        bad_index |= not (0 <= v < rows)
+    if bad_index:
+        d.errors.add(IndexError)
+        if np.dtype(ix_dtype).itemsize == 4:   # a value outside int32 cannot be stored: keep it in range
+            values = [v if -2 ** 31 <= v < 2 ** 31 else -1 for v in values]
+    indices = np.array(values, dtype=np.int64)
+    if np.dtype(ix_dtype).kind in "iu" or ix_dtype == np.float32:
+        with np.errstate(all="ignore"):
+            indices = indices.astype(ix_dtype)
+    kw, ref_kw = {}, {}
+    form = d.int(0, 3)
+    offsets = np.cumsum([0] + lens[:-1]) if nbags else np.zeros(0, np.int64)
+    if form == 0 and nbags and len(set(lens)) == 1 and not d.chance(3):   # 2-D [B, L]
+        indices = indices.reshape(nbags, lens[0])
+        bag_args = ()
+    elif form == 1:                                                      # caffe2 lengths
+        lengths = np.array(lens, dtype=d.pick(INT_TYPES))
+        if nbags and d.invalid(8, ValueError):
+            k = d.int(0, nbags - 1)
+            lengths = lengths.astype(np.int64)
+            lengths[k] = d.pick((-1, lengths[k] + 1, lengths[k] + 2 ** 32, -2 ** 63, 2 ** 62))
+        kw["lengths"] = ref_kw["lengths"] = lengths
+        bag_args = ()
+    else:                                                                # PyTorch offsets
+        offs = np.array(offsets, dtype=np.int64)
+        if d.chance(2):
+            offs = np.append(offs, n)
+            kw["include_last_offset"] = ref_kw["include_last_offset"] = True
+        if len(offs) and d.chance(8):
+            k = d.int(0, len(offs) - 1)
+            offs[k] = d.pick((-1, offs[k] + 1, n + 1, 2 ** 32, -2 ** 31, 2 ** 62))
+            if not offsets_valid(offs, n, "include_last_offset" in kw):
+                d.errors.add(ValueError)
+        offs = offs.astype(d.pick(INT_TYPES)) if np.abs(offs).max(initial=0) < 2 ** 31 else offs
+        bag_args = (layout(d, offs),)
+        ref_kw["offsets"] = offs
+    if d.invalid(40, ValueError):   # both conventions, or neither for 1-D indices
+        if "lengths" in kw:
+            bag_args = (offsets,)
+        elif bag_args:
+            kw["lengths"] = np.array(lens)
+        else:
+            indices = indices.reshape(-1)
+    indices = layout(d, indices)
+    mode = d.pick(("sum", "mean"))
+    if d.invalid(40, ValueError):
+        mode = d.pick(("max", "SUM", "", None))
+    kw["mode"] = ref_kw["mode"] = mode
+    if rows and d.chance(4):
+        pad = d.int(-rows, rows - 1)
+        if d.invalid(16, ValueError):
+            pad = d.pick((rows, -rows - 1, 2 ** 40, -2 ** 63))
+        ref_kw["padding_idx"] = pad
+        kw["padding_idx"] = d.pick((pad, np.int64(pad)))   # any integer type
+        if d.invalid(30, TypeError):
+            kw["padding_idx"] = d.pick((float(pad), str(pad), [pad]))
+    if d.chance(3):
+        if d.chance(3):   # positional: one weight per position inside a bag
+            need = max(lens, default=0)
+            size = need + d.int(0, 3)
+            if need and d.invalid(6, ValueError):
+                size = need - 1
+            w = d.floats(size)
+            kw["positional_weights"] = ref_kw["positional_weights"] = True
+        else:
+            w = d.floats(n).reshape(np.shape(indices))
+            if d.invalid(12, ValueError):
+                w = d.floats(n + 1)
+        if d.invalid(24, TypeError):
+            w = w.astype(np.float64)
+        kw["per_sample_weights"] = layout(d, w)
+        ref_kw["per_sample_weights"] = w
+    elif d.invalid(40, ValueError):
+        kw["positional_weights"] = True
+    return indices, bag_args, kw, ref_kw, nbags
+
+
+def _nonfinite_ok(values: np.ndarray) -> bool:
+    return bool(np.isfinite(np.asarray(values, np.float64)).all())
+
+
+def fuzz_embedding_bag(d: Draw):
+    rows, dim = d.int(0, 40), d.pick(DIMS)
+    dtype = d.pick((np.float32, np.float16, BF16))
+    table = d.floats(rows * dim).astype(dtype).reshape(rows, dim)
+    ref_table = table
+    table = layout(d, table)
+    if d.invalid(30, TypeError):
+        table = table.astype(d.pick((np.float64, np.int32, np.uint8)))
+    elif d.invalid(40, ValueError):
+        table = table.reshape(-1)
+    indices, bag_args, kw, ref_kw, nbags = draw_bags(d, rows)
+    out = draw_out(d, (nbags, dim), np.float32, [table, indices] + list(bag_args))
+    return (pk.embedding_bag, (table, indices) + bag_args, kw, out,
+            lambda: ref.embedding_bag(ref_table, indices, **ref_kw), "bags")
+
+
+def fuzz_embedding_bag_quantized(d: Draw):
+    bits = d.pick((8, 4, 2))
+    rows, dim = d.int(0, 40), d.pick(DIMS[1:])
+    row_bytes = ref.packed_row_bytes(dim, bits)
+    packed = np.frombuffer(bytes(d.u8() for _ in range(min(rows * row_bytes, 64))) or b"\0", np.uint8)
+    packed = np.resize(packed, rows * row_bytes).reshape(rows, row_bytes)
+    # scale / bias from the raw bytes can be NaN or inf: keep them finite so the reference is exact
+    trailer = 8 if bits == 8 else 4
+    meta = np.ascontiguousarray(packed[:, -trailer:]).view("<f4" if bits == 8 else "<f2")
+    meta[~np.isfinite(meta)] = 1
+    packed[:, -trailer:] = meta.view(np.uint8)
+    dim_kw = dim if (dim % (8 // bits) or d.chance(2)) else None
+    kw_bits = bits
+    if d.invalid(30, ValueError):
+        kw_bits = d.pick((1, 3, 16, 0, True))
+    elif d.invalid(30, ValueError):
+        dim_kw = d.pick((dim + 8, -1, 0, 2 ** 40))
+    ref_packed = packed
+    packed = layout(d, packed)
+    indices, bag_args, kw, ref_kw, nbags = draw_bags(d, rows)
+    kw.update(bits=d.pick((kw_bits, np.int64(kw_bits))) if kw_bits is not True else kw_bits,
+              dim=dim_kw if dim_kw is None or d.chance(2) else np.int64(dim_kw))
+    out = draw_out(d, (nbags, dim), np.float32, [packed, indices] + list(bag_args))
+
+    def reference():
+        want = ref.embedding_bag_quantized(ref_packed, indices, bits=bits, dim=dim, **ref_kw)
+        # The kernel adds w*scale*q and w*bias separately: its rounding scales with their sizes,
+        # which cancel in the dequantized value the reference sums, so add that bound.
+        row_max = np.abs(meta[:, :1].astype(np.float64)) * (2 ** bits - 1) + np.abs(meta[:, 1:2])
+        abs_kw = dict(ref_kw)
+        if ref_kw.get("per_sample_weights") is not None:
+            abs_kw["per_sample_weights"] = np.abs(ref_kw["per_sample_weights"].astype(np.float64))
+        bound = ref.embedding_bag(np.repeat(row_max, dim, axis=1), indices, **abs_kw).value
+        return ref.Expected(want.value, want.magnitude + bound)
+
+    return (pk.embedding_bag_quantized, (packed, indices) + bag_args, kw, out, reference, "bags")
+
+
+def fuzz_quantize(d: Draw):
+    bits = d.pick((8, 4, 2))
+    rows, dim = d.int(0, 12), d.pick(DIMS)
+    dtype = d.pick((np.float32, np.float16))
+    with np.errstate(all="ignore"):
+        w = d.floats(rows * dim).astype(dtype).reshape(rows, dim)
+    if dim == 0:
+        d.errors.add(ValueError)
+    if not _nonfinite_ok(w):
+        d.errors.add(ValueError)
+    kw_bits = bits
+    if d.invalid(30, ValueError):
+        kw_bits = d.pick((1, 16, False))
+    return (pk.quantize_rowwise, (layout(d, w),), {"bits": kw_bits}, None,
+            lambda: ref.quantize_rowwise(w, bits), "bits")
+
+
+def fuzz_dequantize(d: Draw):
+    bits = d.pick((8, 4, 2))
+    rows, dim = d.int(0, 12), d.pick(DIMS[1:])
+    row_bytes = ref.packed_row_bytes(dim, bits)
+    packed = np.frombuffer(bytes(d.u8() for _ in range(rows * row_bytes)).ljust(rows * row_bytes, b"\1"),
+                           np.uint8).reshape(rows, row_bytes).copy()
+    dim_kw = dim if (dim % (8 // bits) or d.chance(2)) else None
+    if d.invalid(20, ValueError):
+        dim_kw = d.pick((dim + 9, 0, -3))
+
+    def reference():
+        value = ref.dequantize_rowwise(packed, bits, dim)
+        trailer = 8 if bits == 8 else 4
+        bias = np.ascontiguousarray(packed[:, -trailer // 2:]).view("<f4" if bits == 8 else "<f2")
+        bias = bias.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            return ref.Expected(value, np.abs(value - bias) + np.abs(bias))   # |q*scale| + |bias|
+
+    return (pk.dequantize_rowwise, (layout(d, packed),), {"bits": bits, "dim": dim_kw}, None,
+            reference, "dequantize")
+
+
+CONVERSIONS = {
+    "float_to_half": (np.float32, np.float16),
+    "half_to_float": (np.float16, np.float32),
+    "float_to_bfloat16": (np.float32, BF16),
+    "bfloat16_to_float": (BF16, np.float32),
+}
+
+
+def fuzz_convert(d: Draw):
+    name = d.pick(tuple(CONVERSIONS))
+    src_t, dst_t = CONVERSIONS[name]
+    shape = tuple(d.pick((0, 1, 2, 3, 7, 8, 16, 17, 33, 100)) for _ in range(d.int(0, 3)))
+    n = int(np.prod(shape))
+    bits = d.floats(n).view(np.uint32)
+    x = (bits.astype(np.uint16) if np.dtype(src_t).itemsize == 2 else bits).view(src_t).reshape(shape)
+    kw = {}
+    if name == "float_to_half" and d.chance(2):
+        kw["clip"] = True
+    arg = layout(d, x)
+    if d.invalid(30, TypeError):
+        arg = arg.astype(np.float64)
+    out = draw_out(d, shape, dst_t, [arg])
+    fn = getattr(pk, name)
+    ref_kw = dict(kw)
+    return fn, (arg,), kw, out, lambda: getattr(ref, name)(x, **ref_kw), "bits"
+
+
+def fuzz_lstm(d: Draw):
+    backward = d.chance(2)
+    n, dim = d.int(0, 9), d.pick(DIMS[:12])
+    # Finite and moderate: the gradient's 1 - tanh(c)^2 and o(1 - o) lose float32 precision to
+    # cancellation as |x| grows (inherent in the formula), which would measure float32, not the kernel.
+    arrays = [np.clip(np.nan_to_num(d.floats(n * dim)), -4, 4).reshape(n, dim) for _ in range(4)]
+    gates = np.clip(np.nan_to_num(d.floats(n * 4 * dim)), -4, 4).reshape(n, 4 * dim)
+    kw = {}
+    if d.chance(2):
+        kw["seq_lengths"] = np.array([d.int(0, 4) for _ in range(n)], d.pick(INT_TYPES))
+        if d.invalid(20, ValueError):
+            kw["seq_lengths"] = kw["seq_lengths"][:-1] if n else np.zeros(1, np.int32)
+    if d.chance(2):
+        kw["t"] = d.int(0, 5)
+        if d.invalid(30, ValueError, TypeError):
+            kw["t"] = d.pick((-1, 1.5, True, "0"))
+    if d.chance(2):
+        kw["forget_bias"] = float(d.pick((0.0, 1.0, -3.5)))
+    if d.chance(3):
+        kw["drop_states"] = True
+    if d.chance(3):
+        kw["gate_order"] = "ifgo"
+        if d.invalid(20, ValueError):
+            kw["gate_order"] = d.pick(("fico", "", "IFOG"))
+    if dim and d.invalid(30, ValueError):
+        gates = gates[:, 1:]
+    inputs = [layout(d, a) for a in arrays[:2]] + [layout(d, gates)]
+    names = ("dh_prev", "dc_prev", "dgates") if backward else ("h", "c")
+    shapes = [(n, dim), (n, dim), (n, 4 * dim)][:len(names)]
+    out = None
+    if d.chance(3):
+        out = tuple(draw_out(d, s, np.float32, inputs) for s in shapes)
+        given = [o for o in out if isinstance(o, np.ndarray) and o.size]
+        if any(np.may_share_memory(a, b) for k, a in enumerate(given) for b in given[:k]):
+            d.errors.add(ValueError)   # two outputs in one buffer
+        if d.invalid(30, TypeError):
+            out = out[:-1]
+    ref_kw = {k: v for k, v in kw.items()}
+    if backward:
+        c_prev, c, dh, dc = arrays
+        args = (inputs[0], inputs[2], layout(d, c), layout(d, dh), layout(d, dc))
+        ref_call = lambda: ref.lstm_unit_backward(c_prev, gates, c, dh, dc, **ref_kw)  # noqa: E731
+        return pk.lstm_unit_backward, args, kw, out, ref_call, "lstm"
+    h_prev, c_prev = arrays[:2]
+    ref_call = lambda: ref.lstm_unit(h_prev, c_prev, gates, **ref_kw)  # noqa: E731
+    return pk.lstm_unit, tuple(inputs), kw, out, ref_call, "lstm"
+
+
+def fuzz_torch_embedding_bag(d: Draw):
+    """perfkernels.torch.embedding_bag (torch.nn.functional.embedding_bag's signature) on CPU
+    tensors: same float64 reference; the result keeps the table's dtype, as torch's does."""
+    import torch
+    import perfkernels.torch as pkt
+    rows, dim = d.int(0, 30), d.pick(DIMS)
+    dtype = d.pick((np.float32, np.float16, BF16))
+    table = d.floats(rows * dim).astype(dtype).reshape(rows, dim)
+    nbags = d.int(0, 8)
+    lens = [d.pick((0, 1, 2, 3, 17)) for _ in range(nbags)]
+    n = sum(lens)
+    values = np.array([d.int(0, rows - 1) if rows else 0 for _ in range(n)], np.int64)
+    if n and (rows == 0 or d.chance(8)):
+        values[d.int(0, n - 1)] = d.pick(HUGE_INDICES + (rows,))
+        d.errors.update((IndexError, RuntimeError))
+    ix_t = d.pick((torch.int32, torch.int64))
+    if ix_t == torch.int32:
+        values = np.where((values >= 2 ** 31) | (values < -2 ** 31), -1, values)
+    kw, ref_kw = {}, {}
+    offsets = np.cumsum([0] + lens[:-1]).astype(np.int64) if nbags else np.zeros(0, np.int64)
+    if nbags and len(set(lens)) == 1 and d.chance(2):
+        indices, offs = values.reshape(nbags, lens[0]), None
+    else:
+        indices, offs = values, offsets
+        if d.chance(2):
+            offs = np.append(offs, n)
+            kw["include_last_offset"] = ref_kw["include_last_offset"] = True
+        ref_kw["offsets"] = offs
+    mode = d.pick(("sum", "mean"))
+    kw["mode"] = ref_kw["mode"] = mode
+    if mode == "sum" and d.chance(3):
+        w = d.floats(n).reshape(indices.shape)
+        kw["per_sample_weights"] = torch.from_numpy(w)
+        ref_kw["per_sample_weights"] = w
+    if rows and d.chance(4):
+        pad = d.int(-rows, rows - 1)
+        kw["padding_idx"] = ref_kw["padding_idx"] = pad
+    args = (torch.from_numpy(indices).to(ix_t), torch.from_numpy(table.view(np.uint16) if dtype == BF16
+                                                                  else table))
+    if dtype == BF16:
+        args = (args[0], args[1].view(torch.bfloat16))
+    if offs is not None:
+        args += (torch.from_numpy(offs).to(ix_t),)
+
+    def reference():
+        want = ref.embedding_bag(table, indices, **ref_kw)
+        return want, np.dtype(dtype)
+
+    return pkt.embedding_bag, args, kw, None, reference, "torch"
+
+
+TARGETS = (fuzz_embedding_bag, fuzz_embedding_bag_quantized, fuzz_quantize, fuzz_dequantize,
+           fuzz_convert, fuzz_lstm, fuzz_torch_embedding_bag)
+
+
+# --- the oracle ----------------------------------------------------------------------------------
+
+def _snapshot(out):
+    if out is None:
+        return None
+    if isinstance(out, tuple):
+        return tuple(_snapshot(o) for o in out)
+    return np.array(out, copy=True) if isinstance(out, np.ndarray) else list(out)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple):
+        return all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray):
+        return a.shape == b.shape and a.tobytes() == b.tobytes()
+    return a == b
+
+
+#: Sums whose terms reach this size may overflow float32 (a correct float32 kernel returns inf where
+#: float64 does not); such elements, and those whose reference is NaN, are not compared.
+FLOAT32_SAFE = 1e37
+
+
+def _assert_close_where_defined(got, want: ref.Expected, rtol: float, atol: float) -> None:
+    value, magnitude = want
+    defined = np.isfinite(magnitude) & (magnitude < FLOAT32_SAFE) & np.isfinite(value)
+    ref.assert_close(np.where(defined, got, 0.0),
+                     ref.Expected(np.where(defined, value, 0.0), np.where(defined, magnitude, 0.0)),
+                     rtol=rtol, atol=atol)
+
+
+def _check_result(kind: str, got, want, out) -> None:
+    if kind == "bags":
+        # float32 accumulation of at most 17 terms a bag: error < 17 * 2**-24 of the magnitude;
+        # atol covers products that land among the subnormals
+        _assert_close_where_defined(got, want, rtol=2e-6, atol=1e-43)
+    elif kind == "bits":
+        ref.assert_same_bits(got, want)
+    elif kind == "dequantize":
+        # q * scale + bias in float32: at most two roundings of terms that may cancel
+        _assert_close_where_defined(got, want, rtol=2.5e-7, atol=1e-43)
+    elif kind == "torch":
+        (value, magnitude), dtype = want
+        assert str(got.dtype).replace("torch.", "") == dtype.name, (got.dtype, dtype)
+        out = got.float().numpy()
+        # the float32 sum, then one rounding to the table's dtype
+        rtol = 2e-6 + float(np.finfo(np.float32 if dtype == np.float32 else np.float16).eps
+                            if dtype != BF16 else 2.0 ** -8)
+        # sums past the dtype's largest value may round to inf in it: not compared
+        fits = magnitude < float(ml_dtypes.finfo(dtype).max) / 2
+        _assert_close_where_defined(np.where(fits, out, 0.0),
+                                    ref.Expected(np.where(fits, value, 0.0), np.where(fits, magnitude, 0.0)),
+                                    rtol=rtol, atol=1e-43 if dtype == np.float32 else 6e-8)
+        return
+    elif kind == "lstm":
+        # sigmoid/tanh are good to ~1e-6 relative; products with inputs up to 4 scale that
+        for g, w in zip(got, want):
+            ref.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    if out is not None:
+        outs = out if isinstance(out, tuple) else (out,)
+        gots = got if isinstance(got, tuple) else (got,)
+        for o, g in zip(outs, gots):
+            if o is not None:
+                assert g is o, "the result is not the caller's out= array"
+
+
+def one_input(data: bytes) -> None:
+    """Decode one call from `data`, run it, and check it against the oracle."""
+    with np.errstate(all="ignore"):   # the references meet NaN and inf on purpose
+        _one_input(data)
+
+
+def _one_input(data: bytes) -> None:
+    d = Draw(data)
+    isa = d.pick(ISAS)
+    target = TARGETS[d.int(0, len(TARGETS) - 1)]
+    fn, args, kw, out, reference, kind = target(d)
+    if out is not None:
+        kw["out"] = out
+    before = _snapshot(out)
+    # The reference runs first: out= may legally overlap an input, which the call then rewrites.
+    want = None if d.errors else reference()
+    with pk.use_isa(isa):
+        try:
+            got = fn(*args, **kw)
+        except (TypeError, ValueError, IndexError, RuntimeError) as exc:
+            if not any(isinstance(exc, e) for e in d.errors):
+                raise AssertionError(f"{fn.__name__} raised {type(exc).__name__}: {exc}, "
+                                     f"expected {sorted(e.__name__ for e in d.errors) or 'success'}") from exc
+            assert _same(_snapshot(out), before), f"{fn.__name__} changed out= before raising {exc!r}"
+            return
+    if d.errors:
+        raise AssertionError(f"{fn.__name__} returned although the input drew "
+                             f"{sorted(e.__name__ for e in d.errors)}")
+    _check_result(kind, got, want, out)
+
+
+def replay(paths) -> int:
+    files = sorted(f for p in paths for f in (Path(p).rglob("*") if Path(p).is_dir() else [Path(p)])
+                   if f.is_file())
+    for f in files:
+        try:
+            one_input(f.read_bytes())
+        except Exception:
+            print(f"failing input: {f}", file=sys.stderr)
+            raise
+    print(f"replayed {len(files)} inputs")
+    return len(files)
+
+
+def main(argv) -> None:
+    if len(argv) > 1 and argv[1] == "--replay":
+        replay(argv[2:])
+        return
+    import atheris
+    try:
+        with atheris.instrument_imports(include=["perfkernels.torch"]):   # its Python code guides too
+            import perfkernels.torch  # noqa: F401
+    except ImportError:   # no torch: that target then fails loudly on its first input
+        pass
+    atheris.instrument_func(one_input)
+    atheris.instrument_func(_one_input)
+    for target in TARGETS:
+        atheris.instrument_func(target)
+    atheris.instrument_func(draw_bags)
+    atheris.instrument_func(draw_out)
+    atheris.instrument_func(layout)
+    atheris.Setup(argv, one_input)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
