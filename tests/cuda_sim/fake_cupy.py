@@ -53,8 +53,11 @@ class _Block:
         _live[self.ptr] = weakref.ref(self)
 
     def __del__(self):
-        _live.pop(self.ptr, None)
-        _libc.free(self.ptr)
+        # at interpreter exit the module globals may already be gone: the OS frees the memory
+        if _live is not None:
+            _live.pop(self.ptr, None)
+        if _libc is not None:
+            _libc.free(self.ptr)
 
 
 _live: dict[int, weakref.ref] = {}
