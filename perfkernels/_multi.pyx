@@ -14,22 +14,8 @@ from cpython.pycapsule cimport PyCapsule_GetPointer
 
 from . import _dispatch, _embedding, _quantized
 
-cdef extern from "perfkernels/embedding.h":
-    ctypedef pk_status (*pk_embedding_bag_fn)(const pk_bags *bags, const void *table, int64_t rows,
-                                              int64_t dim, int64_t row_stride,
-                                              int64_t *bad_pos) noexcept nogil
-    ctypedef struct pk_embedding_kernels:
-        pk_embedding_bag_fn bag_f32
-        pk_embedding_bag_fn bag_f16
-        pk_embedding_bag_fn bag_bf16
-
-cdef extern from "perfkernels/quantized.h":
-    ctypedef pk_status (*pk_embedding_bag_quantized_fn)(int bits, const pk_bags *bags,
-                                                        const uint8_t *packed, int64_t rows,
-                                                        int64_t row_bytes, int64_t dim,
-                                                        int64_t *bad_pos) noexcept nogil
-    ctypedef struct pk_quantized_kernels:
-        pk_embedding_bag_quantized_fn embedding_bag
+from perfkernels._c_embedding cimport pk_embedding_bag_fn, pk_embedding_kernels
+from perfkernels._c_quantized cimport pk_embedding_bag_quantized_fn, pk_quantized_kernels
 
 cdef extern from "common/bags_parallel.h":
     ctypedef struct pk_float_bags_args:
