@@ -3,6 +3,7 @@ include "_arrays.pxi"
 include "_threads.pxi"
 include "_bags.pxi"
 
+from libc.float cimport FLT_MAX
 from libc.stdint cimport uintptr_t
 
 import math
@@ -144,6 +145,8 @@ cdef float _finite(object value, str name) except? -1:
         raise ValueError(f"{name} = {v} must be finite")
     if v < 0:
         raise ValueError(f"{name} = {v} must be >= 0")
+    if v > FLT_MAX:   # the kernels compute in float32: it would become inf there
+        raise ValueError(f"{name} = {v} is too large for float32 (at most {FLT_MAX:.7g})")
     return <float>v
 
 
@@ -205,7 +208,8 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     weight_decay : float
         L2 penalty, finite and >= 0, applied to the touched rows only.
     num_threads : int, optional
-        Threads for the update (a positive integer; it never changes the result).  For now every
+        Threads for the update (a positive integer, checked as for every kernel: a bool or a
+        count past the pool's limit is refused; it never changes the result).  For now every
         call runs on the calling thread: the kernel is split into disjoint row groups, ready for
         the package's thread pool, but does not use one yet.
     stochastic_rounding : bool
@@ -228,7 +232,8 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     ValueError
         Malformed bags (as for embedding_bag), grad_output of the wrong shape, state of the wrong
         shape for the optimizer, read-only or badly strided weight / state, an unknown optimizer,
-        a non-finite or negative lr / eps / weight_decay, a bad num_threads.
+        a non-finite or negative lr / eps / weight_decay (or one past float32's range, where the
+        float32 arithmetic would make it inf), a bad num_threads.
     IndexError
         An index that is negative or ``>= rows``.
 
@@ -276,7 +281,7 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     st = _state_in_place(state, optimizer, rows, dim, table)
     opt.state = NULL if st is None else <float *>cnp.PyArray_DATA(st)
     opt.state_stride = 0 if st is None else cnp.PyArray_STRIDE(st, 0) // 4
-    threads = _num_threads(num_threads)
+    threads = resolve_threads(num_threads)   # validated as every kernel's; not used yet
     opt.stochastic_rounding = 1 if (stochastic_rounding and t != cnp.NPY_FLOAT32) else 0
     if seed is None:
         opt.seed = int.from_bytes(os.urandom(8), "little") if opt.stochastic_rounding else 0
@@ -360,17 +365,3 @@ cdef cnp.ndarray _workspace(const int64_t *sizes, int count, char **parts):
         parts[i] = base + off
         off += (sizes[i] + 63) // 64 * 64
     return buf
-
-
-cdef int64_t _num_threads(object num_threads) except -1:
-    cdef int64_t v
-    if num_threads is None:
-        return 1
-    try:
-        v = operator.index(num_threads)
-    except TypeError as exc:
-        raise TypeError(f"num_threads must be a positive integer or None; got "
-                        f"{type(num_threads).__name__}") from exc
-    if v < 1:
-        raise ValueError(f"num_threads = {v} must be >= 1")
-    return v
