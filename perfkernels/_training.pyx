@@ -91,9 +91,12 @@ cdef cnp.ndarray _table_in_place(object weight):
         raise ValueError("weight is read-only: it is updated in place")
     itemsize = cnp.PyArray_ITEMSIZE(a)
     s0 = cnp.PyArray_STRIDE(a, 0)
+    # an empty table's strides are arbitrary (NumPy's copy of a [0, D] array has strides (0, 0)):
+    # nothing is read or written through them
     if not (cnp.PyArray_ISALIGNED(a) and cnp.PyArray_ISNOTSWAPPED(a)
-            and (cnp.PyArray_STRIDE(a, 1) == itemsize or cnp.PyArray_DIM(a, 1) <= 1)
-            and s0 >= 0 and s0 % itemsize == 0):
+            and (cnp.PyArray_SIZE(a) == 0 or (
+                (cnp.PyArray_STRIDE(a, 1) == itemsize or cnp.PyArray_DIM(a, 1) <= 1)
+                and s0 >= 0 and s0 % itemsize == 0))):
         raise ValueError(f"weight must be aligned, native byte order, with unit stride along D "
                          f"(it is updated in place, so it cannot be copied); got strides "
                          f"{(<object>a).strides}, aligned={bool(cnp.PyArray_ISALIGNED(a))}")
@@ -126,8 +129,9 @@ cdef cnp.ndarray _state_in_place(object state, str optimizer, int64_t rows, int6
     if not cnp.PyArray_ISWRITEABLE(s):
         raise ValueError("state is read-only: it is updated in place")
     if not (cnp.PyArray_ISALIGNED(s) and cnp.PyArray_ISNOTSWAPPED(s)
-            and cnp.PyArray_STRIDE(s, 0) >= 0 and cnp.PyArray_STRIDE(s, 0) % 4 == 0
-            and (optimizer != "adagrad" or cnp.PyArray_STRIDE(s, 1) == 4 or dim <= 1)):
+            and (cnp.PyArray_SIZE(s) == 0 or (
+                cnp.PyArray_STRIDE(s, 0) >= 0 and cnp.PyArray_STRIDE(s, 0) % 4 == 0
+                and (optimizer != "adagrad" or cnp.PyArray_STRIDE(s, 1) == 4 or dim <= 1)))):
         raise ValueError(f"state must be aligned, native byte order, with unit stride along D "
                          f"(it is updated in place); got strides {(<object>s).strides}")
     if rows > 0 and dim > 0 and np.may_share_memory(s, table):

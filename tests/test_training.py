@@ -364,6 +364,21 @@ def test_bad_input_writes_nothing(isa, name, change, exc, match):
         assert np.array_equal(s, s0)
 
 
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_empty_table_with_any_strides(optimizer):
+    # found by the fuzz harness: NumPy's copy of a [0, D] array has strides (0, 0), which the
+    # stride check refused although nothing is read or written through them
+    weight = np.zeros((0, 5), np.float32).copy()
+    state = new_state(optimizer, 0, 5, None, zeros=True)
+    state = None if state is None else state.copy()
+    assert weight.strides == (0, 0)
+    update(weight, np.zeros(0, np.int64), np.zeros(2, np.int64), grad_output=np.ones((2, 5), np.float32),
+           optimizer=optimizer, state=state, lr=0.1)
+    with pytest.raises(IndexError, match="indices"):
+        update(weight, np.array([0]), np.array([0]), grad_output=np.ones((1, 5), np.float32),
+               optimizer=optimizer, state=state, lr=0.1)
+
+
 def test_bad_weight():
     g = np.ones((1, 3), np.float32)
     with pytest.raises(TypeError, match="weight"):

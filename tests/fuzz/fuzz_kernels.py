@@ -692,8 +692,8 @@ def in_place_layout(d: Draw, a: np.ndarray) -> np.ndarray:
     else:
         a = a.copy()
     unit_d = a.ndim < 2 or a.shape[1] <= 1 or a.strides[1] == a.itemsize
-    if not (a.flags.writeable and a.flags.aligned and a.dtype.isnative and unit_d
-            and a.strides[0] >= 0 and a.strides[0] % a.itemsize == 0):
+    strides_ok = a.size == 0 or (unit_d and a.strides[0] >= 0 and a.strides[0] % a.itemsize == 0)
+    if not (a.flags.writeable and a.flags.aligned and a.dtype.isnative and strides_ok):
         d.errors.add(ValueError)
     return a
 
