@@ -22,6 +22,9 @@
  *      weights its bag b (coefficient bag_scale[b]: 1, or 1 / count_b for mean), so a row's walk
  *      reads only the keys, a tiny per-bag array and G; with weights the entry number m (bag and
  *      coefficient in entry_bag[m], entry_coef[m]).  Writes only the caller's workspace.
+ *      Given the thread pool, the sort and the group scan run on it over `chunks` contiguous
+ *      slices of the keys (per-slice digit histograms, prefix-summed bucket-major, so the sort
+ *      stays stable): a stable sort has one possible result, whatever the slicing.
  *   2. an update kernel (one per ISA and table type) updates the rows of groups [g_begin, g_end).
  *      Each row belongs to exactly one group, so disjoint group ranges may run on different threads
  *      and the result does not depend on how the groups are split.
@@ -32,6 +35,7 @@
 #define PERFKERNELS_TRAINING_H
 
 #include "perfkernels/bags.h"
+#include "perfkernels/parallel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -61,7 +65,7 @@ typedef struct pk_training_work {
     float *entry_coef;     /* n (weighted calls only): scale_b * w_j of entry m */
     float *bag_scale;      /* num_bags: 1, or 1 / count_b for mean (unweighted calls) */
     int64_t *group_start;  /* n + 1: group u is keys[group_start[u] : group_start[u + 1]] */
-    int64_t *histogram;    /* PK_TRAINING_HISTOGRAM entries */
+    int64_t *histogram;    /* pk_training_histogram(chunks) entries */
     int per_entry;         /* payload is m (weighted), else b (set by pk_training_group) */
     int payload_bits;      /* bits of the payload in a key (set by pk_training_group) */
     int64_t num_entries;   /* non-padding entries (set by pk_training_group) */
@@ -71,6 +75,14 @@ typedef struct pk_training_work {
 /* Radix digits of at most 11 bits (a 16 KiB histogram per pass stays in L1), at most 6 passes. */
 #define PK_TRAINING_RADIX_BITS 11
 #define PK_TRAINING_HISTOGRAM (6 * (1 << PK_TRAINING_RADIX_BITS))
+
+/* Histogram entries pk_training_group needs when it splits the work into `chunks` slices:
+ * every pass's histogram at once (one slice), or one pass's histogram per slice. */
+static inline int64_t pk_training_histogram(int64_t chunks)
+{
+    const int64_t per_slice = chunks * ((int64_t)1 << PK_TRAINING_RADIX_BITS);
+    return chunks > 1 && per_slice > PK_TRAINING_HISTOGRAM ? per_slice : PK_TRAINING_HISTOGRAM;
+}
 
 /* Bits needed to hold values 0 .. x (0 for x == 0). */
 static inline int pk_bit_length(uint64_t x)
@@ -89,8 +101,12 @@ static inline int pk_training_fits(int64_t rows, int64_t n_indices, int64_t num_
          + pk_bit_length(payloads > 0 ? (uint64_t)(payloads - 1) : 0) <= 64;
 }
 
+/* Step 1.  pool: the thread pool (NULL: all on the calling thread); threads: how many of its
+ * threads the call may use; chunks: slices of the keys (1, or at most PK_PARALLEL_BLOCKS_PER_THREAD
+ * * threads, each one block of the pool); work->histogram holds pk_training_histogram(chunks). */
 pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work *work,
-                            int64_t *bad_pos);
+                            int64_t *bad_pos, const pk_parallel_api *pool, int threads,
+                            int chunks);
 
 /* Update the rows of groups [g_begin, g_end).  grad: G, num_bags rows of grad_stride floats.
  * table: rows of row_stride elements.  scratch: dim floats (one per concurrent caller). */
