@@ -1,9 +1,10 @@
 """Build perfkernels: one Cython extension per kernel family.
 
-Each family ``perfkernels/_<family>.pyx`` is linked with the C files of ``perfkernels/csrc/<family>/``.
-The ISA levels come from ``perfkernels/_isa_registry.py``: a file named after a level
-(``avx2.c``, ``avx512.c``) gets that level's flags, and only when the target is the level's
-architecture; every other file (the dispatch tables, the scalar level, the Cython modules) is built
+Each family ``perfkernels/_<family>.pyx`` is linked with the C files of ``perfkernels/csrc/<family>/``;
+a kernel family's per-level files and dispatch table, all alike, are generated into ``build/csrc/``
+(``family_sources`` in ``perfkernels/_isa_registry.py``).  The ISA levels come from that registry:
+a file named after a level (``avx2.c``, ``avx512.c``) gets that level's flags, and only when the
+target is the level's architecture; every other file (the dispatch tables, the scalar level, the Cython modules) is built
 with the baseline flags of the target, so a wheel built here runs on any x86-64 (and the scalar C
 builds on aarch64).  Never -march=native.
 """
@@ -24,6 +25,7 @@ REGISTRY = runpy.run_path(os.path.join(HERE, "perfkernels", "_isa_registry.py"))
 LEVELS = REGISTRY["LEVELS"]
 BASE_FLAGS = list(REGISTRY["BASE_FLAGS"])
 SANITIZERS = ("address", "undefined")
+GENERATED = os.path.join("build", "csrc")   # the generated per-level sources (see the docstring)
 
 
 def sanitizer_flags(value: str) -> tuple[list[str], list[str]]:
@@ -99,7 +101,9 @@ def _extensions():
     exts = []
     for pyx in sorted(glob("perfkernels/_*.pyx")):
         family = os.path.basename(pyx)[1:-4]
-        sources = [pyx] + sorted(glob(f"perfkernels/csrc/{family}/*.c"))
+        sources = [pyx] + [os.path.relpath(p, HERE) for p in
+                           REGISTRY["family_sources"](os.path.join(HERE, "perfkernels", "csrc"),
+                                                      family, os.path.join(HERE, GENERATED))]
         exts.append(Extension(f"perfkernels._{family}", sources=sources, include_dirs=include,
                               define_macros=macros, extra_compile_args=BASE_FLAGS + SANITIZE_COMPILE,
                               extra_link_args=SANITIZE_LINK, depends=headers))

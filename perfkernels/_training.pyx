@@ -49,7 +49,9 @@ cdef extern from "perfkernels/training.h":
         pk_training_update_fn update_bf16
     const pk_training_kernels *pk_training_table(int isa) noexcept nogil
     pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work *work,
-                                int64_t *bad_pos) noexcept nogil
+                                int64_t *bad_pos, const pk_parallel_api *thread_pool, int threads,
+                                int chunks) noexcept nogil
+    int64_t pk_training_histogram(int64_t chunks) noexcept nogil
     int pk_training_fits(int64_t rows, int64_t n_indices, int64_t num_bags) noexcept nogil
 
 cdef const pk_training_kernels *_kernels = NULL
@@ -154,6 +156,59 @@ cdef float _finite(object value, str name) except? -1:
     return <float>v
 
 
+ctypedef struct _update_ctx:
+    pk_training_update_fn fn
+    const pk_training_work *work
+    int64_t *task_group       # tasks + 1 group numbers: task t updates groups [tg[t], tg[t + 1])
+    int64_t tasks
+    const float *grad
+    int64_t grad_stride
+    void *table
+    int64_t dim
+    int64_t row_stride
+    const pk_sparse_optim *opt
+    float *scratch            # a scratch row per task (a task runs on one thread)
+    int64_t scratch_stride
+
+
+cdef void _update_task(void *vctx, int64_t t0, int64_t t1) noexcept nogil:
+    cdef const _update_ctx *c = <const _update_ctx *>vctx
+    cdef int64_t t
+    for t in range(t0, t1):
+        c.fn(c.work, c.task_group[t], c.task_group[t + 1], c.grad, c.grad_stride, c.table, c.dim,
+             c.row_stride, c.opt, c.scratch + t * c.scratch_stride)
+
+
+cdef int64_t _split_groups(const pk_training_work *work, int64_t tasks,
+                           int64_t *task_group) noexcept nogil:
+    """Cut the groups into at most `tasks` ranges of about equal entry counts (a Zipf-hot row is
+    one group however many entries it has); returns the number of non-empty ranges.  Each row is
+    updated by one task, so the split changes the speed, never the result."""
+    cdef int64_t m = work.num_entries, u = 0, t, lo, hi, mid, target, count = 0
+    cdef int64_t groups = work.num_groups
+    if tasks > groups:
+        tasks = groups
+    task_group[0] = 0
+    for t in range(1, tasks):
+        target = m // tasks * t + m % tasks * t // tasks
+        lo = u
+        hi = groups
+        while lo < hi:          # first group starting at or after target
+            mid = (lo + hi) // 2
+            if work.group_start[mid] < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo > task_group[count]:
+            count += 1
+            task_group[count] = lo
+            u = lo
+    if groups > task_group[count]:
+        count += 1
+    task_group[count] = groups
+    return count
+
+
 def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output, optimizer="sgd",
                                   state=None, lr, eps=1e-8, weight_decay=0.0, lengths=None,
                                   per_sample_weights=None, mode="sum", include_last_offset=False,
@@ -212,10 +267,9 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     weight_decay : float
         L2 penalty, finite and >= 0, applied to the touched rows only.
     num_threads : int, optional
-        Threads for the update (a positive integer, checked as for every kernel: a bool or a
-        count past the pool's limit is refused; it never changes the result).  For now every
-        call runs on the calling thread: the kernel is split into disjoint row groups, ready for
-        the package's thread pool, but does not use one yet.
+        Threads for this call (default: ``perfkernels.get_num_threads()``).  The grouping sort and
+        the row updates are split across the package's thread pool when the batch is large enough
+        to pay for it; the thread count never changes the result.
     stochastic_rounding : bool
         16-bit tables: round each new value up or down with probability proportional to its
         distance from the two neighbouring 16-bit values (bfloat16: 16 random bits added below
@@ -268,8 +322,10 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     cdef int64_t dim = cnp.PyArray_DIM(table, 1)
     cdef int64_t row_stride = cnp.PyArray_STRIDE(table, 0) // cnp.PyArray_ITEMSIZE(table)
     cdef cnp.ndarray st, grad, space
-    cdef int64_t sizes[7]
-    cdef char *parts[7]
+    cdef int64_t sizes[8]
+    cdef char *parts[8]
+    cdef int chunks, k
+    cdef _update_ctx uc
     cdef float *scratch_row
     cdef int t = cnp.PyArray_TYPE(table)
     cdef pk_training_update_fn fn
@@ -285,7 +341,7 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     st = _state_in_place(state, optimizer, rows, dim, table)
     opt.state = NULL if st is None else <float *>cnp.PyArray_DATA(st)
     opt.state_stride = 0 if st is None else cnp.PyArray_STRIDE(st, 0) // 4
-    threads = resolve_threads(num_threads)   # validated as every kernel's; not used yet
+    threads = resolve_threads(num_threads)
     opt.stochastic_rounding = 1 if (stochastic_rounding and t != cnp.NPY_FLOAT32) else 0
     if seed is None:
         opt.seed = int.from_bytes(os.urandom(8), "little") if opt.stochastic_rounding else 0
@@ -316,11 +372,16 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     sizes[0] = 8 * n                                       # keys
     sizes[1] = 8 * n                                       # keys_tmp
     sizes[2] = 8 * (n + 1)                                 # group_start
-    sizes[3] = 8 * PK_TRAINING_HISTOGRAM                   # histogram
+    # threads: worth it only when each gets enough memory traffic (keys sorted, G rows read, table
+    # and state rows read and written); chunks: slices of the sort and update tasks, one block each
+    k = pk_parallel_threads_for(n * (32 + 8 * dim), <int>threads)
+    chunks = k * PK_PARALLEL_BLOCKS_PER_THREAD if k > 1 else 1
+    sizes[3] = 8 * pk_training_histogram(chunks)           # histogram(s)
     sizes[4] = 8 * n if weighted else 0                    # entry_bag
     sizes[5] = 4 * n if weighted else 4 * bags.num_bags    # entry_coef or bag_scale
-    sizes[6] = 4 * (2 * dim + 16)                          # scratch row
-    space = _workspace(sizes, 7, parts)
+    sizes[6] = 4 * (2 * dim + 16) * chunks                 # a scratch row per update task
+    sizes[7] = 8 * (chunks + 1)                            # the update tasks' first groups
+    space = _workspace(sizes, 8, parts)
     work.keys = <uint64_t *>parts[0]
     work.keys_tmp = <uint64_t *>parts[1]
     work.group_start = <int64_t *>parts[2]
@@ -334,13 +395,27 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
           (_kernels.update_f16 if t == cnp.NPY_FLOAT16 else _kernels.update_bf16))
     data = cnp.PyArray_DATA(table)
     with nogil:
-        status = pk_training_group(&bags, rows, &work, &bad)
+        status = pk_training_group(&bags, rows, &work, &bad, pool, k, chunks)
     check_bags_status(&bags, status, bad, rows, "embedding_bag_backward_update")
-    if dim == 0:
+    if dim == 0 or work.num_groups == 0:
         return None
+    uc.fn = fn
+    uc.work = &work
+    uc.grad = <const float *>cnp.PyArray_DATA(grad)
+    uc.grad_stride = grad_stride
+    uc.table = data
+    uc.dim = dim
+    uc.row_stride = row_stride
+    uc.opt = &opt
+    uc.scratch = scratch_row
+    uc.scratch_stride = 2 * dim + 16
+    uc.task_group = <int64_t *>parts[7]
     with nogil:
-        fn(&work, 0, work.num_groups, <const float *>cnp.PyArray_DATA(grad), grad_stride, data,
-           dim, row_stride, &opt, scratch_row)
+        uc.tasks = _split_groups(&work, chunks, uc.task_group)
+        if uc.tasks > 1:
+            pool.parallel_for(uc.tasks, k, _update_task, &uc)
+        else:
+            _update_task(&uc, 0, 1)
     return None
 
 

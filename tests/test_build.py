@@ -17,13 +17,28 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "perfkernels" / "csrc"
 INCLUDES = ["-I", str(ROOT / "include"), "-I", str(CSRC)]
-SOURCES = sorted(CSRC.glob("**/*.c"))
 HEADERS = sorted(CSRC.glob("**/*.h")) + sorted((ROOT / "include").glob("**/*.h"))
 
 # the registry setup.py reads, loaded the way setup.py loads it (by path, without the package)
 REGISTRY = runpy.run_path(str(ROOT / "perfkernels" / "_isa_registry.py"))
 LEVELS = REGISTRY["LEVELS"]
 BASE_FLAGS = list(REGISTRY["BASE_FLAGS"])
+FAMILIES = sorted(p.parent.name for p in CSRC.glob("*/body.h"))
+
+
+def build_sources(generated):
+    """Every C source setup.py compiles: each folder's own files plus the generated per-level
+    files and dispatch tables of the kernel families (written under ``generated``)."""
+    folders = sorted(p.name for p in CSRC.iterdir() if p.is_dir())
+    return [src for f in folders for src in REGISTRY["family_sources"](CSRC, f, generated)]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    return build_sources(tmp_path_factory.mktemp("generated"))
+
+
+SOURCES = sorted(CSRC.glob("**/*.c")) + sorted(CSRC.glob("*/body.h"))
 
 
 def level_of(src):
@@ -41,7 +56,7 @@ def compile_c(cc, src, out, flags):
 
 def test_no_march_native_anywhere():
     for path in [ROOT / "setup.py", ROOT / "pyproject.toml", ROOT / "perfkernels" / "_isa_registry.py",
-                 *SOURCES, *HEADERS]:
+                 *CSRC.glob("**/*.c"), *HEADERS]:
         assert not re.search(r"[\"']-march=native", path.read_text()), path
 
 
@@ -49,8 +64,8 @@ def test_no_march_native_anywhere():
                     reason="needs gcc and objdump")
 @pytest.mark.skipif(not __import__("platform").machine().lower() in ("x86_64", "amd64"),
                     reason="x86-64 only")
-def test_only_isa_files_contain_wide_vector_instructions(tmp_path):
-    for src in SOURCES:
+def test_only_isa_files_contain_wide_vector_instructions(tmp_path, sources):
+    for src in sources:
         level = level_of(src)
         isa_flags = list(level.flags) if level else []
         obj = tmp_path / (src.parent.name + "_" + src.stem + ".o")
@@ -64,8 +79,8 @@ def test_only_isa_files_contain_wide_vector_instructions(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
-def test_isa_files_refuse_to_build_without_their_flags(tmp_path):
-    isa_sources = [src for src in SOURCES if level_of(src)]
+def test_isa_files_refuse_to_build_without_their_flags(tmp_path, sources):
+    isa_sources = [src for src in sources if level_of(src)]
     assert isa_sources
     for src in isa_sources:
         proc = compile_c("gcc", src, tmp_path / "x.o", BASE_FLAGS)
@@ -78,23 +93,39 @@ CROSS = shutil.which("aarch64-linux-gnu-gcc")
 
 @pytest.mark.skipif(CROSS is None and not os.environ.get("PERFKERNELS_REQUIRE_CROSS"),
                     reason="aarch64-linux-gnu-gcc not installed (Debian: gcc-aarch64-linux-gnu)")
-def test_every_source_compiles_for_aarch64(tmp_path):
+def test_every_source_compiles_for_aarch64(tmp_path, sources):
     assert CROSS, "PERFKERNELS_REQUIRE_CROSS is set but aarch64-linux-gnu-gcc is missing"
-    for src in SOURCES:
+    for src in sources:
         proc = compile_c(CROSS, src, tmp_path / "x.o", BASE_FLAGS + ["-Werror", "-fPIC"])
         assert proc.returncode == 0, f"{src} does not build for aarch64:\n{proc.stderr}"
 
 
-def test_every_family_has_a_source_for_every_level():
-    """Adding an ISA level is a registry row, an isa_list.h row, simd/<level>.h and one
-    two-include file per family: a family folder missing one would silently lack the level."""
-    families = sorted(p.parent.name for p in CSRC.glob("*/dispatch.c"))
-    assert families
-    for family in families:
-        for level in LEVELS:
-            assert (CSRC / family / f"{level.name}.c").exists(), f"{family}/{level.name}.c"
+def test_every_family_has_a_source_for_every_level(sources):
+    """Adding an ISA level is a registry row, an isa_list.h row and simd/<level>.h: the build
+    generates each kernel family's file for the level (and its dispatch table) unless the family
+    writes that level by hand."""
+    assert FAMILIES
+    by_family = {}
+    for src in sources:
+        by_family.setdefault(src.parent.name, set()).add(src.name)
+    for family in FAMILIES:
+        assert {f"{lv.name}.c" for lv in LEVELS} | {"dispatch.c"} <= by_family[family], family
     for level in LEVELS:
         assert (CSRC / "simd" / f"{level.name}.h").exists(), level.name
+
+
+def test_generated_sources_are_rewritten_only_when_changed(tmp_path):
+    """Rebuilds stay incremental: a second run leaves the generated files' times alone, and a
+    stale generated file is corrected."""
+    first = build_sources(tmp_path)
+    generated = [p for p in first if tmp_path in p.parents]
+    assert generated
+    stamps = {p: p.stat().st_mtime_ns for p in generated}
+    generated[0].write_text("stale")
+    second = build_sources(tmp_path)
+    assert second == first
+    assert generated[0].read_text().startswith("/* Generated by the build")
+    assert all(p.stat().st_mtime_ns == stamps[p] for p in generated[1:])
 
 
 def test_c_isa_list_matches_the_registry():

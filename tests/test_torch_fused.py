@@ -128,6 +128,32 @@ def test_collection_fused():
         assert ebc.embedding_bags[name].weight.grad is None
 
 
+def test_collection_shared_table_updated_once_per_step():
+    """A table read by two features gets one exact update from both features' rows (duplicates
+    across the features summed first), like FBGEMM's fused TBE, not one update per feature."""
+    rows, dim = 40, 6
+    tables = [pt.EmbeddingBagConfig(rows, dim, name="t0", feature_names=["f0", "f1"]),
+              pt.EmbeddingBagConfig(rows, 3, name="t1", feature_names=["f2"])]
+    ebc = pt.EmbeddingBagCollection(tables, fused_optimizer=("rowwise_adagrad", {"lr": 0.5}))
+    # B = 2: f0 bags [5, 9], [5]; f1 bags [9, 9, 1], []; f2 bags [2], [3]
+    values = torch.tensor([5, 9, 5, 9, 9, 1, 2, 3])
+    lengths = torch.tensor([2, 1, 3, 0, 1, 1])
+    kjt = pt.KeyedJaggedTensor(["f0", "f1", "f2"], values, lengths=lengths)
+    w0 = ebc.embedding_bags["t0"].weight.detach().numpy().copy()
+    upstream = torch.randn(2, 2 * dim + 3, generator=torch.Generator().manual_seed(3))
+    out = ebc(kjt).values()
+    torch.testing.assert_close(out[:, :dim].sum(), torch.from_numpy(w0[[5, 9, 5]]).sum())
+    (out * upstream).sum().backward()
+    grad = torch.cat([upstream[:, :dim], upstream[:, dim:2 * dim]]).numpy()
+    exp_w, exp_h, _, _ = reference.embedding_bag_backward_update(
+        w0, np.array([5, 9, 5, 9, 9, 1]), np.array([0, 2, 3, 6]), grad_output=grad,
+        optimizer="rowwise_adagrad", state=np.zeros(rows, np.float32), lr=0.5, eps=1e-8,
+        weight_decay=0.0)
+    np.testing.assert_allclose(ebc.embedding_bags["t0"].weight.detach().numpy(), exp_w,
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ebc.embedding_bags["t0"].momentum1.numpy(), exp_h, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------
 # a small DLRM-style model: the fused run's loss tracks the unfused torch run's
 # ---------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ def check_update(weight, state, optimizer, lr, eps, weight_decay, grad_output, i
     h = None if state is None else state.copy()
     update(w, indices, offsets, grad_output=grad_output, optimizer=optimizer, state=h, lr=lr,
            eps=eps, weight_decay=weight_decay, **bags)
+    bags.pop("num_threads", None)
     expected = reference(weight, indices, offsets, grad_output=grad_output, optimizer=optimizer,
                          state=state, lr=lr, eps=eps, weight_decay=weight_decay, **bags)
     assert_update_close(w, h, weight, state, expected, optimizer=optimizer, lr=lr, eps=eps,
@@ -156,6 +157,38 @@ def test_thread_counts_bit_identical(isa, rng, optimizer, dtype):
     for w, h in results[1:]:
         assert np.array_equal(w, results[0][0])
         assert h is None or np.array_equal(h, results[0][1])
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("threads", (2, 8))
+def test_split_across_threads_matches_reference(isa, rng, optimizer, threads):
+    """A batch large enough for the pool to split (sort slices and update tasks): against the
+    reference at each thread count, with weights, mean mode, padding and a Zipf-hot row, and bit for
+    bit equal to one thread (16-bit table, stochastic rounding with a fixed seed included)."""
+    rows, D = 20000, 64
+    from perfkernels.benchsuite import zipf_indices
+    indices = zipf_indices(rng, rows, 30000)
+    indices[::97] = 7                                      # padding entries
+    offsets = np.concatenate([[0], np.sort(rng.integers(0, indices.size, 999))]).astype(np.int64)
+    weights = rng.uniform(0.5, 1.5, indices.size).astype(np.float32)
+    grad = rng.standard_normal((offsets.size, D)).astype(np.float32)
+    weight = rng.standard_normal((rows, D)).astype(np.float32)
+    state = new_state(optimizer, rows, D, rng)
+    kw = dict(per_sample_weights=weights, mode="sum", padding_idx=7, num_threads=threads)
+    check_update(weight, state, optimizer, 0.05, 1e-8, 0.01, grad, indices, offsets, **kw)
+    for extra in (dict(mode="mean", per_sample_weights=None),):
+        check_update(weight, state, optimizer, 0.05, 1e-8, 0.0, grad, indices, offsets,
+                     **{**kw, **extra})
+    half = rng.standard_normal((rows, D)).astype(np.float16)
+    got = []
+    for nt in (1, threads):
+        w = half.copy()
+        h = None if state is None else state.copy()
+        update(w, indices, offsets, grad_output=grad, optimizer=optimizer, state=h, lr=0.05,
+               stochastic_rounding=True, seed=11, num_threads=nt)
+        got.append((w.view(np.uint16), h))
+    assert np.array_equal(got[0][0], got[1][0])
+    assert state is None or np.array_equal(got[0][1], got[1][1])
 
 
 def test_isas_agree(rng):

@@ -144,7 +144,8 @@ class EmbeddingBagCollection(torch.nn.Module):
     ``fused_optimizer=("rowwise_adagrad", {"lr": ..., "eps": ...})`` every table is updated during
     backward and returns no gradient (FBGEMM's fused table-batched embeddings), its optimizer state
     in ``state_dict`` as ``embedding_bags.<table name>.momentum1``.  A table shared by several
-    features is updated once per feature.
+    features is looked up once for all of them, so it is updated once per step with every
+    feature's rows (duplicates across features summed first, as FBGEMM's exact optimizers do).
     """
 
     def __init__(self, tables: Sequence[Any], is_weighted: bool = False, device=None,
@@ -201,18 +202,26 @@ class EmbeddingBagCollection(torch.nn.Module):
 
     def _lookup_each(self, keys: list, values: Tensor, offsets: Tensor,
                      weights: Optional[Tensor], batch: int) -> Tensor:
-        """One lookup per feature (autograd, compile, CUDA), concatenated."""
+        """One lookup per table (autograd, compile, CUDA), concatenated in feature order.  The
+        features of a table shared by several are looked up together, as one batch of bags, so a
+        fused optimizer updates the table once per step from all of them (FBGEMM's exact
+        optimizers do the same), not once per feature."""
         position = {k: i for i, k in enumerate(keys)}
-        pooled = []
+        by_table: dict[str, list[int]] = {}
         for feature, table, _ in self._feature_table:
             if feature not in position:
                 raise KeyError(f"feature {feature!r} (table {table!r}) is not in the input; "
                                f"its keys are {keys}")
-            f = position[feature]
-            pooled.append(self._lookup_feature(self.embedding_bags[table], values, weights,
-                                               offsets[f * batch:(f + 1) * batch + 1]))
-        return torch.cat(pooled, dim=1) if pooled else values.new_zeros((batch, 0),
-                                                                         dtype=torch.float32)
+            by_table.setdefault(table, []).append(position[feature])
+        pooled: dict[int, Tensor] = {}
+        for table, feats in by_table.items():
+            segments = [offsets[f * batch:(f + 1) * batch + 1] for f in feats]
+            out = self._lookup_segments(self.embedding_bags[table], values, weights, segments)
+            for f, part in zip(feats, out.split(batch) if len(feats) > 1 else [out]):
+                pooled[f] = part
+        parts = [pooled[position[feature]] for feature, _, _ in self._feature_table]
+        return torch.cat(parts, dim=1) if parts else values.new_zeros((batch, 0),
+                                                                      dtype=torch.float32)
 
     def _lookup_all(self, keys: list, values: Tensor, offsets: Tensor,
                     weights: Optional[Tensor]) -> Optional[Tensor]:
@@ -247,13 +256,26 @@ class EmbeddingBagCollection(torch.nn.Module):
         return out
 
     @staticmethod
-    def _lookup_feature(bag: EmbeddingBag, values: Tensor, weights: Optional[Tensor],
-                        offsets: Tensor) -> Tensor:
-        """One feature's bags: its slice of the values, offsets rebased to 0."""
-        start, end = offsets[0], offsets[-1]
-        if not torch.compiler.is_compiling():
-            start, end = int(start), int(end)
-        seg = values[start:end]
-        w = None if weights is None else weights[start:end]
-        return _bags.bag_forward(bag.weight, seg, offsets - start, w, bag._spec(),
-                                 torch.float32)
+    def _lookup_segments(bag: EmbeddingBag, values: Tensor, weights: Optional[Tensor],
+                         segments: list) -> Tensor:
+        """The bags of one or more features (each a B + 1 slice of the KJT offsets) in one lookup:
+        their values back to back, offsets rebased onto them; ``[len(segments) * B, D]``."""
+        compiling = torch.compiler.is_compiling()
+        seg_values, seg_weights, seg_offsets = [], [], []
+        base = 0
+        for i, o in enumerate(segments):
+            start, end = o[0], o[-1]
+            if not compiling:
+                start, end = int(start), int(end)
+            seg_values.append(values[start:end])
+            if weights is not None:
+                seg_weights.append(weights[start:end])
+            last = i == len(segments) - 1
+            seg_offsets.append((o if last else o[:-1]) - start + base)
+            base = base + (end - start)
+        if len(segments) == 1:
+            seg, w, offs = seg_values[0], (seg_weights or [None])[0], seg_offsets[0]
+        else:
+            seg, offs = torch.cat(seg_values), torch.cat(seg_offsets)
+            w = torch.cat(seg_weights) if weights is not None else None
+        return _bags.bag_forward(bag.weight, seg, offs, w, bag._spec(), torch.float32)

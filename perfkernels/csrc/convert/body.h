@@ -1,5 +1,5 @@
 /* float32 <-> float16 / bfloat16 conversion, written once over the SIMD primitives of the vector
- * levels (convert/<isa>.c includes simd/<isa>.h, then this); bit-exact with the scalar level
+ * levels (the generated per-level file includes simd/<isa>.h, then this); bit-exact with the scalar level
  * (convert/scalar.c), which is NumPy's and ml_dtypes' conversion.
  *
  * Full vectors in the loop, a partial vector (masked, or through a buffer where the ISA has no

@@ -1,5 +1,5 @@
 /* The embedding-bag loops, written once over the SIMD primitives of the vector levels
- * (simd/avx2.h, simd/avx512.h; embedding/<isa>.c includes the primitive header, then this).
+ * (simd/avx2.h, simd/avx512.h; the generated per-level file includes the primitive header, then this).
  *
  * One bag's output row is held in vector registers while its rows are summed (acc = fma(w, x, acc)),
  * FBGEMM style.  `bag_pass` sums NV full VL-float vectors (plus an optional tail vector) of one

@@ -1,5 +1,5 @@
 /* Row-wise quantized tables, written once over the SIMD primitives of the vector levels
- * (quantized/<isa>.c includes simd/<isa>.h, then this): dequantize_rowwise here, the fused
+ * (the generated per-level file includes simd/<isa>.h, then this): dequantize_rowwise here, the fused
  * embedding bags in quantized/bags.h, quantize_rowwise in quantized/prepack.h.  The scalar level
  * (quantized/scalar.c) is the plain reference these match. */
 #ifndef PK_QUANTIZED_BODY_H

@@ -1,5 +1,5 @@
 /* The training update loops (training.h step 2), written once over the SIMD primitive layer
- * (training/avx2.c, training/avx512.c include simd/<isa>.h, then this).
+ * (the generated per-level files include simd/<isa>.h, then this).
  *
  * A row's gradient is summed column block by column block: up to MAX_VECS vectors (plus a tail
  * vector) held in registers while the row's entries are walked in index order,

@@ -42,8 +42,148 @@ static void radix_sort(pk_training_work *work, int64_t n, int row_bits)
     work->keys_tmp = dst;
 }
 
+/* The parallel form: `chunks` contiguous slices of the keys, each a task of the pool.  Per pass, every
+ * slice counts its digits, the counts are prefix-summed bucket-major then slice-minor (so a key of
+ * slice c lands after every equal digit of slices before c: the sort stays stable), and every slice
+ * scatters its keys.  Being a stable sort, its result does not depend on `chunks`. */
+typedef struct sort_ctx {
+    const uint64_t *src;
+    uint64_t *dst;
+    int64_t n, buckets;
+    int64_t *hist;          /* chunks x buckets: counts, then each slice's next position per digit */
+    int chunks, shift, row_shift;
+    uint64_t mask;
+    int64_t *bounds;        /* group scan: boundaries found per slice, then where each slice's go */
+    int64_t *group_start;
+} sort_ctx;
+
+static int64_t slice_begin(int64_t n, int chunks, int64_t c)
+{
+    return n / chunks * c + n % chunks * c / chunks;
+}
+
+static void count_task(void *vctx, int64_t c0, int64_t c1)
+{
+    const sort_ctx *x = (const sort_ctx *)vctx;
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t *h = x->hist + c * x->buckets;
+        for (int64_t b = 0; b < x->buckets; b++) h[b] = 0;
+        const int64_t end = slice_begin(x->n, x->chunks, c + 1);
+        for (int64_t k = slice_begin(x->n, x->chunks, c); k < end; k++)
+            h[(x->src[k] >> x->shift) & x->mask]++;
+    }
+}
+
+static void scatter_task(void *vctx, int64_t c0, int64_t c1)
+{
+    const sort_ctx *x = (const sort_ctx *)vctx;
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t *h = x->hist + c * x->buckets;
+        const int64_t end = slice_begin(x->n, x->chunks, c + 1);
+        for (int64_t k = slice_begin(x->n, x->chunks, c); k < end; k++) {
+            const uint64_t key = x->src[k];
+            x->dst[h[(key >> x->shift) & x->mask]++] = key;
+        }
+    }
+}
+
+static void radix_sort_parallel(pk_training_work *work, int64_t n, int row_bits,
+                                const pk_parallel_api *pool, int threads, int chunks)
+{
+    const int passes = (row_bits + PK_TRAINING_RADIX_BITS - 1) / PK_TRAINING_RADIX_BITS;
+    const int digit = passes ? (row_bits + passes - 1) / passes : 0;
+    sort_ctx x;
+    x.n = n;
+    x.chunks = chunks;
+    x.buckets = (int64_t)1 << digit;
+    x.mask = ((uint64_t)1 << digit) - 1u;
+    x.hist = work->histogram;
+    uint64_t *src = work->keys, *dst = work->keys_tmp;
+    for (int p = 0; p < passes; p++) {
+        x.src = src;
+        x.dst = dst;
+        x.shift = work->payload_bits + p * digit;
+        pool->parallel_for(chunks, threads, count_task, &x);
+        int64_t sum = 0;
+        int single = 0;   /* every key has the same digit: the pass would copy in order, skip it */
+        for (int64_t b = 0; b < x.buckets && !single; b++) {
+            int64_t total = 0;
+            for (int c = 0; c < chunks; c++) {
+                int64_t *h = x.hist + c * x.buckets + b;
+                const int64_t count = *h;
+                *h = sum;
+                sum += count;
+                total += count;
+            }
+            single = total == n;
+        }
+        if (single) continue;
+        pool->parallel_for(chunks, threads, scatter_task, &x);
+        uint64_t *t = src; src = dst; dst = t;
+    }
+    work->keys = src;
+    work->keys_tmp = dst;
+}
+
+/* Group boundaries: key k > 0 starts a group when its row differs from key k - 1's. */
+static void bounds_count_task(void *vctx, int64_t c0, int64_t c1)
+{
+    const sort_ctx *x = (const sort_ctx *)vctx;
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t count = 0;
+        const int64_t end = slice_begin(x->n, x->chunks, c + 1);
+        for (int64_t k = slice_begin(x->n, x->chunks, c); k < end; k++)
+            count += k > 0 && (x->src[k] >> x->row_shift) != (x->src[k - 1] >> x->row_shift);
+        x->bounds[c] = count;
+    }
+}
+
+static void bounds_write_task(void *vctx, int64_t c0, int64_t c1)
+{
+    const sort_ctx *x = (const sort_ctx *)vctx;
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t u = x->bounds[c];
+        const int64_t end = slice_begin(x->n, x->chunks, c + 1);
+        for (int64_t k = slice_begin(x->n, x->chunks, c); k < end; k++)
+            if (k > 0 && (x->src[k] >> x->row_shift) != (x->src[k - 1] >> x->row_shift))
+                x->group_start[++u] = k;
+    }
+}
+
+static int64_t find_groups(pk_training_work *work, int64_t m, const pk_parallel_api *pool,
+                           int threads, int chunks)
+{
+    const uint64_t *keys = work->keys;
+    const int shift = work->payload_bits;
+    if (m == 0) return 0;
+    work->group_start[0] = 0;
+    int64_t u = 0;
+    if (pool == NULL || chunks <= 1) {
+        for (int64_t k = 1; k < m; k++)
+            if ((keys[k] >> shift) != (keys[k - 1] >> shift)) work->group_start[++u] = k;
+    } else {
+        sort_ctx x;
+        x.src = keys;
+        x.n = m;
+        x.chunks = chunks;
+        x.row_shift = shift;
+        x.bounds = work->histogram;   /* free again once the sort is done */
+        x.group_start = work->group_start;
+        pool->parallel_for(chunks, threads, bounds_count_task, &x);
+        for (int c = 0; c < chunks; c++) {
+            const int64_t count = x.bounds[c];
+            x.bounds[c] = u;
+            u += count;
+        }
+        pool->parallel_for(chunks, threads, bounds_write_task, &x);
+    }
+    work->group_start[++u] = m;
+    return u;
+}
+
 pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work *work,
-                            int64_t *bad_pos)
+                            int64_t *bad_pos, const pk_parallel_api *pool, int threads,
+                            int chunks)
 {
     const int64_t n_indices = bags->n_indices;
     const int per_entry = bags->weights != NULL;
@@ -85,17 +225,10 @@ pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work 
     }
     work->num_entries = m;
 
-    radix_sort(work, m, row_bits);
-
-    /* one group per distinct row */
-    int64_t u = 0;
-    keys = work->keys;
-    if (m > 0) {
-        work->group_start[0] = 0;
-        for (int64_t k = 1; k < m; k++)
-            if ((keys[k] >> payload_bits) != (keys[k - 1] >> payload_bits)) work->group_start[++u] = k;
-        work->group_start[++u] = m;
-    }
-    work->num_groups = u;
+    if (pool != NULL && chunks > 1 && m >= chunks)
+        radix_sort_parallel(work, m, row_bits, pool, threads, chunks);
+    else
+        radix_sort(work, m, row_bits);
+    work->num_groups = find_groups(work, m, pool, m >= chunks ? threads : 1, m >= chunks ? chunks : 1);
     return PK_OK;
 }
