@@ -218,6 +218,9 @@ def draw_bags(d: Draw, rows: int):
             offs[k] = d.pick((-1, offs[k] + 1, n + 1, 2 ** 32, -2 ** 31, 2 ** 62))
             if not offsets_valid(offs, n, "include_last_offset" in kw):
                 d.errors.add(ValueError)
+            else:   # still valid, but the bags changed: positional weights must cover the new ones
+                ends = list(offs) if "include_last_offset" in kw else list(offs) + [n]
+                lens = [int(e - b) for b, e in zip(ends[:-1], ends[1:])]
         offs = offs.astype(d.pick(INT_TYPES)) if np.abs(offs).max(initial=0) < 2 ** 31 else offs
         bag_args = (layout(d, offs),)
         ref_kw["offsets"] = offs
@@ -701,11 +704,33 @@ def in_place_layout(d: Draw, a: np.ndarray) -> np.ndarray:
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 
 
+def large_bags(d: Draw, rows: int):
+    """draw_bags' result for 512 to 2000 valid bags (from a generator: the input's bytes would
+    run out), with PyTorch offsets or caffe2 lengths, either mode, weights and padding_idx."""
+    rng = np.random.default_rng(d.int(0, 2 ** 32 - 1))
+    nbags = d.pick((512, 1024, 2000))
+    lens = rng.choice((0, 1, 2, 3, 5), nbags)
+    indices = rng.integers(0, rows, int(lens.sum())).astype(d.pick(INT_TYPES))
+    kw = {"mode": d.pick(("sum", "mean"))}
+    if d.chance(2):
+        kw["lengths"] = lens
+        bag_args = ()
+    else:
+        bag_args = (np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64),)
+    if d.chance(3):
+        kw["padding_idx"] = d.int(-rows, rows - 1)
+    if d.chance(3):
+        kw["per_sample_weights"] = rng.uniform(-2, 2, indices.size).astype(np.float32)
+    ref_kw = dict(kw, offsets=bag_args[0]) if bag_args else dict(kw)
+    return indices, bag_args, kw, ref_kw, nbags
+
+
 def fuzz_backward_update(d: Draw):
     """embedding_bag_backward_update: weight and state against the float64 reference of
     perfkernels.reference; an invalid call must leave both untouched, bit for bit."""
+    large = d.chance(12)
     optimizer = d.pick(OPTIMIZERS)
-    rows, dim = d.int(0, 30), d.pick(DIMS)
+    rows, dim = (d.int(50, 400), 64) if large else (d.int(0, 30), d.pick(DIMS))
     dtype = d.pick((np.float32, np.float16, BF16))
     # moderate finite values: the float32 arithmetic then stays within a relative bound
     weight0 = moderate(d, rows * dim, 100.0).astype(dtype).reshape(rows, dim)
@@ -714,7 +739,10 @@ def fuzz_backward_update(d: Draw):
         weight = d.pick((weight0.astype(np.float64), weight0.astype(np.int32), weight0.tolist()))
     elif d.invalid(40, ValueError):
         weight = weight.reshape(-1)
-    indices, bag_args, kw, ref_kw, nbags = draw_bags(d, rows)
+    if large:   # enough entries for the pool to split the sort and the row updates
+        indices, bag_args, kw, ref_kw, nbags = large_bags(d, rows)
+    else:
+        indices, bag_args, kw, ref_kw, nbags = draw_bags(d, rows)
     if "per_sample_weights" in kw:
         w = np.clip(np.nan_to_num(np.asarray(ref_kw["per_sample_weights"], np.float64)), -4, 4)
         ref_kw["per_sample_weights"] = w.astype(np.float32)
@@ -1107,8 +1135,8 @@ def main(argv) -> None:
     atheris.instrument_func(_one_input)
     for target in TARGETS:
         atheris.instrument_func(target)
-    for helper in (draw_bags, draw_out, layout, packed_table, in_place_layout, torch_bags,
-                   pick_target):
+    for helper in (draw_bags, large_bags, draw_out, layout, packed_table, in_place_layout,
+                   torch_bags, pick_target):
         atheris.instrument_func(helper)
     atheris.Setup(argv, one_input)
     atheris.Fuzz()
