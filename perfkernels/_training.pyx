@@ -1,15 +1,24 @@
 """Fused embedding-bag backward + sparse optimizer step (training)."""
-include "_arrays.pxi"
-include "_threads.pxi"
-include "_bags.pxi"
-
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
 import math
+import operator
 import os
 import threading
 
 import ml_dtypes
+import numpy as np
+cimport numpy as cnp
+
+from perfkernels._c_common cimport pk_status
+from perfkernels._c_bags cimport pk_bags
+from perfkernels._c_parallel cimport (pk_parallel_api, pk_parallel_threads_for,
+                                      PK_PARALLEL_BLOCKS_PER_THREAD)
+from perfkernels._arrays cimport as_float32
+from perfkernels._bags cimport BAGS_SCRATCH, prepare_bags, check_bags_status
+from perfkernels._parallel cimport pool, resolve_threads
+
+cnp.import_array()
 
 from . import _dispatch
 
@@ -346,7 +355,7 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
                         include_last_offset, padding_idx, positional_weights, rows,
                         scratch_offsets, BAGS_SCRATCH)
-    grad = as_input(grad_output, "grad_output", _FLOAT32_TYPES, "float32")
+    grad = as_float32(grad_output, "grad_output")
     if (<object>grad).shape != (bags.num_bags, dim):
         raise ValueError(f"grad_output has shape {(<object>grad).shape}; expected "
                          f"{(bags.num_bags, dim)} ([num_bags, D])")
