@@ -97,6 +97,10 @@ def run_bench(families: list[str] | None, quick: bool, isas: list[str] | None, g
     return rows
 
 
+#: baselines of the scaling view, by preference; each runs on PyTorch's threads
+TORCH_THREADED_BASELINES = ("torch", "torch loop", "fbgemm")
+
+
 def run_scaling(families: list[str] | None, quick: bool, counts: list[int], repeat: int) -> list[dict]:
     """The cases marked ``scaling``: ours at every thread count in ``counts`` and PyTorch at one
     thread and at its default (all the cores it sees), all sampled in turn (interleaved)."""
@@ -114,10 +118,11 @@ def run_scaling(families: list[str] | None, quick: bool, counts: list[int], repe
     for i, case in enumerate(cases):
         _progress(i, len(cases), case.name, start)
         fns = {f"ours:{n}": case.ours for n in counts}
-        if "torch" in case.baselines or "torch loop" in case.baselines:
-            fn = case.baselines.get("torch") or case.baselines["torch loop"]
-            fns["torch:1"] = fn
-            fns[f"torch:{torch_default}"] = fn
+        # the baseline runs on PyTorch's intra-op threads (FBGEMM's CPU TBE included)
+        base = next((b for b in TORCH_THREADED_BASELINES if b in case.baselines), None)
+        if base is not None:
+            fns["torch:1"] = case.baselines[base]
+            fns[f"torch:{torch_default}"] = case.baselines[base]
 
         @contextlib.contextmanager
         def context(key):
@@ -139,7 +144,8 @@ def run_scaling(families: list[str] | None, quick: bool, counts: list[int], repe
 
         times = benchsuite.interleaved_times(fns, repeat=repeat, min_time=0.05 if not quick else 0.01,
                                              context=context)
-        rows.append({"case": case, "times": times, "counts": counts, "torch_default": torch_default})
+        rows.append({"case": case, "times": times, "counts": counts, "torch_default": torch_default,
+                     "base": base})
     _progress(len(cases), len(cases), "done", start)
     return rows
 
@@ -153,11 +159,12 @@ def print_scaling(rows: list[dict]) -> None:
     width = max(len(r["case"].name) for r in rows) + 2
     head = (f"{'case':<{width}}" + "".join(f"{f'{n} thr':>11}" for n in counts)
             + "".join(f"{f'x{n}/1':>8}" for n in counts[1:])
-            + (f"{'torch 1':>11}{f'torch {td}':>11}{'vs torch 1':>11}{f'vs torch {td}':>12}"
+            + (f"{'base 1':>11}{f'base {td}':>11}{'vs base 1':>11}{f'vs base {td}':>12}  base"
                if td else ""))
     print("\nThread scaling: time per call; x n/1 = our 1-thread time / our n-thread time; "
-          "vs torch = PyTorch's time / ours (1 vs 1 thread, and PyTorch's default vs ours at "
-          "the same count)")
+          "vs base = the baseline's time / ours (1 vs 1 thread, and at PyTorch's default thread "
+          "count vs ours at the same count); base = the baseline (PyTorch, or FBGEMM's CPU TBE "
+          "on PyTorch's threads)")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -168,7 +175,7 @@ def print_scaling(rows: list[dict]) -> None:
         if td and f"torch:{td}" in t:
             line += (f"{_fmt_time(t['torch:1']):>11}{_fmt_time(t[f'torch:{td}']):>11}"
                      f"{_fmt_ratio(t['torch:1'] / ours[0]):>11}"
-                     f"{_fmt_ratio(t[f'torch:{td}'] / t[f'ours:{td}']):>12}")
+                     f"{_fmt_ratio(t[f'torch:{td}'] / t[f'ours:{td}']):>12}  {r['base']}")
         print(line)
 
 
