@@ -22,8 +22,8 @@
 from libc.stdint cimport int64_t
 cimport numpy as cnp
 
-from perfkernels._c_common cimport pk_status
-from perfkernels._c_bags cimport pk_bags
+from perfkernels._c_common cimport pk_status, PK_OK
+from perfkernels._c_bags cimport pk_bags, pk_bags_first_bad_index
 from perfkernels._c_bags_parallel cimport pk_bags_call
 
 cdef enum:
@@ -59,13 +59,46 @@ cdef int raise_index_error(const pk_bags *bags, int64_t pos, int64_t rows) excep
 cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, cnp.ndarray table,
                                      tuple keep)
 
-# The num_bags x dim float32 array the kernel writes, pointed to by bags.out.
-cdef cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int64_t dim,
-                             int64_t rows)
-
-# The exception for a kernel's status: IndexError for a bad index, RuntimeError otherwise.
-cdef int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,
+# check_bags_status' slow path: IndexError for a bad index, RuntimeError for any other status.
+cdef int raise_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,
                            str name) except -1
+
+# bags_output and check_bags_status run on every call, the tiny ones included: inline, so such a
+# call pays no call into this module for them.
+cdef inline cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int64_t dim,
+                                    int64_t rows):
+    """The array the kernel writes, num_bags x dim float32, pointed to by bags.out: a new one when
+    out is None, else `checked` (out as checked by the caller, or the temporary it needs).  A
+    tiny call that writes the caller's out= directly has its indices checked here; a larger one
+    by run_bags(check_first=True), on the threads that run it."""
+    cdef cnp.npy_intp shape[2]
+    cdef cnp.ndarray dst
+    cdef int64_t bad
+    if out is None:
+        shape[0] = <cnp.npy_intp>bags.num_bags
+        shape[1] = <cnp.npy_intp>dim
+        dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
+    else:
+        dst = checked
+        if dst is out and bags.num_bags * dim + bags.n_indices < TINY_BAGS:
+            # The kernel writes out= directly, so a bad index must be found before it starts:
+            # this pre-scan reads only the index array (n * 4 or 8 bytes, vectorised, then warm in
+            # cache for the kernel), much less than a temporary the size of out plus a copy.
+            bad = pk_bags_first_bad_index(bags, rows)
+            if bad >= 0:
+                raise_index_error(bags, bad, rows)
+    bags.out = <float *>cnp.PyArray_DATA(dst)
+    bags.out_stride = dim
+    return dst
+
+
+cdef inline int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,
+                                  str name) except -1:
+    """The exception for a kernel's status: IndexError for a bad index, RuntimeError otherwise."""
+    if status != PK_OK:
+        return raise_bags_status(bags, status, bad, rows, name)
+    return 0
+
 
 # One table's bags on up to n_threads threads (csrc/common/bags_parallel.h), GIL released by the
 # caller.  check_first: the kernels write the caller's out=, so every index is checked first.

@@ -297,36 +297,9 @@ cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, 
     return check_out(out, cnp.NPY_FLOAT32, "float32", (num_bags, dim), (table,) + keep)
 
 
-cdef cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int64_t dim,
-                             int64_t rows):
-    """The array the kernel writes, num_bags x dim float32, pointed to by bags.out: a new one when
-    out is None, else `checked` (out as checked by the caller, or the temporary it needs).  A
-    tiny call that writes the caller's out= directly has its indices checked here; a larger one
-    by run_bags(check_first=True), on the threads that run it."""
-    cdef cnp.npy_intp shape[2]
-    cdef cnp.ndarray dst
-    cdef int64_t bad
-    if out is None:
-        shape[0] = <cnp.npy_intp>bags.num_bags
-        shape[1] = <cnp.npy_intp>dim
-        dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
-    else:
-        dst = checked
-        if dst is out and bags.num_bags * dim + bags.n_indices < TINY_BAGS:
-            # The kernel writes out= directly, so a bad index must be found before it starts:
-            # this pre-scan reads only the index array (n * 4 or 8 bytes, vectorised, then warm in
-            # cache for the kernel), much less than a temporary the size of out plus a copy.
-            bad = pk_bags_first_bad_index(bags, rows)
-            if bad >= 0:
-                raise_index_error(bags, bad, rows)
-    bags.out = <float *>cnp.PyArray_DATA(dst)
-    bags.out_stride = dim
-    return dst
-
-
-cdef int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,
+cdef int raise_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,
                            str name) except -1:
-    """The exception for a kernel's status: IndexError for a bad index, RuntimeError otherwise."""
+    """check_bags_status' slow path: the exception for a status that is not PK_OK."""
     if status == PK_ERR_INDEX:
         raise_index_error(bags, bad, rows)
     elif status != PK_OK:
