@@ -7,9 +7,21 @@
 # result is copied into `out` only after the kernel succeeded, so `out` is never half-written.
 cimport numpy as cnp
 
-# `x` as an aligned, C-contiguous, native-order ndarray whose type number is in `typenums`
-# (`accepted` names them in the TypeError).
-cdef cnp.ndarray as_input(object x, str name, tuple typenums, str accepted)
+# as_input's slow path: converts, copies or raises.
+cdef cnp.ndarray as_input_copy(object x, str name, tuple typenums, str accepted)
+
+
+cdef inline cnp.ndarray as_input(object x, str name, tuple typenums, str accepted):
+    """`x` as an aligned, C-contiguous, native-order ndarray whose type number is in `typenums`
+    (`accepted` names them in the TypeError).  Inline: an array that is already so (every tiny
+    call's) is returned without a call into this module."""
+    cdef cnp.ndarray a
+    if cnp.PyArray_Check(x):
+        a = <cnp.ndarray>x
+        if (cnp.PyArray_IS_C_CONTIGUOUS(a) and cnp.PyArray_ISALIGNED(a)
+                and cnp.PyArray_ISNOTSWAPPED(a) and cnp.PyArray_TYPE(a) in typenums):
+            return a
+    return as_input_copy(x, name, typenums, accepted)
 
 # as_input for float32 only.
 cdef cnp.ndarray as_float32(object x, str name)

@@ -10,8 +10,9 @@ cdef inline str _dtype_name(cnp.ndarray a):
     return str(a.dtype)
 
 
-cdef cnp.ndarray as_input(object x, str name, tuple typenums, str accepted):
-    """`x` as an aligned, C-contiguous, native-order ndarray whose type number is in `typenums`."""
+cdef cnp.ndarray as_input_copy(object x, str name, tuple typenums, str accepted):
+    """as_input for an `x` that is not yet an aligned, C-contiguous, native-order ndarray of one of
+    `typenums`: the array, converted or copied, or the TypeError naming `name`."""
     cdef cnp.ndarray a
     if cnp.PyArray_Check(x):
         a = <cnp.ndarray>x
