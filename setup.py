@@ -97,7 +97,7 @@ def _extensions():
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
     include = ["include", "perfkernels/csrc", np.get_include()]
     headers = sorted(glob("include/perfkernels/*.h") + glob("perfkernels/csrc/**/*.h", recursive=True)
-                     + glob("perfkernels/*.pxi") + glob("perfkernels/*.pxd"))
+                     + glob("perfkernels/*.pxd"))
     exts = []
     for pyx in sorted(glob("perfkernels/_*.pyx")):
         family = os.path.basename(pyx)[1:-4]

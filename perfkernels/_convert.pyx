@@ -1,9 +1,14 @@
 """float32 <-> float16 and float32 <-> bfloat16 conversion."""
-include "_arrays.pxi"
-include "_threads.pxi"
-
-from libc.stdint cimport uint16_t
+from libc.stdint cimport uint16_t, int64_t
 import ml_dtypes
+import numpy as np
+cimport numpy as cnp
+
+from perfkernels._arrays cimport (as_input, check_out, finish_out, kernel_table_getter,
+                                  register_family)
+from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads
+
+cnp.import_array()
 
 from perfkernels._c_convert cimport pk_convert_kernels, pk_convert_table
 

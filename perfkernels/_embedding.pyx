@@ -1,20 +1,21 @@
 """Embedding bags on float32 / float16 / bfloat16 tables."""
-include "_arrays.pxi"
-include "_threads.pxi"
-include "_bags.pxi"
-
+from libc.stdint cimport int64_t
 from cpython.pycapsule cimport PyCapsule_New
 import ml_dtypes
+import numpy as np
+cimport numpy as cnp
 
+from perfkernels._c_common cimport pk_status
+from perfkernels._c_bags cimport pk_bags
+from perfkernels._c_bags_parallel cimport pk_float_bags_args, pk_float_bags_call
 from perfkernels._c_embedding cimport (pk_embedding_bag_fn, pk_embedding_kernels,
                                        pk_embedding_table)
+from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
+from perfkernels._bags cimport (BAGS_SCRATCH, TINY_BAGS, prepare_bags, bags_out_for_kernel,
+                                bags_output, check_bags_status, run_bags)
+from perfkernels._parallel cimport resolve_threads
 
-cdef extern from "common/bags_parallel.h":
-    ctypedef struct pk_float_bags_args:
-        pk_embedding_bag_fn fn
-        const void *table
-        int64_t rows, dim, row_stride
-    pk_status pk_float_bags_call(const void *args, const pk_bags *bags, int64_t *bad_pos) noexcept nogil
+cnp.import_array()
 
 cdef const pk_embedding_kernels *_kernels = NULL
 

@@ -1,9 +1,14 @@
 """The LSTM unit, forward and backward (caffe2 LSTMUnit / LSTMUnitGradient)."""
-include "_arrays.pxi"
-include "_threads.pxi"
-
 from libc.stdint cimport int32_t, int64_t
 import operator
+import numpy as np
+cimport numpy as cnp
+
+from perfkernels._arrays cimport (as_input, check_out, finish_out, kernel_table_getter,
+                                  register_family)
+from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads
+
+cnp.import_array()
 
 from perfkernels._c_lstm cimport (pk_lstm_params, pk_lstm_kernels, pk_lstm_table, PK_LSTM_IFOG,
                                   PK_LSTM_IFGO, PK_MATH_EXP, PK_MATH_SIGMOID, PK_MATH_TANH)

@@ -4,32 +4,27 @@ The kernels are those of embedding_bag and embedding_bag_quantized (their tables
 modules as capsules); this module validates the whole batch once and runs every (feature, bag)
 on the thread pool (csrc/common/bags_parallel.h).
 """
-include "_arrays.pxi"
-include "_threads.pxi"
-include "_bags.pxi"
-
-from libc.stdint cimport uint8_t
+from libc.stdint cimport uint8_t, int64_t
 from libc.stdlib cimport malloc, free
 from cpython.pycapsule cimport PyCapsule_GetPointer
+import operator
+import numpy as np
+cimport numpy as cnp
 
 from . import _dispatch, _embedding, _quantized
 
-from perfkernels._c_embedding cimport pk_embedding_bag_fn, pk_embedding_kernels
-from perfkernels._c_quantized cimport pk_embedding_bag_quantized_fn, pk_quantized_kernels
+from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
+from perfkernels._c_bags cimport pk_bags_index
+from perfkernels._c_bags_parallel cimport (pk_bags_part, pk_bags_run, pk_float_bags_args,
+                                           pk_float_bags_call, pk_quantized_bags_args,
+                                           pk_quantized_bags_call)
+from perfkernels._c_embedding cimport pk_embedding_kernels
+from perfkernels._c_quantized cimport pk_quantized_kernels
+from perfkernels._arrays cimport as_float32, check_out, finish_out
+from perfkernels._bags cimport as_int_array, lengths_to_offsets, normalise_offsets
+from perfkernels._parallel cimport pool, resolve_threads
 
-cdef extern from "common/bags_parallel.h":
-    ctypedef struct pk_float_bags_args:
-        pk_embedding_bag_fn fn
-        const void *table
-        int64_t rows, dim, row_stride
-    ctypedef struct pk_quantized_bags_args:
-        pk_embedding_bag_quantized_fn fn
-        int bits
-        const uint8_t *packed
-        int64_t rows, row_bytes, dim
-    pk_status pk_float_bags_call(const void *args, const pk_bags *bags, int64_t *bad_pos) noexcept nogil
-    pk_status pk_quantized_bags_call(const void *args, const pk_bags *bags,
-                                     int64_t *bad_pos) noexcept nogil
+cnp.import_array()
 
 cdef const pk_embedding_kernels *_float_kernels = NULL
 cdef const pk_quantized_kernels *_quantized_kernels = NULL
@@ -174,7 +169,7 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
             raise type(exc)(f"tables[{f}]: {exc}") from None
 
     # the KJT: values, then lengths or offsets (F * B (+ 1) entries) -> offsets[F * B + 1]
-    cdef cnp.ndarray ix = _as_int_array(indices, "indices")
+    cdef cnp.ndarray ix = as_int_array(indices, "indices")
     if cnp.PyArray_NDIM(ix) != 1:
         raise ValueError(f"indices must be 1-D (every feature's values back to back); got shape "
                          f"{(<object>ix).shape}")
@@ -183,7 +178,7 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
     if (lengths is None) == (offsets is None):
         raise ValueError("give exactly one of lengths (F * B entries, KJT lengths()) and offsets "
                          "(F * B + 1 entries, KJT offsets())")
-    src = _as_int_array(lengths if offsets is None else offsets,
+    src = as_int_array(lengths if offsets is None else offsets,
                         "lengths" if offsets is None else "offsets")
     if cnp.PyArray_NDIM(src) != 1:
         raise ValueError(f"{'lengths' if offsets is None else 'offsets'} must be 1-D; got shape "
@@ -195,20 +190,20 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
                              f"needs F * B (lengths[f * B + b] is feature f of sample b)")
         B = count // F
         norm = np.empty(count + 1, dtype=np.int64)
-        _lengths_to_offsets(cnp.PyArray_DATA(src), cnp.PyArray_ITEMSIZE(src) == 8, count, n,
+        lengths_to_offsets(cnp.PyArray_DATA(src), cnp.PyArray_ITEMSIZE(src) == 8, count, n,
                             <int64_t *>cnp.PyArray_DATA(norm), &max_len)
     else:
         if count == 0 or (count - 1) % F:
             raise ValueError(f"offsets has {count} entries; it needs F * B + 1 for the {F} tables")
         B = (count - 1) // F
         norm = np.empty(count, dtype=np.int64)
-        _normalise_offsets(cnp.PyArray_DATA(src), cnp.PyArray_ITEMSIZE(src) == 8, count, True, n,
+        normalise_offsets(cnp.PyArray_DATA(src), cnp.PyArray_ITEMSIZE(src) == 8, count, True, n,
                            <int64_t *>cnp.PyArray_DATA(norm), &max_len)
     cdef const int64_t *off = <const int64_t *>cnp.PyArray_DATA(norm)
 
     cdef cnp.ndarray w = None
     if per_sample_weights is not None:
-        w = as_input(per_sample_weights, "per_sample_weights", _FLOAT32_TYPES, "float32")
+        w = as_float32(per_sample_weights, "per_sample_weights")
         if (<object>w).shape != (n,):
             raise ValueError(f"per_sample_weights has shape {(<object>w).shape}; it needs one "
                              f"weight per value, shape ({n},)")

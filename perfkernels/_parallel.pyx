@@ -13,22 +13,16 @@ import os
 import operator
 
 from cpython.pycapsule cimport PyCapsule_New
+from libc.stdint cimport int64_t
 
-cdef extern from "perfkernels/parallel.h":
-    ctypedef struct pk_parallel_api:
-        int abi_version
-        int (*get_num_threads)() noexcept nogil
-        void (*set_num_threads)(int n) noexcept nogil
-        int (*num_workers)() noexcept nogil
-    const pk_parallel_api *pk_parallel_get_api() noexcept nogil
-    const char *PK_PARALLEL_CAPSULE
-    int PK_PARALLEL_MAX_THREADS
-    long long PK_PARALLEL_MIN_BYTES_PER_THREAD
+from perfkernels._c_parallel cimport (pk_parallel_get_api, PK_PARALLEL_CAPSULE,
+                                      PK_PARALLEL_MAX_THREADS, PK_PARALLEL_MIN_BYTES_PER_THREAD)
 
-cdef const pk_parallel_api *_api = pk_parallel_get_api()
+# the process-wide pool (declared in _parallel.pxd, read by every family module)
+pool = pk_parallel_get_api()
 
-#: The pool's C API (a ``const pk_parallel_api *``) for the other extension modules.
-_C_API = PyCapsule_New(<void *>_api, PK_PARALLEL_CAPSULE, NULL)
+#: The pool's C API (a ``const pk_parallel_api *``) for C code in other extension modules.
+_C_API = PyCapsule_New(<void *>pool, PK_PARALLEL_CAPSULE, NULL)
 
 MAX_THREADS: int = PK_PARALLEL_MAX_THREADS
 MIN_BYTES_PER_THREAD: int = PK_PARALLEL_MIN_BYTES_PER_THREAD
@@ -61,7 +55,7 @@ def check_num_threads(value, str source="num_threads") -> int:
 
 def get_num_threads() -> int:
     """The number of threads a kernel call may use when it is not given ``num_threads=``."""
-    return _api.get_num_threads()
+    return pool.get_num_threads()
 
 
 def set_num_threads(n) -> None:
@@ -75,12 +69,12 @@ def set_num_threads(n) -> None:
     1
     >>> perfkernels.set_num_threads(old)
     """
-    _api.set_num_threads(check_num_threads(n, "set_num_threads(n)"))
+    pool.set_num_threads(check_num_threads(n, "set_num_threads(n)"))
 
 
 def _num_workers() -> int:
     """Pool workers started so far in this process (tests: 0 in a freshly forked child)."""
-    return _api.num_workers()
+    return pool.num_workers()
 
 
 def _parse_environment(value: str) -> int:
@@ -95,6 +89,30 @@ def _parse_environment(value: str) -> int:
 def _init_from_environment() -> None:
     value = os.environ.get("PERFKERNELS_NUM_THREADS")
     if value is None or value.strip() == "":
-        _api.set_num_threads(min(available_cores(), PK_PARALLEL_MAX_THREADS))
+        pool.set_num_threads(min(available_cores(), PK_PARALLEL_MAX_THREADS))
     else:
-        _api.set_num_threads(_parse_environment(value))
+        pool.set_num_threads(_parse_environment(value))
+
+
+cdef int check_threads(object value) except -1:
+    """resolve_threads' slow path: a `num_threads=` that is not a plain int in range."""
+    return check_num_threads(value, "num_threads")
+
+
+cdef inline int64_t _range_start(const ranges *r, int64_t c) noexcept nogil:
+    if c >= r.k:
+        return r.n
+    cdef int64_t units = (r.n + r.align - 1) // r.align
+    return (units // r.k * c + units % r.k * c // r.k) * r.align
+
+
+cdef void ranges_task(void *vctx, int64_t t0, int64_t t1) noexcept nogil:
+    cdef const ranges *r = <const ranges *>vctx
+    cdef int64_t c, lo, hi
+    for c in range(t0, t1):
+        lo = _range_start(r, c)
+        hi = _range_start(r, c + 1)
+        if hi > r.n:
+            hi = r.n
+        if lo < hi:
+            r.fn(r.ctx, lo, hi, c)

@@ -1,24 +1,20 @@
 """Row-wise quantized tables: quantize, dequantize and embedding-bag lookups."""
-include "_arrays.pxi"
-include "_threads.pxi"
-include "_bags.pxi"
-
 from libc.stdint cimport uint8_t, uint16_t, int64_t
 from cpython.pycapsule cimport PyCapsule_New
+import numpy as np
+cimport numpy as cnp
 
-from perfkernels._c_common cimport PK_ERR_NONFINITE
+from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_NONFINITE
+from perfkernels._c_bags cimport pk_bags
+from perfkernels._c_bags_parallel cimport pk_quantized_bags_args, pk_quantized_bags_call
 from perfkernels._c_quantized cimport (pk_quantized_kernels, pk_quantized_row_bytes,
-                                       pk_quantized_table,
-                                       pk_embedding_bag_quantized_fn)
+                                       pk_quantized_table)
+from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
+from perfkernels._bags cimport (BAGS_SCRATCH, TINY_BAGS, prepare_bags, bags_out_for_kernel,
+                                bags_output, check_bags_status, run_bags)
+from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads, ranges_chunks
 
-cdef extern from "common/bags_parallel.h":
-    ctypedef struct pk_quantized_bags_args:
-        pk_embedding_bag_quantized_fn fn
-        int bits
-        const uint8_t *packed
-        int64_t rows, row_bytes, dim
-    pk_status pk_quantized_bags_call(const void *args, const pk_bags *bags,
-                                     int64_t *bad_pos) noexcept nogil
+cnp.import_array()
 
 cdef const pk_quantized_kernels *_kernels = NULL
 

@@ -1,58 +1,31 @@
 """Fused embedding-bag backward + sparse optimizer step (training)."""
-include "_arrays.pxi"
-include "_threads.pxi"
-include "_bags.pxi"
-
 from libc.float cimport FLT_MAX
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
 import math
+import operator
 import os
 import threading
 
 import ml_dtypes
+import numpy as np
+cimport numpy as cnp
+
+from perfkernels._c_common cimport pk_status
+from perfkernels._c_bags cimport pk_bags
+from perfkernels._c_parallel cimport pk_parallel_threads_for, PK_PARALLEL_BLOCKS_PER_THREAD
+from perfkernels._c_training cimport (pk_sparse_optim, pk_training_work, PK_OPT_SGD,
+                                      PK_OPT_ADAGRAD, PK_OPT_ROWWISE_ADAGRAD,
+                                      pk_training_update_fn, pk_training_kernels,
+                                      pk_training_table, pk_training_group, pk_training_histogram,
+                                      pk_training_fits)
+from perfkernels._arrays cimport as_float32
+from perfkernels._bags cimport BAGS_SCRATCH, prepare_bags, check_bags_status
+from perfkernels._parallel cimport pool, resolve_threads
 
 from . import _dispatch
 
-cdef extern from "perfkernels/training.h":
-    ctypedef struct pk_sparse_optim:
-        int optimizer
-        float lr, eps, weight_decay
-        int stochastic_rounding
-        uint64_t seed
-        float *state
-        int64_t state_stride
-    ctypedef struct pk_training_work:
-        uint64_t *keys
-        uint64_t *keys_tmp
-        int64_t *entry_bag
-        float *entry_coef
-        float *bag_scale
-        int64_t *group_start
-        int64_t *histogram
-        int per_entry
-        int payload_bits
-        int64_t num_entries
-        int64_t num_groups
-    enum:
-        PK_OPT_SGD
-        PK_OPT_ADAGRAD
-        PK_OPT_ROWWISE_ADAGRAD
-        PK_TRAINING_HISTOGRAM
-    ctypedef void (*pk_training_update_fn)(const pk_training_work *work, int64_t g_begin,
-                                           int64_t g_end, const float *grad, int64_t grad_stride,
-                                           void *table, int64_t dim, int64_t row_stride,
-                                           const pk_sparse_optim *opt, float *scratch) noexcept nogil
-    ctypedef struct pk_training_kernels:
-        pk_training_update_fn update_f32
-        pk_training_update_fn update_f16
-        pk_training_update_fn update_bf16
-    const pk_training_kernels *pk_training_table(int isa) noexcept nogil
-    pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work *work,
-                                int64_t *bad_pos, const pk_parallel_api *thread_pool, int threads,
-                                int chunks) noexcept nogil
-    int64_t pk_training_histogram(int64_t chunks) noexcept nogil
-    int pk_training_fits(int64_t rows, int64_t n_indices, int64_t num_bags) noexcept nogil
+cnp.import_array()
 
 cdef const pk_training_kernels *_kernels = NULL
 
@@ -354,7 +327,7 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
                         include_last_offset, padding_idx, positional_weights, rows,
                         scratch_offsets, BAGS_SCRATCH)
-    grad = as_input(grad_output, "grad_output", _FLOAT32_TYPES, "float32")
+    grad = as_float32(grad_output, "grad_output")
     if (<object>grad).shape != (bags.num_bags, dim):
         raise ValueError(f"grad_output has shape {(<object>grad).shape}; expected "
                          f"{(bags.num_bags, dim)} ([num_bags, D])")

@@ -1,6 +1,6 @@
 /* perfkernels: the bag layout shared by every embedding-bag family (float tables, quantized tables).
  *
- * `perfkernels/_bags.pxi` validates the Python arguments and fills a pk_bags; a kernel then reads
+ * `perfkernels/_bags.pyx` validates the Python arguments and fills a pk_bags; a kernel then reads
  * the table rows named by the bags and writes one float32 row per bag.  Everything a kernel may
  * rely on is established by the wrapper before the call:
  *

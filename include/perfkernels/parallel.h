@@ -30,8 +30,8 @@
  *
  * C code in any perfkernels extension module gets the pool as a `const pk_parallel_api *` from
  * the PyCapsule `perfkernels._parallel._C_API` (name PK_PARALLEL_CAPSULE); Cython modules do
- * `include "_threads.pxi"`, which fetches it at import.  There is exactly one pool per process
- * however many extension modules use it.
+ * `from perfkernels._parallel cimport pool` (the same pointer, declared in _parallel.pxd).  There
+ * is exactly one pool per process however many extension modules use it.
  */
 #ifndef PERFKERNELS_PARALLEL_H
 #define PERFKERNELS_PARALLEL_H

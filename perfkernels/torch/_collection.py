@@ -188,7 +188,9 @@ class EmbeddingBagCollection(torch.nn.Module):
         num_keys = len(keys)
         batch = (offsets.numel() - 1) // max(num_keys, 1)
         out = None
-        if (_multi_lookup is not None and not torch.compiler.is_compiling()
+        if torch.compiler.is_compiling():
+            out = self._lookup_op(keys, values, offsets, weights, batch)
+        elif (_multi_lookup is not None
                 and not (torch.is_grad_enabled() and self._needs_grad(weights))):
             out = self._lookup_all(keys, values, offsets, weights)
         if out is None:
@@ -222,6 +224,26 @@ class EmbeddingBagCollection(torch.nn.Module):
         parts = [pooled[position[feature]] for feature, _, _ in self._feature_table]
         return torch.cat(parts, dim=1) if parts else values.new_zeros((batch, 0),
                                                                       dtype=torch.float32)
+
+    def _lookup_op(self, keys: list, values: Tensor, offsets: Tensor,
+                   weights: Optional[Tensor], batch: int) -> Tensor:
+        """Every feature through the registered op ``perfkernels::embedding_bag_collection``
+        (what torch.compile and torch.export see: its output shape does not depend on the data,
+        unlike the per-feature slices of the values)."""
+        position = {k: i for i, k in enumerate(keys)}
+        names = list(self.embedding_bags)
+        tables = [self.embedding_bags[n] for n in names]
+        features, table_index = [], []
+        for feature, table, _ in self._feature_table:
+            if feature not in position:
+                raise KeyError(f"feature {feature!r} (table {table!r}) is not in the input; "
+                               f"its keys are {keys}")
+            features.append(position[feature])
+            table_index.append(names.index(table))
+        return torch.ops.perfkernels.embedding_bag_collection(
+            [b.weight for b in tables], values, offsets, weights, len(keys), features,
+            table_index, [int(b.mode == "mean") for b in tables],
+            [-1 if b.padding_idx is None else b.padding_idx % b.num_embeddings for b in tables])
 
     def _lookup_all(self, keys: list, values: Tensor, offsets: Tensor,
                     weights: Optional[Tensor]) -> Optional[Tensor]:
@@ -279,3 +301,97 @@ class EmbeddingBagCollection(torch.nn.Module):
             seg, offs = torch.cat(seg_values), torch.cat(seg_offsets)
             w = torch.cat(seg_weights) if weights is not None else None
         return _bags.bag_forward(bag.weight, seg, offs, w, bag._spec(), torch.float32)
+
+
+# --------------------------------------------------------------------------- the registered op
+
+@torch.library.custom_op("perfkernels::embedding_bag_collection", mutates_args=())
+def embedding_bag_collection_op(weights: list[Tensor], values: Tensor, offsets: Tensor,
+                                per_sample_weights: Optional[Tensor], num_keys: int,
+                                features: list[int], tables: list[int], mean: list[int],
+                                padding_idx: list[int]) -> Tensor:
+    """The pooled rows of a collection, ``[B, sum of the dims]``: output slot i is input feature
+    ``features[i]`` (of ``num_keys`` in the KJT ``values`` / ``offsets``, F * B + 1 entries) looked
+    up in ``weights[tables[i]]``; per table, ``mean`` (1: mode mean) and ``padding_idx`` (-1:
+    none).  The registered form of the collection, for torch.compile and torch.export."""
+    batch = (offsets.numel() - 1) // max(num_keys, 1)
+    if (_multi_lookup is not None and features == list(range(num_keys))
+            and all(w.device.type == "cpu" for w in weights)):
+        try:    # every feature in one kernel call
+            out = _multi_lookup(
+                [as_numpy(weights[t].detach()) for t in tables], as_numpy(values),
+                offsets=as_numpy(offsets),
+                per_sample_weights=None if per_sample_weights is None
+                else as_numpy(per_sample_weights.float()),
+                modes=["mean" if mean[t] else "sum" for t in tables],
+                padding_idx=[None if padding_idx[t] < 0 else padding_idx[t] for t in tables])
+        except IndexError as exc:
+            raise IndexOutOfRangeError(str(exc)) from None
+        return torch.from_numpy(out)
+    pooled = []
+    for f, t in zip(features, tables):
+        o = offsets[f * batch:(f + 1) * batch + 1]
+        start, end = int(o[0]), int(o[-1])
+        pooled.append(_bags.lookup(
+            weights[t], values[start:end], o - start,
+            None if per_sample_weights is None else per_sample_weights[start:end],
+            "mean" if mean[t] else "sum", True, None if padding_idx[t] < 0 else padding_idx[t]))
+    if not pooled:
+        return values.new_zeros((batch, 0), dtype=torch.float32)
+    return torch.cat(pooled, dim=1)
+
+
+@embedding_bag_collection_op.register_fake
+def _collection_fake(weights, values, offsets, per_sample_weights, num_keys, features, tables,
+                     mean, padding_idx):
+    batch = (offsets.shape[0] - 1) // max(num_keys, 1)
+    return values.new_empty((batch, sum(weights[t].shape[1] for t in tables)),
+                            dtype=torch.float32)
+
+
+def _collection_setup(ctx, inputs, output):
+    weights, values, offsets, psw, num_keys, features, tables, mean, padding_idx = inputs
+    ctx.save_for_backward(values, offsets, psw, *weights)
+    ctx.options = (num_keys, features, tables, mean, padding_idx)
+
+
+def _collection_backward(ctx, grad_output):
+    """Dense table gradients (and that of the per-sample weights), written with torch ops of
+    data-independent shapes so that they trace: every entry of the KJT is visited once per output
+    slot, masked to that slot's feature (O(slots x entries x D): the traced route's price)."""
+    values, offsets, psw, *weights = ctx.saved_tensors
+    num_keys, features, tables, mean, padding_idx = ctx.options
+    need_w = ctx.needs_input_grad[0]
+    batch = (offsets.shape[0] - 1) // max(num_keys, 1)
+    bag, num_bags = _bags.bag_of_entries(values, offsets, True)
+    feature_of, sample_of = bag // max(batch, 1), bag % max(batch, 1)
+    grads = [torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
+             for w in weights]
+    grad_psw = (torch.zeros(values.shape, dtype=torch.float32, device=values.device)
+                if psw is not None and ctx.needs_input_grad[3] else None)
+    col = 0
+    for f, t in zip(features, tables):
+        w = weights[t]
+        rows, dim = w.shape
+        g = grad_output[:, col:col + dim].float().index_select(0, sample_of)
+        col += dim
+        scale = (feature_of == f).float()
+        more = _bags.entry_scales(values, bag, num_bags, "mean" if mean[t] else "sum",
+                                  None if padding_idx[t] < 0 else padding_idx[t], rows)
+        if more is not None:
+            scale = scale * more
+        row = torch.where(feature_of == f, values, 0).long()
+        if grad_psw is not None:
+            grad_psw = grad_psw + scale * (g * w.detach().index_select(0, row).float()).sum(1)
+        if need_w:
+            if psw is not None:
+                scale = scale * psw.float()
+            grads[t].index_add_(0, row, g * scale.unsqueeze(1))
+    grads = [None if g is None else g.to(w.dtype) for g, w in zip(grads, weights)]
+    if grad_psw is not None:
+        grad_psw = grad_psw.to(psw.dtype)
+    return grads, None, None, grad_psw, None, None, None, None, None
+
+
+embedding_bag_collection_op.register_autograd(_collection_backward,
+                                              setup_context=_collection_setup)

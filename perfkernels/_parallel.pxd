@@ -1,28 +1,19 @@
-# The thread pool as the family modules use it (textually included, after "_arrays.pxi"):
+# The thread pool as the family modules use it:
 #
-#     include "_threads.pxi"
+#     from perfkernels._parallel cimport pool, resolve_threads, run_ranges, ranges_threads
 #     cdef int nt = resolve_threads(num_threads)        # the per-call keyword, validated
 #     ... with nogil: pool.parallel_for(n_tasks, k, task, &ctx) ...
 #
-# `pool` is the process-wide pool of perfkernels._parallel (one per process, shared by every module).
-
+# `pool` is the process-wide pool, set once when perfkernels._parallel is imported (a cimport
+# imports it first); every module reads the same pointer, so there is one pool per process.  The
+# helpers on the path of every call are inline here, so a tiny call pays no cross-module call.
 from libc.stdint cimport int64_t
-from cpython.pycapsule cimport PyCapsule_GetPointer
+from perfkernels._c_parallel cimport (pk_parallel_api, pk_parallel_threads_for,
+                                      PK_PARALLEL_MAX_THREADS, PK_PARALLEL_BLOCKS_PER_THREAD)
 
-from . import _parallel
+cdef const pk_parallel_api *pool
 
-cdef extern from "perfkernels/parallel.h":
-    ctypedef void (*pk_parallel_fn)(void *ctx, int64_t begin, int64_t end) noexcept nogil
-    ctypedef struct pk_parallel_api:
-        int (*parallel_for)(int64_t n_tasks, int n_threads, pk_parallel_fn fn,
-                            void *ctx) noexcept nogil
-        int (*get_num_threads)() noexcept nogil
-    int pk_parallel_threads_for(int64_t bytes, int n_threads) noexcept nogil
-    int PK_PARALLEL_MAX_THREADS
-    int PK_PARALLEL_BLOCKS_PER_THREAD
-
-cdef const pk_parallel_api *pool = <const pk_parallel_api *>PyCapsule_GetPointer(
-    _parallel._C_API, b"perfkernels._parallel._C_API")
+cdef int check_threads(object value) except -1
 
 
 cdef inline int resolve_threads(object num_threads) except -1:
@@ -31,7 +22,7 @@ cdef inline int resolve_threads(object num_threads) except -1:
         return pool.get_num_threads()
     if type(num_threads) is int and 1 <= num_threads <= PK_PARALLEL_MAX_THREADS:
         return <int>num_threads
-    return _parallel.check_num_threads(num_threads, "num_threads")
+    return check_threads(num_threads)
 
 
 # Row / element ranges: [0, n) cut into k contiguous ranges, range c starting at a multiple of
@@ -42,31 +33,15 @@ cdef inline int resolve_threads(object num_threads) except -1:
 
 ctypedef void (*range_fn)(void *ctx, int64_t lo, int64_t hi, int64_t chunk) noexcept nogil
 
-ctypedef struct _ranges:
+ctypedef struct ranges:
     range_fn fn
     void *ctx
     int64_t n
     int64_t k
     int64_t align
 
-
-cdef inline int64_t _range_start(const _ranges *r, int64_t c) noexcept nogil:
-    if c >= r.k:
-        return r.n
-    cdef int64_t units = (r.n + r.align - 1) // r.align
-    return (units // r.k * c + units % r.k * c // r.k) * r.align
-
-
-cdef void _ranges_task(void *vctx, int64_t t0, int64_t t1) noexcept nogil:
-    cdef const _ranges *r = <const _ranges *>vctx
-    cdef int64_t c, lo, hi
-    for c in range(t0, t1):
-        lo = _range_start(r, c)
-        hi = _range_start(r, c + 1)
-        if hi > r.n:
-            hi = r.n
-        if lo < hi:
-            r.fn(r.ctx, lo, hi, c)
+# The pool task of run_ranges: ranges c in [t0, t1) of the `ranges` at vctx.
+cdef void ranges_task(void *vctx, int64_t t0, int64_t t1) noexcept nogil
 
 
 cdef inline int ranges_threads(int64_t bytes, int n_threads) noexcept nogil:
@@ -87,7 +62,7 @@ cdef inline int ranges_chunks(int64_t n, int threads, int64_t align) noexcept no
 cdef inline void run_ranges(int64_t n, int threads, int64_t align, range_fn fn,
                             void *ctx) noexcept nogil:
     """fn(ctx, lo, hi, c) over the ranges_chunks(n, threads, align) ranges of [0, n), on the pool."""
-    cdef _ranges r
+    cdef ranges r
     cdef int k = ranges_chunks(n, threads, align)
     if k <= 1:
         if n > 0:
@@ -98,4 +73,4 @@ cdef inline void run_ranges(int64_t n, int threads, int64_t align, range_fn fn,
     r.n = n
     r.k = k
     r.align = align
-    pool.parallel_for(k, threads, _ranges_task, &r)
+    pool.parallel_for(k, threads, ranges_task, &r)

@@ -1,10 +1,4 @@
-# Shared argument handling for the family modules (textually included: `include "_arrays.pxi"`).
-#
-# Every Python-object step happens here, before `with nogil:`.  Inputs may be read-only, unaligned,
-# non-contiguous or byte-swapped: such arrays are copied to an aligned, contiguous, native array
-# (never misread).  `out=` is validated fully before any kernel runs; when it cannot be written
-# directly (non-contiguous, unaligned, overlapping an input) the kernel writes a temporary and the
-# result is copied into `out` only after the kernel succeeded, so `out` is never half-written.
+"""Shared argument handling of the family modules (cimported: see ``_arrays.pxd``)."""
 
 import numpy as np
 cimport numpy as cnp
@@ -16,8 +10,9 @@ cdef inline str _dtype_name(cnp.ndarray a):
     return str(a.dtype)
 
 
-cdef cnp.ndarray as_input(object x, str name, tuple typenums, str accepted):
-    """`x` as an aligned, C-contiguous, native-order ndarray whose type number is in `typenums`."""
+cdef cnp.ndarray as_input_copy(object x, str name, tuple typenums, str accepted):
+    """as_input for an `x` that is not yet an aligned, C-contiguous, native-order ndarray of one of
+    `typenums`: the array, converted or copied, or the TypeError naming `name`."""
     cdef cnp.ndarray a
     if cnp.PyArray_Check(x):
         a = <cnp.ndarray>x
@@ -33,6 +28,13 @@ cdef cnp.ndarray as_input(object x, str name, tuple typenums, str accepted):
     if not (cnp.PyArray_IS_C_CONTIGUOUS(a) and cnp.PyArray_ISALIGNED(a)):
         a = np.array(a, order="C", copy=True)
     return a
+
+
+cdef tuple _FLOAT32 = (cnp.NPY_FLOAT32,)
+
+
+cdef cnp.ndarray as_float32(object x, str name):
+    return as_input(x, name, _FLOAT32, "float32")
 
 
 cdef cnp.ndarray check_out(object out, int typenum, str dtype_name, tuple shape, tuple inputs):
@@ -58,16 +60,9 @@ cdef cnp.ndarray check_out(object out, int typenum, str dtype_name, tuple shape,
     return o
 
 
-cdef inline object finish_out(object out, cnp.ndarray dst):
-    """After a successful kernel: copy a temporary into the caller's `out` and return `out`."""
-    if out is None:
-        return dst
-    if dst is not out:
-        np.copyto(out, dst)
-    return out
-
-
-ctypedef const void *(*kernel_table_getter)(int isa) noexcept nogil
+cdef int copy_out(object out, cnp.ndarray dst) except -1:
+    np.copyto(out, dst)
+    return 0
 
 
 cdef class _KernelTableSetter:

@@ -1,54 +1,20 @@
-# Bag handling shared by the embedding-bag families (float tables here, quantized tables in
-# _quantized.pyx).  Textually included after "_arrays.pxi" and "_threads.pxi":
-#
-#     include "_arrays.pxi"
-#     include "_threads.pxi"
-#     include "_bags.pxi"
-#
-#     cdef pk_bags bags
-#     cdef int64_t scratch[BAGS_SCRATCH]
-#     keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
-#                         include_last_offset, padding_idx, positional_weights, rows,
-#                         scratch, BAGS_SCRATCH)
-#     checked = None if out is None else bags_out_for_kernel(out, bags.num_bags, D, table, keep)
-#     dst = bags_output(&bags, out, checked, D, rows)       # sets bags.out / bags.out_stride
-#     ... call the kernel (run_bags: on up to num_threads threads when the call is big enough) ...
-#     check_bags_status(&bags, status, bad_pos, rows, "name")
-#
-# `keep` holds the arrays the pointers in `bags` point into: keep it alive until the kernel
-# returns.  `scratch` (caller's stack) holds the normalised offsets of small calls, so a call with
-# a few bags allocates nothing here.  Every check below raises the documented exception with the
-# offending values; afterwards the kernel may rely on everything
-# bags.h lists, and reads no memory outside the arrays whatever the input.
+"""Bag handling shared by the embedding-bag families (cimported: see ``_bags.pxd``)."""
 
 from libc.stdint cimport int32_t, int64_t, uint64_t
 import operator
 
+import numpy as np
+cimport numpy as cnp
+
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
 from perfkernels._c_bags cimport pk_bags, pk_bags_index, pk_bags_first_bad_index
+from perfkernels._c_bags_parallel cimport pk_bags_call, pk_bags_part, pk_bags_run
+from perfkernels._arrays cimport as_input, as_float32, check_out
+from perfkernels._parallel cimport pool
 
-cdef extern from "common/bags_parallel.h":
-    ctypedef pk_status (*pk_bags_call)(const void *args, const pk_bags *bags,
-                                       int64_t *bad_pos) noexcept nogil
-    ctypedef struct pk_bags_part:
-        pk_bags bags
-        pk_bags_call call
-        const void *args
-        int64_t index_cost
-        int64_t bag_cost
-        int64_t rows
-    pk_status pk_bags_run(const pk_parallel_api *api, int n_threads, const pk_bags_part *parts,
-                          int n_parts, int check_first, int64_t *bad_pos,
-                          int *bad_part) noexcept nogil
-
-cdef enum:
-    BAGS_SCRATCH = 64   # normalised offsets of calls with < 64 bags live on the caller's stack
-    # calls with fewer output values + indices run with the GIL held, on the calling thread:
-    # releasing and re-taking the GIL would cost more than the kernel
-    TINY_BAGS = 4096
+cnp.import_array()
 
 cdef tuple _INDEX_TYPES = (cnp.NPY_INT32, cnp.NPY_INT64, cnp.NPY_LONGLONG, cnp.NPY_INT, cnp.NPY_LONG)
-cdef tuple _FLOAT32_TYPES = (cnp.NPY_FLOAT32,)
 
 
 cdef inline bint _is_ready_int(object x):
@@ -65,7 +31,7 @@ cdef inline bint _is_ready_int(object x):
             and cnp.PyArray_ISALIGNED(a) and cnp.PyArray_ISNOTSWAPPED(a))
 
 
-cdef cnp.ndarray _as_int_array(object x, str name):
+cdef cnp.ndarray as_int_array(object x, str name):
     """x as an aligned contiguous native int32 or int64 array; TypeError for any other dtype."""
     if _is_ready_int(x):
         return <cnp.ndarray>x
@@ -76,7 +42,7 @@ cdef inline int64_t _get_int(const void *p, bint is64, Py_ssize_t i) noexcept no
     return (<const int64_t *>p)[i] if is64 else <int64_t>(<const int32_t *>p)[i]
 
 
-cdef int64_t _normalise_offsets(const void *p, bint is64, Py_ssize_t count, bint include_last,
+cdef int64_t normalise_offsets(const void *p, bint is64, Py_ssize_t count, bint include_last,
                                 int64_t n, int64_t *dst, int64_t *max_len) except -1:
     """Validate PyTorch-style offsets (count entries) and write the num_bags + 1 normalised offsets
     into dst (NULL: validate only).  Returns num_bags."""
@@ -127,7 +93,7 @@ cdef int64_t _normalise_offsets(const void *p, bint is64, Py_ssize_t count, bint
     return num_bags
 
 
-cdef int64_t _lengths_to_offsets(const void *p, bint is64, Py_ssize_t count, int64_t n,
+cdef int64_t lengths_to_offsets(const void *p, bint is64, Py_ssize_t count, int64_t n,
                                  int64_t *dst, int64_t *max_len) except -1:
     """Validate caffe2-style lengths and write the count + 1 offsets into dst.  Returns count."""
     cdef Py_ssize_t i
@@ -176,7 +142,7 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
         raise ValueError(f"mode must be 'sum' or 'mean'; got {mode!r}")
 
     # indices
-    ix = _as_int_array(indices, "indices")
+    ix = as_int_array(indices, "indices")
     n = cnp.PyArray_SIZE(ix)
     bags.indices = cnp.PyArray_DATA(ix)
     bags.n_indices = n
@@ -206,7 +172,7 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
             raise ValueError("1-D indices need offsets or lengths to say where the bags are "
                              "(or pass 2-D indices [num_bags, bag_length])")
         if offsets is not None:
-            off = _as_int_array(offsets, "offsets")
+            off = as_int_array(offsets, "offsets")
             if cnp.PyArray_NDIM(off) != 1:
                 raise ValueError(f"offsets must be 1-D; got shape {(<object>off).shape}")
             count = cnp.PyArray_DIM(off, 0)
@@ -221,11 +187,11 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
             else:
                 norm = np.empty(num_bags + 1, dtype=np.int64)
                 dst = <int64_t *>cnp.PyArray_DATA(norm)
-            num_bags = _normalise_offsets(cnp.PyArray_DATA(off), cnp.PyArray_ITEMSIZE(off) == 8,
+            num_bags = normalise_offsets(cnp.PyArray_DATA(off), cnp.PyArray_ITEMSIZE(off) == 8,
                                           count, include_last_offset, n, dst, &max_len)
             bags.offsets = dst
         else:
-            lens = _as_int_array(lengths, "lengths")
+            lens = as_int_array(lengths, "lengths")
             off = lens
             if cnp.PyArray_NDIM(lens) != 1:
                 raise ValueError(f"lengths must be 1-D; got shape {(<object>lens).shape}")
@@ -235,7 +201,7 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
             else:
                 norm = np.empty(count + 1, dtype=np.int64)
                 dst = <int64_t *>cnp.PyArray_DATA(norm)
-            num_bags = _lengths_to_offsets(cnp.PyArray_DATA(lens), cnp.PyArray_ITEMSIZE(lens) == 8,
+            num_bags = lengths_to_offsets(cnp.PyArray_DATA(lens), cnp.PyArray_ITEMSIZE(lens) == 8,
                                            count, n, dst, &max_len)
             bags.offsets = dst
     else:
@@ -251,7 +217,7 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
                              "position inside a bag)")
         bags.weights = NULL
     else:
-        w = as_input(per_sample_weights, "per_sample_weights", _FLOAT32_TYPES, "float32")
+        w = as_float32(per_sample_weights, "per_sample_weights")
         if positional_weights:
             if cnp.PyArray_NDIM(w) != 1:
                 raise ValueError(f"positional per_sample_weights must be 1-D; got shape "
@@ -331,36 +297,9 @@ cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, 
     return check_out(out, cnp.NPY_FLOAT32, "float32", (num_bags, dim), (table,) + keep)
 
 
-cdef cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int64_t dim,
-                             int64_t rows):
-    """The array the kernel writes, num_bags x dim float32, pointed to by bags.out: a new one when
-    out is None, else `checked` (out as checked by the caller, or the temporary it needs).  A
-    tiny call that writes the caller's out= directly has its indices checked here; a larger one
-    by run_bags(check_first=True), on the threads that run it."""
-    cdef cnp.npy_intp shape[2]
-    cdef cnp.ndarray dst
-    cdef int64_t bad
-    if out is None:
-        shape[0] = <cnp.npy_intp>bags.num_bags
-        shape[1] = <cnp.npy_intp>dim
-        dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
-    else:
-        dst = checked
-        if dst is out and bags.num_bags * dim + bags.n_indices < TINY_BAGS:
-            # The kernel writes out= directly, so a bad index must be found before it starts:
-            # this pre-scan reads only the index array (n * 4 or 8 bytes, vectorised, then warm in
-            # cache for the kernel), much less than a temporary the size of out plus a copy.
-            bad = pk_bags_first_bad_index(bags, rows)
-            if bad >= 0:
-                raise_index_error(bags, bad, rows)
-    bags.out = <float *>cnp.PyArray_DATA(dst)
-    bags.out_stride = dim
-    return dst
-
-
-cdef int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,
+cdef int raise_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,
                            str name) except -1:
-    """The exception for a kernel's status: IndexError for a bad index, RuntimeError otherwise."""
+    """check_bags_status' slow path: the exception for a status that is not PK_OK."""
     if status == PK_ERR_INDEX:
         raise_index_error(bags, bad, rows)
     elif status != PK_OK:
@@ -368,11 +307,9 @@ cdef int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, i
     return 0
 
 
-cdef inline pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args,
-                               int64_t rows, int64_t row_bytes, int64_t dim, int n_threads,
-                               bint check_first, int64_t *bad_pos) noexcept nogil:
-    """One table's bags on up to n_threads threads (csrc/common/bags_parallel.h), GIL released by the caller.
-    check_first: the kernels write the caller's out=, so every index is checked before they run."""
+cdef pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args,
+                        int64_t rows, int64_t row_bytes, int64_t dim, int n_threads,
+                        bint check_first, int64_t *bad_pos) noexcept nogil:
     cdef pk_bags_part part
     cdef int bad_part = 0
     part.bags = bags[0]

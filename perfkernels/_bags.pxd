@@ -1,0 +1,107 @@
+# Bag handling shared by the embedding-bag families (float tables in _embedding.pyx, quantized
+# tables in _quantized.pyx, _multi.pyx, _training.pyx):
+#
+#     from perfkernels._bags cimport (BAGS_SCRATCH, TINY_BAGS, prepare_bags, bags_out_for_kernel,
+#                                     bags_output, check_bags_status, run_bags)
+#
+#     cdef pk_bags bags
+#     cdef int64_t scratch[BAGS_SCRATCH]
+#     keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
+#                         include_last_offset, padding_idx, positional_weights, rows,
+#                         scratch, BAGS_SCRATCH)
+#     checked = None if out is None else bags_out_for_kernel(out, bags.num_bags, D, table, keep)
+#     dst = bags_output(&bags, out, checked, D, rows)       # sets bags.out / bags.out_stride
+#     ... call the kernel (run_bags: on up to num_threads threads when the call is big enough) ...
+#     check_bags_status(&bags, status, bad_pos, rows, "name")
+#
+# `keep` holds the arrays the pointers in `bags` point into: keep it alive until the kernel
+# returns.  `scratch` (caller's stack) holds the normalised offsets of small calls, so a call with
+# a few bags allocates nothing here.  Every check raises the documented exception with the
+# offending values; afterwards the kernel may rely on everything bags.h lists, and reads no memory
+# outside the arrays whatever the input.
+from libc.stdint cimport int64_t
+cimport numpy as cnp
+
+from perfkernels._c_common cimport pk_status, PK_OK
+from perfkernels._c_bags cimport pk_bags, pk_bags_first_bad_index
+from perfkernels._c_bags_parallel cimport pk_bags_call
+
+cdef enum:
+    BAGS_SCRATCH = 64   # normalised offsets of calls with < 64 bags live on the caller's stack
+    # calls with fewer output values + indices run with the GIL held, on the calling thread:
+    # releasing and re-taking the GIL would cost more than the kernel
+    TINY_BAGS = 4096
+
+# x as an aligned contiguous native int32 or int64 array; TypeError naming `name` for any other
+# dtype.
+cdef cnp.ndarray as_int_array(object x, str name)
+
+# Validate PyTorch-style offsets (count entries, int32 or int64 at p) and write the num_bags + 1
+# normalised offsets into dst (NULL: validate only); *max_len = the longest bag.  Returns num_bags.
+cdef int64_t normalise_offsets(const void *p, bint is64, Py_ssize_t count, bint include_last,
+                               int64_t n, int64_t *dst, int64_t *max_len) except -1
+
+# Validate caffe2-style lengths and write the count + 1 offsets into dst.  Returns count.
+cdef int64_t lengths_to_offsets(const void *p, bint is64, Py_ssize_t count, int64_t n,
+                                int64_t *dst, int64_t *max_len) except -1
+
+# Validate and normalise the bag arguments into *bags (all but out / out_stride); returns the
+# arrays that must stay alive while the kernel runs.
+cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object lengths,
+                         object per_sample_weights, object mode, bint include_last_offset,
+                         object padding_idx, bint positional_weights, int64_t rows,
+                         int64_t *scratch, Py_ssize_t scratch_len)
+
+# The IndexError for the index at flattened position pos.
+cdef int raise_index_error(const pk_bags *bags, int64_t pos, int64_t rows) except -1
+
+# The array the kernel writes for a caller's `out=`: out itself when it can be, else a temporary.
+cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, cnp.ndarray table,
+                                     tuple keep)
+
+# check_bags_status' slow path: IndexError for a bad index, RuntimeError for any other status.
+cdef int raise_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,
+                           str name) except -1
+
+# bags_output and check_bags_status run on every call, the tiny ones included: inline, so such a
+# call pays no call into this module for them.
+cdef inline cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int64_t dim,
+                                    int64_t rows):
+    """The array the kernel writes, num_bags x dim float32, pointed to by bags.out: a new one when
+    out is None, else `checked` (out as checked by the caller, or the temporary it needs).  A
+    tiny call that writes the caller's out= directly has its indices checked here; a larger one
+    by run_bags(check_first=True), on the threads that run it."""
+    cdef cnp.npy_intp shape[2]
+    cdef cnp.ndarray dst
+    cdef int64_t bad
+    if out is None:
+        shape[0] = <cnp.npy_intp>bags.num_bags
+        shape[1] = <cnp.npy_intp>dim
+        dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
+    else:
+        dst = checked
+        if dst is out and bags.num_bags * dim + bags.n_indices < TINY_BAGS:
+            # The kernel writes out= directly, so a bad index must be found before it starts:
+            # this pre-scan reads only the index array (n * 4 or 8 bytes, vectorised, then warm in
+            # cache for the kernel), much less than a temporary the size of out plus a copy.
+            bad = pk_bags_first_bad_index(bags, rows)
+            if bad >= 0:
+                raise_index_error(bags, bad, rows)
+    bags.out = <float *>cnp.PyArray_DATA(dst)
+    bags.out_stride = dim
+    return dst
+
+
+cdef inline int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,
+                                  str name) except -1:
+    """The exception for a kernel's status: IndexError for a bad index, RuntimeError otherwise."""
+    if status != PK_OK:
+        return raise_bags_status(bags, status, bad, rows, name)
+    return 0
+
+
+# One table's bags on up to n_threads threads (csrc/common/bags_parallel.h), GIL released by the
+# caller.  check_first: the kernels write the caller's out=, so every index is checked first.
+cdef pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args,
+                        int64_t rows, int64_t row_bytes, int64_t dim, int n_threads,
+                        bint check_first, int64_t *bad_pos) noexcept nogil
