@@ -1,4 +1,5 @@
 """Fused embedding-bag backward + sparse optimizer step (training)."""
+from libc.float cimport FLT_MAX
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
 import math
@@ -65,9 +66,12 @@ cdef cnp.ndarray _table_in_place(object weight):
         raise ValueError("weight is read-only: it is updated in place")
     itemsize = cnp.PyArray_ITEMSIZE(a)
     s0 = cnp.PyArray_STRIDE(a, 0)
+    # an empty table's strides are arbitrary (NumPy's copy of a [0, D] array has strides (0, 0)):
+    # nothing is read or written through them
     if not (cnp.PyArray_ISALIGNED(a) and cnp.PyArray_ISNOTSWAPPED(a)
-            and (cnp.PyArray_STRIDE(a, 1) == itemsize or cnp.PyArray_DIM(a, 1) <= 1)
-            and s0 >= 0 and s0 % itemsize == 0):
+            and (cnp.PyArray_SIZE(a) == 0 or (
+                (cnp.PyArray_STRIDE(a, 1) == itemsize or cnp.PyArray_DIM(a, 1) <= 1)
+                and s0 >= 0 and s0 % itemsize == 0))):
         raise ValueError(f"weight must be aligned, native byte order, with unit stride along D "
                          f"(it is updated in place, so it cannot be copied); got strides "
                          f"{(<object>a).strides}, aligned={bool(cnp.PyArray_ISALIGNED(a))}")
@@ -100,8 +104,9 @@ cdef cnp.ndarray _state_in_place(object state, str optimizer, int64_t rows, int6
     if not cnp.PyArray_ISWRITEABLE(s):
         raise ValueError("state is read-only: it is updated in place")
     if not (cnp.PyArray_ISALIGNED(s) and cnp.PyArray_ISNOTSWAPPED(s)
-            and cnp.PyArray_STRIDE(s, 0) >= 0 and cnp.PyArray_STRIDE(s, 0) % 4 == 0
-            and (optimizer != "adagrad" or cnp.PyArray_STRIDE(s, 1) == 4 or dim <= 1)):
+            and (cnp.PyArray_SIZE(s) == 0 or (
+                cnp.PyArray_STRIDE(s, 0) >= 0 and cnp.PyArray_STRIDE(s, 0) % 4 == 0
+                and (optimizer != "adagrad" or cnp.PyArray_STRIDE(s, 1) == 4 or dim <= 1)))):
         raise ValueError(f"state must be aligned, native byte order, with unit stride along D "
                          f"(it is updated in place); got strides {(<object>s).strides}")
     if rows > 0 and dim > 0 and np.may_share_memory(s, table):
@@ -119,6 +124,8 @@ cdef float _finite(object value, str name) except? -1:
         raise ValueError(f"{name} = {v} must be finite")
     if v < 0:
         raise ValueError(f"{name} = {v} must be >= 0")
+    if v > FLT_MAX:   # the kernels compute in float32: it would become inf there
+        raise ValueError(f"{name} = {v} is too large for float32 (at most {FLT_MAX:.7g})")
     return <float>v
 
 
@@ -256,7 +263,8 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     ValueError
         Malformed bags (as for embedding_bag), grad_output of the wrong shape, state of the wrong
         shape for the optimizer, read-only or badly strided weight / state, an unknown optimizer,
-        a non-finite or negative lr / eps / weight_decay, a bad num_threads.
+        a non-finite or negative lr / eps / weight_decay (or one past float32's range, where the
+        float32 arithmetic would make it inf), a bad num_threads.
     IndexError
         An index that is negative or ``>= rows``.
 

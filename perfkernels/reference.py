@@ -488,6 +488,52 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     return TableUpdate(w, h, touched, grad)
 
 
+#: Half a unit in the last place, relative, of a value stored in a table of each dtype.
+_TABLE_EPS = {np.dtype(np.float32): 0.0, np.dtype(np.float16): 2.0 ** -11, BFLOAT16: 2.0 ** -8}
+#: Half the spacing of each dtype's subnormals (the absolute rounding near zero).
+_TABLE_TINY = {np.dtype(np.float32): 2.0 ** -150, np.dtype(np.float16): 2.0 ** -25,
+               BFLOAT16: 2.0 ** -134}
+
+
+def assert_update_close(weight, state, weight0, state0, expected: TableUpdate, *, optimizer: str,
+                        lr: float, eps: float, weight_decay: float, rtol: float = 2e-5,
+                        stochastic: bool = False) -> None:
+    """Check a table and state updated in place (``weight``, ``state``; ``weight0``, ``state0``
+    before the step) against :func:`embedding_bag_backward_update`'s ``expected``.
+
+    The tolerance follows the float32 arithmetic: ``rtol`` of the terms (the old value plus the
+    step computed from the gradient's magnitude), plus the rounding to the table's dtype (half an
+    ulp, or a whole one with stochastic rounding).  Untouched rows must be unchanged, bit for bit.
+    """
+    exp_w, exp_h, touched, (_, gabs) = expected
+    weight0 = np.asarray(weight0)
+    rows, dim = weight0.shape
+    w0 = np.abs(weight0.astype(np.float64))
+    gabs = gabs + weight_decay * w0
+    if optimizer == "sgd":
+        step = lr * gabs
+    elif optimizer == "adagrad":
+        step = lr * gabs / (np.sqrt(exp_h) + eps)
+        h_tol = rtol * (state0.astype(np.float64) + 4 * gabs ** 2)
+        assert np.all(np.abs(state - exp_h) <= h_tol + 1e-30), "adagrad state"
+    else:
+        step = lr * gabs / (np.sqrt(exp_h) + eps)[:, None]
+        h_tol = rtol * (state0.astype(np.float64) + (4 * np.mean(gabs ** 2, axis=1) if dim else 0))
+        assert np.all(np.abs(state - exp_h) <= h_tol + 1e-30), "rowwise state"
+    ulps = 2 if stochastic else 1
+    dtype = weight0.dtype
+    tol = (rtol * (w0 + step) + ulps * (_TABLE_EPS[dtype] * np.abs(exp_w) * 1.001 + _TABLE_TINY[dtype])
+           + 1e-30)
+    err = np.abs(np.asarray(weight).astype(np.float64) - exp_w)
+    assert np.all(err <= tol), (f"max error {err.max()} at "
+                                f"{np.unravel_index(np.argmax(err - tol), err.shape)}")
+    assert np.array_equal(np.asarray(weight)[~touched].view(np.uint8),
+                          weight0[~touched].view(np.uint8)), "a row not in the batch changed"
+    if state is not None:
+        assert np.array_equal(np.asarray(state)[~touched], np.asarray(state0)[~touched]), \
+            "the state of a row not in the batch changed"
+
+
 # ---------------------------------------------------------------------------------------------
 # comparing a kernel's result with a reference
 # ---------------------------------------------------------------------------------------------

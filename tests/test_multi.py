@@ -183,6 +183,25 @@ def test_bad_index_names_feature_and_position(isa, rng, with_out):
     assert np.all(out == 3.0)
 
 
+@pytest.mark.parametrize("with_out", [False, True])
+def test_zero_width_table_checks_only_its_own_indices(isa, with_out):
+    # A D = 0 table reads no row but still checks its indices: only its own feature's, not the
+    # values of the features before it (found by the fuzz harness).
+    tables = [np.arange(16, dtype=np.float32).reshape(16, 1), np.ones((12, 0), np.float16),
+              np.ones((3, 2), np.float32)]
+    indices = np.array([13, 15, 0, 11, 2, 1])      # feature 0: 13, 15; 1: 0, 11; 2: 2, 1
+    lengths = np.array([1, 1, 1, 1, 1, 1])
+    expected = reference.embedding_bags_multi(tables, indices, lengths=lengths).value
+    for nt in (1, 2, 8):
+        out = np.full((2, 3), 7.0, np.float32) if with_out else None
+        got = pk.embedding_bags_multi(tables, indices, lengths=lengths, out=out, num_threads=nt)
+        np.testing.assert_array_equal(got, expected)
+        bad = indices.copy()
+        bad[3] = 12                                # feature 1's own index, out of its 12 rows
+        with pytest.raises(IndexError, match=r"feature 1: indices\[3\] = 12 \(entry 1 of feature 1\)"):
+            pk.embedding_bags_multi(tables, bad, lengths=lengths, num_threads=nt)
+
+
 @pytest.mark.parametrize("kw,exc,msg", [
     (dict(lengths=np.ones(5, np.int64)), ValueError, "lengths has 5 entries, not a multiple of the 2"),
     (dict(offsets=np.arange(4)), ValueError, "offsets has 4 entries; it needs F \\* B \\+ 1"),

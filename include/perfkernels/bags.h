@@ -4,9 +4,11 @@
  * the table rows named by the bags and writes one float32 row per bag.  Everything a kernel may
  * rely on is established by the wrapper before the call:
  *
- *   - offsets has num_bags + 1 entries, offsets[0] == 0, non-decreasing, offsets[num_bags] ==
- *     n_indices: bag b is indices[offsets[b] : offsets[b + 1]] (lengths, 2-D indices and PyTorch's
- *     include_last_offset=False are all normalised to this form);
+ *   - offsets has num_bags + 1 entries, non-decreasing, within [0, n_indices]: bag b is
+ *     indices[offsets[b] : offsets[b + 1]] (lengths, 2-D indices and PyTorch's
+ *     include_last_offset=False are all normalised to this form).  A whole call's bags start at
+ *     0 and end at n_indices; a thread's slice of them, or one feature of embedding_bags_multi,
+ *     covers only indices[offsets[0] : offsets[num_bags]], and a kernel reads no other index;
  *   - weights is NULL, or holds n_indices floats (per sample: w_j = weights[j]), or, when
  *     positional, at least max-bag-length floats (w_j = weights[j - offsets[b]]);
  *   - padding_idx is -1 (none) or in [0, rows); such entries are skipped and not counted by mean;
@@ -97,6 +99,18 @@ static inline int64_t pk_bags_first_bad_index(const pk_bags *bags, int64_t rows)
                 if ((uint64_t)pk_bags_index(bags, j) >= (uint64_t)rows) return j;
     }
     return -1;
+}
+
+/* The first position j (in the whole index list) of an out-of-range index in bags [b0, b1), or -1:
+ * only those bags' indices are read. */
+static inline int64_t pk_bags_first_bad_in(const pk_bags *bags, int64_t b0, int64_t b1, int64_t rows)
+{
+    const int64_t begin = bags->offsets[b0];
+    pk_bags probe = *bags;
+    probe.indices = (const char *)bags->indices + begin * (bags->index_64 ? 8 : 4);
+    probe.n_indices = bags->offsets[b1] - begin;
+    const int64_t bad = pk_bags_first_bad_index(&probe, rows);
+    return bad < 0 ? -1 : begin + bad;
 }
 
 #ifdef __cplusplus

@@ -1,15 +1,20 @@
 """Coverage-guided fuzzing of every public perfkernels CPU function with atheris (libFuzzer).
 
-Each input is a byte string that :class:`Draw` decodes into one call: which function, which ISA
-level, and every argument (dtypes, shapes, strides and offsets, alignment, read-only flags, index
+Each input is a byte string that :class:`Draw` decodes into one call: which function (every
+public CPU function: the single- and multi-table embedding bags, the quantizers, conversions, LSTM
+unit, the fused backward + optimizer update, and perfkernels.torch's functional, quantized and LSTM
+ops and modules), which ISA level, which ``num_threads=``, and every argument (dtypes, shapes, strides and offsets, alignment, read-only flags, index
 values including negative, huge and int32-wrapping ones, bag offsets / lengths, weights, modes,
 ``out=`` arrays of the wrong shape or dtype, read-only, non-contiguous or overlapping an input).
 While decoding, the harness records whether it made the call invalid and which documented
 exceptions may follow.  The oracle:
 
 * a valid call returns the float64 reference of ``perfkernels.reference`` within tolerance (bit
-  for bit for the conversions), written into ``out=`` when one was given;
-* an invalid call raises one of the documented exceptions and leaves ``out=`` unchanged;
+  for bit for the conversions), written into ``out=`` when one was given (the in-place update:
+  the table and state it leaves), and the same bits as with ``num_threads=1``;
+* an invalid call raises one of the documented exceptions and leaves ``out=`` (and a table and
+  state updated in place) unchanged, bit for bit; an out-of-range index through perfkernels.torch
+  raises ``IndexOutOfRangeError``;
 * nothing crashes, hangs or makes the sanitizers report (run it on the sanitizer build).
 
 Run (see docs/reliability.md)::
@@ -50,6 +55,12 @@ class Draw:
         self.data = data
         self.pos = 0
         self.errors: set[type] = set()   # exceptions a call is documented to raise for what was drawn
+        # set by the targets that need them (see _one_input):
+        self.message: str | None = None  # "a|b": an IndexError's message must name one of them
+        self.watch: list = []            # arrays updated in place: unchanged after an error
+        self.rerun = None                # num_threads -> the result, for the thread-count check
+                                         # (False: the result is not repeatable)
+        self.result = None               # the call's return value -> what rerun returns
 
     def u8(self) -> int:
         if self.pos >= len(self.data):
@@ -207,6 +218,9 @@ def draw_bags(d: Draw, rows: int):
             offs[k] = d.pick((-1, offs[k] + 1, n + 1, 2 ** 32, -2 ** 31, 2 ** 62))
             if not offsets_valid(offs, n, "include_last_offset" in kw):
                 d.errors.add(ValueError)
+            else:   # still valid, but the bags changed: positional weights must cover the new ones
+                ends = list(offs) if "include_last_offset" in kw else list(offs) + [n]
+                lens = [int(e - b) for b, e in zip(ends[:-1], ends[1:])]
         offs = offs.astype(d.pick(INT_TYPES)) if np.abs(offs).max(initial=0) < 2 ** 31 else offs
         bag_args = (layout(d, offs),)
         ref_kw["offsets"] = offs
@@ -271,9 +285,8 @@ def fuzz_embedding_bag(d: Draw):
             lambda: ref.embedding_bag(ref_table, indices, **ref_kw), "bags")
 
 
-def fuzz_embedding_bag_quantized(d: Draw):
-    bits = d.pick((8, 4, 2))
-    rows, dim = d.int(0, 40), d.pick(DIMS[1:])
+def packed_table(d: Draw, rows: int, dim: int, bits: int):
+    """(packed [rows, row_bytes] uint8 from the input's bytes, its scale/bias [rows, 2])."""
     row_bytes = ref.packed_row_bytes(dim, bits)
     packed = np.frombuffer(bytes(d.u8() for _ in range(min(rows * row_bytes, 64))) or b"\0", np.uint8)
     packed = np.resize(packed, rows * row_bytes).reshape(rows, row_bytes)
@@ -282,6 +295,26 @@ def fuzz_embedding_bag_quantized(d: Draw):
     meta = np.ascontiguousarray(packed[:, -trailer:]).view("<f4" if bits == 8 else "<f2")
     meta[~np.isfinite(meta)] = 1
     packed[:, -trailer:] = meta.view(np.uint8)
+    return packed, meta
+
+
+def quantized_expected(packed, meta, bits: int, dim: int, indices, **ref_kw) -> ref.Expected:
+    """The float64 reference of a quantized lookup, its magnitude widened by the kernel's rounding."""
+    want = ref.embedding_bag_quantized(packed, indices, bits=bits, dim=dim, **ref_kw)
+    # The kernel adds w*scale*q and w*bias separately: its rounding scales with their sizes,
+    # which cancel in the dequantized value the reference sums, so add that bound.
+    row_max = np.abs(meta[:, :1].astype(np.float64)) * (2 ** bits - 1) + np.abs(meta[:, 1:2])
+    abs_kw = dict(ref_kw)
+    if ref_kw.get("per_sample_weights") is not None:
+        abs_kw["per_sample_weights"] = np.abs(ref_kw["per_sample_weights"].astype(np.float64))
+    bound = ref.embedding_bag(np.repeat(row_max, dim, axis=1), indices, **abs_kw).value
+    return ref.Expected(want.value, want.magnitude + bound)
+
+
+def fuzz_embedding_bag_quantized(d: Draw):
+    bits = d.pick((8, 4, 2))
+    rows, dim = d.int(0, 40), d.pick(DIMS[1:])
+    packed, meta = packed_table(d, rows, dim, bits)
     dim_kw = dim if (dim % (8 // bits) or d.chance(2)) else None
     kw_bits = bits
     if d.invalid(30, ValueError):
@@ -294,19 +327,8 @@ def fuzz_embedding_bag_quantized(d: Draw):
     kw.update(bits=d.pick((kw_bits, np.int64(kw_bits))) if kw_bits is not True else kw_bits,
               dim=dim_kw if dim_kw is None or d.chance(2) else np.int64(dim_kw))
     out = draw_out(d, (nbags, dim), np.float32, [packed, indices] + list(bag_args))
-
-    def reference():
-        want = ref.embedding_bag_quantized(ref_packed, indices, bits=bits, dim=dim, **ref_kw)
-        # The kernel adds w*scale*q and w*bias separately: its rounding scales with their sizes,
-        # which cancel in the dequantized value the reference sums, so add that bound.
-        row_max = np.abs(meta[:, :1].astype(np.float64)) * (2 ** bits - 1) + np.abs(meta[:, 1:2])
-        abs_kw = dict(ref_kw)
-        if ref_kw.get("per_sample_weights") is not None:
-            abs_kw["per_sample_weights"] = np.abs(ref_kw["per_sample_weights"].astype(np.float64))
-        bound = ref.embedding_bag(np.repeat(row_max, dim, axis=1), indices, **abs_kw).value
-        return ref.Expected(want.value, want.magnitude + bound)
-
-    return (pk.embedding_bag_quantized, (packed, indices) + bag_args, kw, out, reference, "bags")
+    return (pk.embedding_bag_quantized, (packed, indices) + bag_args, kw, out,
+            lambda: quantized_expected(ref_packed, meta, bits, dim, indices, **ref_kw), "qbags")
 
 
 def fuzz_quantize(d: Draw):
@@ -474,8 +496,487 @@ def fuzz_torch_embedding_bag(d: Draw):
     return pkt.embedding_bag, args, kw, None, reference, "torch"
 
 
+# --- targets added later (after the corpus above existed: see _pick_target) ----------------------
+
+#: What a multi-table call's feature reads: a float table (its dtype) or a packed one (its bits).
+MULTI_KINDS = (np.float32, np.float16, BF16, 8, 4, 2)
+#: Batch sizes big enough for the pool to split the (feature, bag) pairs across threads.
+LARGE_BATCHES = (1024, 2048, 3000)
+
+
+def fuzz_embedding_bags_multi(d: Draw):
+    """embedding_bags_multi over F mixed tables in TorchRec's KJT layout; the oracle is a loop of
+    single-table references, feature by feature, side by side."""
+    large = d.chance(12)
+    num_features = d.int(1, 2 if large else 4)
+    batch = d.pick(LARGE_BATCHES) if large else d.int(0, 6)
+    tables, feats = [], []   # feats[f] = (kind, rows, dim, reference table or (packed, meta))
+    for f in range(num_features):
+        kind = d.pick(MULTI_KINDS)
+        rows = d.int(1, 200) if large else d.int(0, 20)
+        if isinstance(kind, int):
+            dim = 64 if large else d.pick(DIMS[1:])
+            packed, meta = packed_table(d, rows, dim, kind)
+            tables.append(layout(d, packed))
+            feats.append((kind, rows, dim, (packed, meta)))
+        else:
+            dim = 64 if large else d.pick(DIMS)
+            table = d.floats(rows * dim).astype(kind).reshape(rows, dim)
+            tables.append(layout(d, table))
+            feats.append((kind, rows, dim, table))
+    # bits / dims: None where a table is float; dims needed where D is no multiple of 8 // bits
+    bits = [k if isinstance(k, int) else None for k, *_ in feats]
+    dims = [dim if isinstance(k, int) and (dim % (8 // k) or d.chance(2)) else
+            (dim if d.chance(4) else None) for k, _, dim, _ in feats]
+    kw = {}
+    if any(b is not None for b in bits) or d.chance(3):
+        kw["bits"] = bits if d.chance(4) else tuple(bits) if d.chance(2) else list(bits)
+    if any(x is not None for x in dims) and (any(isinstance(k, int) and dim % (8 // k)
+                                                 for k, _, dim, _ in feats) or d.chance(2)):
+        kw["dims"] = dims
+    if d.invalid(30, ValueError):
+        kw["bits" if d.chance(2) else "dims"] = (bits if d.chance(2) else dims) + [None]
+    elif d.invalid(40, TypeError):
+        kw[d.pick(("bits", "dims"))] = d.pick((8, "8", np.array(bits, dtype=object)))
+    elif d.invalid(30, TypeError, ValueError):   # the wrong kind for one table
+        f = d.int(0, num_features - 1)
+        wrong = list(bits)
+        wrong[f] = None if bits[f] is not None else d.pick((8, 4, 2))
+        kw["bits"] = wrong
+    elif d.invalid(30, ValueError):              # a wrong D, or a wrong bit width
+        f = d.int(0, num_features - 1)
+        if bits[f] is None or d.chance(2):
+            kw["dims"] = [d.pick((feats[f][2] + 8, -1)) if g == f else x for g, x in enumerate(dims)]
+        else:
+            kw["bits"] = [d.pick((3, 16, 0)) if g == f else b for g, b in enumerate(bits)]
+
+    # per (feature, sample) bag lengths, feature-major, and the values (a large batch draws them
+    # from a generator: the input's bytes would run out)
+    rng = np.random.default_rng(d.int(0, 2 ** 32 - 1)) if large else None
+    lens, values, bad_features = [], [], set()
+    for f, (_, rows, _, _) in enumerate(feats):
+        if large:
+            lens.append(list(rng.choice((0, 1, 2, 3, 5), batch)))
+            part = list(rng.integers(0, rows, sum(lens[f])))
+        else:
+            lens.append([d.pick((0, 1, 1, 2, 3, 5)) for _ in range(batch)])
+            part = [d.int(0, rows - 1) if rows else 0 for _ in range(sum(lens[f]))]
+        if part and (rows == 0 or d.chance(12)):
+            part[d.int(0, len(part) - 1)] = d.pick(HUGE_INDICES + (rows, rows + 1, -rows - 1))
+        if any(not 0 <= v < rows for v in part):
+            bad_features.add(f)
+        values += part
+    n = len(values)
+    ix_dtype = d.pick(INT_TYPES)
+    if bad_features:
+        d.errors.add(IndexError)
+        d.message = "|".join(f"feature {f}:" for f in sorted(bad_features))
+        if np.dtype(ix_dtype).itemsize == 4:
+            values = [v if -2 ** 31 <= v < 2 ** 31 else -1 for v in values]
+    indices = np.array(values, dtype=np.int64).astype(ix_dtype)
+    if d.invalid(30, TypeError):
+        indices = indices.astype(d.pick((np.float32, np.uint64, np.int16)))
+    elif d.invalid(40, ValueError):
+        indices = indices.reshape(1, -1)
+    flat_lens = np.array([x for per in lens for x in per], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(flat_lens)]).astype(np.int64)
+    if d.chance(2):
+        kjt = flat_lens
+        if d.invalid(8, ValueError):
+            k = d.int(0, len(kjt))
+            kjt = kjt.copy()
+            if k == len(kjt):
+                kjt = np.append(kjt, 1)        # F * B + 1 entries, or a sum past len(indices)
+            else:
+                kjt[k] = d.pick((-1, kjt[k] + 1, 2 ** 62, -2 ** 40))
+        kw["lengths"] = layout(d, kjt.astype(d.pick(INT_TYPES)) if np.abs(kjt).max(initial=0) < 2 ** 31 else kjt)
+    else:
+        kjt = offsets
+        if d.invalid(8, ValueError):
+            k = d.int(0, len(kjt) - 1)
+            kjt = kjt.copy()
+            kjt[k] = d.pick((-1, n + 1, 2 ** 62)) if k else 1
+        kw["offsets"] = layout(d, kjt.astype(d.pick(INT_TYPES)) if np.abs(kjt).max(initial=0) < 2 ** 31 else kjt)
+    if d.invalid(40, ValueError):   # neither lengths nor offsets, or both
+        if d.chance(2):
+            kw.pop("lengths", None)
+            kw.pop("offsets", None)
+        else:
+            kw.update(lengths=flat_lens, offsets=offsets)
+
+    modes = [d.pick(("sum", "mean")) for _ in range(num_features)]
+    kw["modes"] = modes if d.chance(2) else modes[0]
+    ref_modes = modes if isinstance(kw["modes"], list) else [modes[0]] * num_features
+    if d.invalid(30, ValueError):
+        kw["modes"] = d.pick((modes + ["sum"], "max", modes[:-1] + ["SUM"]))
+    ref_pads = [None] * num_features
+    if d.chance(3):
+        if d.chance(2):   # one value for every table: it must be in range for each of them
+            pad = d.int(-3, 3)
+            ref_pads = [pad] * num_features
+            kw["padding_idx"] = d.pick((pad, np.int64(pad)))
+        else:
+            ref_pads = [d.int(-rows, rows - 1) if rows and d.chance(2) else None
+                        for _, rows, _, _ in feats]
+            kw["padding_idx"] = ref_pads
+        if any(p is not None and not -rows <= p < rows for p, (_, rows, _, _) in zip(ref_pads, feats)):
+            d.errors.add(ValueError)
+        if d.invalid(30, TypeError):
+            kw["padding_idx"] = d.pick((1.0, "0", [1.5] * num_features))
+        elif d.invalid(30, ValueError):
+            kw["padding_idx"] = ref_pads + [None]
+    psw = None
+    if d.chance(3):
+        psw = d.floats(n)
+        kw["per_sample_weights"] = layout(d, psw)
+        if d.invalid(16, ValueError):
+            kw["per_sample_weights"] = d.floats(n + 1)
+        elif d.invalid(24, TypeError):
+            kw["per_sample_weights"] = psw.astype(np.float64)
+    if d.invalid(40, TypeError):
+        tables = d.pick((tables[0], {f: t for f, t in enumerate(tables)}))
+    elif d.invalid(60, ValueError):
+        tables = []
+    elif d.chance(2):
+        tables = tuple(tables)
+    total_d = sum(dim for _, _, dim, _ in feats)
+    out = draw_out(d, (batch, total_d), np.float32, [indices] + [t for t in tables if isinstance(t, np.ndarray)])
+
+    def reference():
+        parts = []
+        for f, (kind, rows, dim, table) in enumerate(feats):
+            begin, end = int(offsets[f * batch]), int(offsets[(f + 1) * batch])
+            bag_kw = dict(mode=ref_modes[f], padding_idx=ref_pads[f], include_last_offset=True,
+                          per_sample_weights=None if psw is None else psw[begin:end])
+            ix = np.array(values[begin:end], dtype=np.int64)
+            offs = offsets[f * batch:(f + 1) * batch + 1] - begin
+            if isinstance(kind, int):
+                parts.append(quantized_expected(*table, kind, dim, ix, offsets=offs, **bag_kw))
+            else:
+                parts.append(ref.embedding_bag(table, ix, offs, **bag_kw))
+        return ref.Expected(*(np.concatenate([p[k] for p in parts], axis=1)
+                              for k in range(2)))
+
+    return (pk.embedding_bags_multi, (tables, indices), kw, out, reference,
+            "qbags" if any(b is not None for b in bits) else "bags")
+
+
+def moderate(d: Draw, n: int, limit: float = 4.0) -> np.ndarray:
+    """n finite float32 values in [-limit, limit] (where float32 rounding stays relative)."""
+    return np.clip(np.nan_to_num(d.floats(n)), -limit, limit)
+
+
+def in_place_layout(d: Draw, a: np.ndarray) -> np.ndarray:
+    """``a``'s values in an array the in-place update may write (contiguous, a column slice of a
+    wider table, rows further apart) or one it must refuse with ValueError (read-only, misaligned,
+    byte-swapped, not unit stride along D); the ValueError is recorded when the result is one."""
+    kind = d.int(0, 23)   # 1, 2: legal layouts; 3 to 6: (mostly) refused ones; else contiguous
+    if kind == 1 and a.ndim == 2:
+        extra = d.int(1, 9)
+        wide = np.zeros((a.shape[0], a.shape[1] + extra), a.dtype)
+        start = d.int(0, extra)
+        a, wide[:, start:start + a.shape[1]] = wide[:, start:start + a.shape[1]], a
+    elif kind == 2:
+        big = np.zeros((2 * a.shape[0],) + a.shape[1:], a.dtype)
+        big[::2] = a
+        a = big[::2]
+    elif kind == 3:
+        a = np.asfortranarray(a)
+    elif kind == 4:
+        raw = np.zeros(a.nbytes + 1, np.uint8)
+        view = raw[1:].view(a.dtype).reshape(a.shape)
+        view[...] = a
+        a = view
+    elif kind == 5 and a.dtype != BF16:
+        a = a.astype(a.dtype.newbyteorder("S"))
+    elif kind == 6:
+        a = a.copy()
+        a.flags.writeable = False
+    else:
+        a = a.copy()
+    unit_d = a.ndim < 2 or a.shape[1] <= 1 or a.strides[1] == a.itemsize
+    strides_ok = a.size == 0 or (unit_d and a.strides[0] >= 0 and a.strides[0] % a.itemsize == 0)
+    if not (a.flags.writeable and a.flags.aligned and a.dtype.isnative and strides_ok):
+        d.errors.add(ValueError)
+    return a
+
+
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+
+
+def large_bags(d: Draw, rows: int):
+    """draw_bags' result for 512 to 2000 valid bags (from a generator: the input's bytes would
+    run out), with PyTorch offsets or caffe2 lengths, either mode, weights and padding_idx."""
+    rng = np.random.default_rng(d.int(0, 2 ** 32 - 1))
+    nbags = d.pick((512, 1024, 2000))
+    lens = rng.choice((0, 1, 2, 3, 5), nbags)
+    indices = rng.integers(0, rows, int(lens.sum())).astype(d.pick(INT_TYPES))
+    kw = {"mode": d.pick(("sum", "mean"))}
+    if d.chance(2):
+        kw["lengths"] = lens
+        bag_args = ()
+    else:
+        bag_args = (np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64),)
+    if d.chance(3):
+        kw["padding_idx"] = d.int(-rows, rows - 1)
+    if d.chance(3):
+        kw["per_sample_weights"] = rng.uniform(-2, 2, indices.size).astype(np.float32)
+    ref_kw = dict(kw, offsets=bag_args[0]) if bag_args else dict(kw)
+    return indices, bag_args, kw, ref_kw, nbags
+
+
+def fuzz_backward_update(d: Draw):
+    """embedding_bag_backward_update: weight and state against the float64 reference of
+    perfkernels.reference; an invalid call must leave both untouched, bit for bit."""
+    large = d.chance(12)
+    optimizer = d.pick(OPTIMIZERS)
+    rows, dim = (d.int(50, 400), 64) if large else (d.int(0, 30), d.pick(DIMS))
+    dtype = d.pick((np.float32, np.float16, BF16))
+    # moderate finite values: the float32 arithmetic then stays within a relative bound
+    weight0 = moderate(d, rows * dim, 100.0).astype(dtype).reshape(rows, dim)
+    weight = in_place_layout(d, weight0)
+    if d.invalid(40, TypeError):
+        weight = d.pick((weight0.astype(np.float64), weight0.astype(np.int32), weight0.tolist()))
+    elif d.invalid(40, ValueError):
+        weight = weight.reshape(-1)
+    if large:   # enough entries for the pool to split the sort and the row updates
+        indices, bag_args, kw, ref_kw, nbags = large_bags(d, rows)
+    else:
+        indices, bag_args, kw, ref_kw, nbags = draw_bags(d, rows)
+    if "per_sample_weights" in kw:
+        w = np.clip(np.nan_to_num(np.asarray(ref_kw["per_sample_weights"], np.float64)), -4, 4)
+        ref_kw["per_sample_weights"] = w.astype(np.float32)
+        kw["per_sample_weights"] = w.astype(kw["per_sample_weights"].dtype)
+    state0 = None
+    if optimizer != "sgd":
+        shape = (rows, dim) if optimizer == "adagrad" else (rows,)
+        state0 = (np.zeros(shape, np.float32) if d.chance(3) else
+                  np.abs(moderate(d, int(np.prod(shape)), 10.0)).reshape(shape))
+    state = None if state0 is None else in_place_layout(d, state0)
+    if d.invalid(30, ValueError):   # a state for sgd, none for adagrad, the wrong shape
+        state = (np.zeros(rows, np.float32) if state is None else
+                 d.pick((None, np.zeros((rows + 1, dim), np.float32), np.zeros((rows, dim + 1), np.float32))))
+    elif state is not None and d.invalid(30, TypeError):
+        state = d.pick((state0.astype(np.float64), state0.tolist()))
+    elif (optimizer == "adagrad" and dtype == np.float32 and rows and dim and isinstance(weight, np.ndarray)
+          and weight.shape == (rows, dim) and d.invalid(20, ValueError)):
+        state = weight   # the state may not share memory with the table
+    grad0 = moderate(d, nbags * dim, 10.0).reshape(nbags, dim)
+    grad = layout(d, grad0)
+    if (dtype == np.float32 and nbags * dim and isinstance(weight, np.ndarray) and weight.flags.writeable
+            and weight.flags.c_contiguous and weight.size >= nbags * dim and d.chance(8)):
+        grad = weight.reshape(-1)[:nbags * dim].reshape(nbags, dim)   # read while the rows are written
+        grad0 = np.array(grad)
+    if d.invalid(30, ValueError):
+        grad = np.zeros((nbags + 1, dim), np.float32)
+    elif d.invalid(30, TypeError):
+        grad = grad0.astype(np.float64)
+    hyper = {"lr": d.pick((0.0, 0.01, 0.1, 1.0)), "eps": d.pick((1e-8, 1e-3, 0.5)),
+             "weight_decay": d.pick((0.0, 0.0, 1e-3, 0.1))}
+    if d.invalid(20, ValueError):
+        hyper[d.pick(tuple(hyper))] = d.pick((-0.5, float("nan"), float("inf"), 1e39))
+    elif d.invalid(40, TypeError):
+        hyper[d.pick(tuple(hyper))] = d.pick((None, [0.1], 1j))
+    kw.update(hyper, grad_output=grad, optimizer=optimizer, state=state)
+    if d.invalid(40, ValueError):
+        kw["optimizer"] = d.pick(("SGD", "adam", None))
+    rounding = dtype != np.float32 and d.chance(3)
+    if rounding:
+        kw["stochastic_rounding"] = True
+    if d.chance(2) or (rounding and d.chance(2)):
+        kw["seed"] = d.pick((0, 1, 2 ** 64 + 5, -3, np.int64(7)))
+        if d.invalid(30, TypeError):
+            kw["seed"] = d.pick((1.5, "1"))
+    ref_args = dict(grad_output=grad0, optimizer=optimizer, state=state0, **hyper, **ref_kw)
+    d.watch = [a for a in (weight, state) if a is not None]
+
+    def rerun(num_threads):
+        w, h = weight0.copy(), None if state0 is None else state0.copy()
+        pk.embedding_bag_backward_update(w, indices, *bag_args, **{**kw, "state": h,
+                                                                    "num_threads": num_threads})
+        return w, h
+
+    # stochastic rounding without a seed draws fresh random bits: not repeatable
+    d.rerun = False if rounding and kw.get("seed") is None else rerun
+    d.result = lambda _: (weight, state)
+
+    def reference():
+        want = ref.embedding_bag_backward_update(weight0, indices, **ref_args)
+        return want, (weight0, state0, optimizer, hyper, rounding)
+
+    return pk.embedding_bag_backward_update, (weight, indices) + bag_args, kw, None, reference, "update"
+
+
+_TORCH = []
+
+
+def _torch():
+    """(torch, perfkernels.torch), imported once: the import takes seconds."""
+    if not _TORCH:
+        import torch
+        import perfkernels.torch as pkt
+        _TORCH.extend((torch, pkt))
+    return _TORCH
+
+
+def torch_bags(d: Draw, rows: int, weights: bool = True):
+    """Bags for the torch entry points: (indices, offsets or None, reference kwargs); an
+    out-of-range index must raise IndexOutOfRangeError (an IndexError and a RuntimeError)."""
+    torch, pkt = _torch()
+    nbags = d.int(0, 8)
+    lens = [d.pick((0, 1, 2, 3, 17)) for _ in range(nbags)]
+    n = sum(lens)
+    values = np.array([d.int(0, rows - 1) if rows else 0 for _ in range(n)], np.int64)
+    if n and (rows == 0 or d.chance(8)):
+        values[d.int(0, n - 1)] = d.pick(HUGE_INDICES + (rows,))
+        d.errors.add(pkt.IndexOutOfRangeError)
+    ix_t = d.pick((torch.int32, torch.int64))
+    if ix_t == torch.int32:
+        values = np.where((values >= 2 ** 31) | (values < -2 ** 31), -1, values)
+    ref_kw = {"mode": d.pick(("sum", "mean"))}
+    if nbags and len(set(lens)) == 1 and d.chance(2):
+        indices, offs = values.reshape(nbags, lens[0]), None
+    else:
+        indices = values
+        offs = np.cumsum([0] + lens[:-1]).astype(np.int64) if nbags else np.zeros(0, np.int64)
+        if d.chance(2):
+            offs = np.append(offs, n)
+            ref_kw["include_last_offset"] = True
+        ref_kw["offsets"] = offs
+    if weights and d.chance(3):
+        ref_kw["per_sample_weights"] = d.floats(n).reshape(indices.shape)
+    as_t = lambda a: None if a is None else torch.from_numpy(a).to(ix_t)  # noqa: E731
+    return indices, as_t(indices), as_t(offs), ref_kw
+
+
+def _named(fn, name: str):
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+def fuzz_torch_quantized(d: Draw):
+    """perfkernels.torch's quantized lookups: the embedding_bag_{byte,4bit,2bit}_rowwise_offsets
+    aliases of torch.ops.quantized and QuantizedEmbeddingBag.from_packed(...).forward."""
+    torch, pkt = _torch()
+    bits = d.pick((8, 4, 2))
+    rows = d.int(0, 30)
+    dim = (1 if bits == 8 else 8 // bits) * d.int(1, 20)   # what torch's ops infer from a row
+    packed, meta = packed_table(d, rows, dim, bits)
+    indices, ix_t, offs_t, ref_kw = torch_bags(d, rows)
+    psw = ref_kw.get("per_sample_weights")
+    psw_t = None if psw is None else torch.from_numpy(psw)
+    mode, last = ref_kw["mode"], ref_kw.get("include_last_offset", False)
+    if d.chance(2):
+        name = {8: "byte", 4: "4bit", 2: "2bit"}[bits]
+        op = getattr(pkt, f"embedding_bag_{name}_rowwise_offsets")
+        args = (torch.from_numpy(packed), ix_t, offs_t)
+        kw = dict(mode=("sum", "mean").index(mode), per_sample_weights=psw_t, include_last_offset=last)
+    else:
+        if rows and d.chance(3):
+            ref_kw["padding_idx"] = d.int(-rows, rows - 1)
+        module = pkt.QuantizedEmbeddingBag.from_packed(
+            torch.from_numpy(packed), bits=bits, dim=dim if d.chance(2) else None, mode=mode,
+            include_last_offset=last, padding_idx=ref_kw.get("padding_idx"))
+        op = _named(lambda *a: module(*a), "QuantizedEmbeddingBag.forward")
+        args, kw = (ix_t, offs_t, psw_t), {}
+    call = _named(lambda *a, **k: op(*a, **k).numpy(), op.__name__)
+    return (call, args, kw, None,
+            lambda: quantized_expected(packed, meta, bits, dim, indices, **ref_kw), "qbags")
+
+
+def fuzz_torch_module(d: Draw):
+    """perfkernels.torch.EmbeddingBag (nn.EmbeddingBag's drop-in) forward, frozen (the direct
+    kernel route) or trainable (through autograd)."""
+    torch, pkt = _torch()
+    rows, dim = d.int(0, 30), d.pick(DIMS)
+    dtype = d.pick((np.float32, np.float16, BF16))
+    table = d.floats(rows * dim).astype(dtype).reshape(rows, dim)
+    indices, ix_t, offs_t, ref_kw = torch_bags(d, rows, weights=False)
+    if ref_kw["mode"] == "sum" and d.chance(3):
+        ref_kw["per_sample_weights"] = d.floats(indices.size).reshape(indices.shape)
+    if rows and d.chance(3):
+        ref_kw["padding_idx"] = d.int(-rows, rows - 1)
+    weight = torch.from_numpy(table.view(np.uint16)).view(torch.bfloat16) if dtype == BF16 else \
+        torch.from_numpy(table)
+    module = pkt.EmbeddingBag.from_pretrained(
+        weight, freeze=d.chance(2), mode=ref_kw["mode"],
+        include_last_offset=ref_kw.get("include_last_offset", False), padding_idx=ref_kw.get("padding_idx"))
+    psw = ref_kw.get("per_sample_weights")
+    args = (ix_t, offs_t, None if psw is None else torch.from_numpy(psw))
+    forward = _named(lambda *a: module(*a).detach(), "EmbeddingBag.forward")
+    return (forward, args, {}, None,
+            lambda: (ref.embedding_bag(table, indices, **ref_kw), np.dtype(dtype)), "torch")
+
+
+def fuzz_torch_lstm(d: Draw):
+    """torch.ops.perfkernels.lstm_unit / lstm_unit_backward against the float64 reference, and
+    perfkernels.torch.LSTMCell (forward and its gradients) against torch.nn.LSTMCell."""
+    torch, pkt = _torch()
+    n, dim = d.int(0, 6), d.pick(DIMS[1:10])
+    c_prev, c, dh, dc = (moderate(d, n * dim).reshape(n, dim) for _ in range(4))
+    gates = moderate(d, n * 4 * dim).reshape(n, 4 * dim)
+    fb = float(d.pick((0.0, 1.0, -2.5)))
+    what = d.int(0, 2)
+    if what == 0:
+        if d.invalid(20, ValueError, RuntimeError):
+            gates = gates[:, 1:]
+        to_np = _named(lambda *a: tuple(t.numpy() for t in torch.ops.perfkernels.lstm_unit(*a)),
+                       "perfkernels::lstm_unit")
+        args = (torch.from_numpy(c_prev), torch.from_numpy(gates), fb)
+        return to_np, args, {}, None, lambda: ref.lstm_unit(c_prev, c_prev, gates, forget_bias=fb,
+                                                             gate_order="ifgo"), "lstm"
+    if what == 1:
+        if d.invalid(20, ValueError, RuntimeError):
+            dh = dh[:, 1:]
+        to_np = _named(lambda *a: tuple(t.numpy() for t in torch.ops.perfkernels.lstm_unit_backward(*a)),
+                       "perfkernels::lstm_unit_backward")
+        args = tuple(torch.from_numpy(a) for a in (c_prev, gates, c, dh, dc)) + (fb,)
+        return to_np, args, {}, None, lambda: ref.lstm_unit_backward(
+            c_prev, gates, c, dh, dc, forget_bias=fb, gate_order="ifgo")[1:], "lstm"
+    in_features = d.int(1, 9)
+    torch.manual_seed(d.int(0, 2 ** 16))
+    theirs = torch.nn.LSTMCell(in_features, dim)
+    ours = pkt.LSTMCell(in_features, dim)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.from_numpy(moderate(d, n * in_features).reshape(n, in_features))
+    hx = (torch.from_numpy(dh), torch.from_numpy(c_prev)) if d.chance(2) else None
+
+    def step(cell):
+        cell.zero_grad()
+        h, c_new = cell(x, hx)
+        (h * torch.from_numpy(dc) + c_new * torch.from_numpy(c)).sum().backward()
+        return (h.detach().numpy(), c_new.detach().numpy(),
+                *(p.grad.numpy().copy() for p in (cell.weight_ih, cell.weight_hh, cell.bias_ih)))
+
+    return (_named(lambda: step(ours), "LSTMCell"), (), {}, None,
+            lambda: tuple(a.astype(np.float64) for a in step(theirs)), "lstm")
+
+
+#: The targets in the order the corpus knows them: new ones only ever go at the end.
 TARGETS = (fuzz_embedding_bag, fuzz_embedding_bag_quantized, fuzz_quantize, fuzz_dequantize,
-           fuzz_convert, fuzz_lstm, fuzz_torch_embedding_bag)
+           fuzz_convert, fuzz_lstm, fuzz_torch_embedding_bag,
+           fuzz_embedding_bags_multi, fuzz_backward_update, fuzz_torch_quantized, fuzz_torch_module,
+           fuzz_torch_lstm)
+#: The corpus was recorded with 7 targets, picked by ``byte % 7``: bytes below FIRST_NEW_BYTE keep
+#: that meaning, the ones from it up pick the targets added since (the stored inputs whose byte was
+#: there were rewritten to the same target below it).
+OLD_TARGETS, FIRST_NEW_BYTE = 7, 140
+#: The targets whose function takes num_threads= (the torch entry points do not).
+THREADED = {fuzz_embedding_bag, fuzz_embedding_bag_quantized, fuzz_quantize, fuzz_dequantize,
+            fuzz_convert, fuzz_lstm, fuzz_embedding_bags_multi, fuzz_backward_update}
+#: num_threads= values: the default, valid counts (compared bit for bit with 1 thread) and
+#: invalid ones with their documented exception.
+THREAD_COUNTS = ((None, None), (None, None), (None, None), (None, None), (1, None), (2, None),
+                 (3, None), (8, None), (np.int64(2), None), (2, None), (0, ValueError),
+                 (-1, ValueError), (1.5, TypeError), (True, TypeError), (2 ** 40, ValueError),
+                 ("2", TypeError))
+
+
+def pick_target(d: Draw):
+    byte = d.u8()
+    if byte < FIRST_NEW_BYTE:
+        return TARGETS[byte % OLD_TARGETS]
+    return TARGETS[OLD_TARGETS + (byte - FIRST_NEW_BYTE) % (len(TARGETS) - OLD_TARGETS)]
 
 
 # --- the oracle ----------------------------------------------------------------------------------
@@ -490,6 +991,8 @@ def _snapshot(out):
 
 def _same(a, b) -> bool:
     if isinstance(a, tuple):
+        if not isinstance(b, tuple) or len(a) != len(b):
+            return False
         return all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, np.ndarray):
         return a.shape == b.shape and a.tobytes() == b.tobytes()
@@ -510,10 +1013,12 @@ def _assert_close_where_defined(got, want: ref.Expected, rtol: float, atol: floa
 
 
 def _check_result(kind: str, got, want, out) -> None:
-    if kind == "bags":
+    if kind in ("bags", "qbags"):
         # float32 accumulation of at most 17 terms a bag: error < 17 * 2**-24 of the magnitude;
-        # atol covers products that land among the subnormals
-        _assert_close_where_defined(got, want, rtol=2e-6, atol=1e-43)
+        # atol covers products that land among the subnormals (quantized: weight * scale rounded
+        # there, up to 2**-150, then times a code up to 255)
+        _assert_close_where_defined(got, want, rtol=2e-6,
+                                    atol=1e-43 if kind == "bags" else 17 * 2 ** 8 * 2.0 ** -150)
     elif kind == "bits":
         ref.assert_same_bits(got, want)
     elif kind == "dequantize":
@@ -531,6 +1036,12 @@ def _check_result(kind: str, got, want, out) -> None:
         _assert_close_where_defined(np.where(fits, out, 0.0),
                                     ref.Expected(np.where(fits, value, 0.0), np.where(fits, magnitude, 0.0)),
                                     rtol=rtol, atol=1e-43 if dtype == np.float32 else 6e-8)
+        return
+    elif kind == "update":
+        expected, (weight0, state0, optimizer, hyper, rounding) = want
+        weight, state = got
+        ref.assert_update_close(weight, state, weight0, state0, expected, optimizer=optimizer,
+                                stochastic=rounding, **hyper)
         return
     elif kind == "lstm":
         # sigmoid/tanh are good to ~1e-6 relative; products with inputs up to 4 scale that
@@ -553,13 +1064,27 @@ def one_input(data: bytes) -> None:
 def _one_input(data: bytes) -> None:
     d = Draw(data)
     isa = d.pick(ISAS)
-    target = TARGETS[d.int(0, len(TARGETS) - 1)]
+    target = pick_target(d)
     fn, args, kw, out, reference, kind = target(d)
+    threads, thread_error = THREAD_COUNTS[d.int(0, len(THREAD_COUNTS) - 1)] if target in THREADED \
+        else (None, None)
+    if threads is not None:
+        kw["num_threads"] = threads
+    if thread_error:
+        d.errors.add(thread_error)
     if out is not None:
         kw["out"] = out
-    before = _snapshot(out)
-    # The reference runs first: out= may legally overlap an input, which the call then rewrites.
+    watched = [out] + d.watch
+    before = [_snapshot(a) for a in watched]
+    # The reference and the 1-thread run go first: out= may legally overlap an input, which the
+    # call then rewrites.
     want = None if d.errors else reference()
+    one_thread = None
+    if not d.errors and target in THREADED and threads != 1 and d.rerun is not False:
+        with pk.use_isa(isa):
+            one_thread = (d.rerun or (lambda nt: fn(*args, **{**{k: v for k, v in kw.items()
+                                                                 if k != "out"}, "num_threads": nt})))(1)
+            one_thread = _snapshot(one_thread if isinstance(one_thread, tuple) else (one_thread,))
     with pk.use_isa(isa):
         try:
             got = fn(*args, **kw)
@@ -567,12 +1092,20 @@ def _one_input(data: bytes) -> None:
             if not any(isinstance(exc, e) for e in d.errors):
                 raise AssertionError(f"{fn.__name__} raised {type(exc).__name__}: {exc}, "
                                      f"expected {sorted(e.__name__ for e in d.errors) or 'success'}") from exc
-            assert _same(_snapshot(out), before), f"{fn.__name__} changed out= before raising {exc!r}"
+            if d.message and isinstance(exc, IndexError) and IndexError in d.errors:
+                assert any(m in str(exc) for m in d.message.split("|")), \
+                    f"{fn.__name__}: {exc!r} does not name {d.message}"
+            for a, b in zip(watched, before):
+                assert _same(_snapshot(a), b), f"{fn.__name__} changed its output before raising {exc!r}"
             return
     if d.errors:
         raise AssertionError(f"{fn.__name__} returned although the input drew "
                              f"{sorted(e.__name__ for e in d.errors)}")
-    _check_result(kind, got, want, out)
+    result = (d.result or (lambda g: g))(got)
+    if one_thread is not None:
+        assert _same(_snapshot(result if isinstance(result, tuple) else (result,)), one_thread), \
+            f"{fn.__name__} with num_threads={threads!r} differs from num_threads=1"
+    _check_result(kind, result, want, out)
 
 
 def replay(paths) -> int:
@@ -602,9 +1135,9 @@ def main(argv) -> None:
     atheris.instrument_func(_one_input)
     for target in TARGETS:
         atheris.instrument_func(target)
-    atheris.instrument_func(draw_bags)
-    atheris.instrument_func(draw_out)
-    atheris.instrument_func(layout)
+    for helper in (draw_bags, large_bags, draw_out, layout, packed_table, in_place_layout,
+                   torch_bags, pick_target):
+        atheris.instrument_func(helper)
     atheris.Setup(argv, one_input)
     atheris.Fuzz()
 

@@ -14,7 +14,7 @@
  * Errors: each chunk stops at its first bad index; chunks are in (part, bag) order, so the first
  * chunk that failed holds the first bad position of the call, which is what is reported.  With
  * `check_first` (the kernels write a caller's out= directly, which must not be half-written on an
- * error) every chunk first scans its indices (pk_bags_first_bad_index), and the kernels run only
+ * error) every chunk first scans its indices (pk_bags_first_bad_in), and the kernels run only
  * when no chunk found a bad one: the scan is split across the same threads as the work.
  *
  * Header-only (static functions, baseline flags): included by the Cython modules of both bag
@@ -88,13 +88,9 @@ typedef struct pk_bags_run_ctx {
 /* The first bad index of bags [b0, b1) of a part: PK_ERR_INDEX with its position, or PK_OK. */
 static pk_status pk_bags_scan(const pk_bags_part *part, int64_t b0, int64_t b1, int64_t *bad_pos)
 {
-    const int64_t begin = part->bags.offsets[b0];
-    pk_bags probe = part->bags;
-    probe.indices = (const char *)probe.indices + begin * (probe.index_64 ? 8 : 4);
-    probe.n_indices = part->bags.offsets[b1] - begin;
-    const int64_t bad = pk_bags_first_bad_index(&probe, part->rows);
+    const int64_t bad = pk_bags_first_bad_in(&part->bags, b0, b1, part->rows);
     if (bad < 0) return PK_OK;
-    *bad_pos = begin + bad;
+    *bad_pos = bad;
     return PK_ERR_INDEX;
 }
 

@@ -233,8 +233,8 @@ PK_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, int64_
                                   int64_t dim, int64_t row_stride, int64_t *bad_pos,
                                   const int type)
 {
-    if (dim == 0) {  /* no row is read, but a bad index is still an error */
-        int64_t j = pk_bags_first_bad_index(bags, rows);
+    if (dim == 0) {  /* no row is read, but a bad index in these bags is still an error */
+        const int64_t j = pk_bags_first_bad_in(bags, 0, bags->num_bags, rows);
         if (j >= 0) { *bad_pos = j; return PK_ERR_INDEX; }
         return PK_OK;
     }
