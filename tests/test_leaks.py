@@ -51,6 +51,11 @@ def _case(size, rng):
     h, c = rng.standard_normal((2, n, dim)).astype(np.float32)
     gates = rng.standard_normal((n, 4 * dim)).astype(np.float32)
     seq = rng.integers(0, 3, n).astype(np.int32)
+    multi = {"lengths": np.full(2 * nbags, bag), "bits": [None, 4], "dims": [None, dim],
+             "modes": ["sum", "mean"]}
+    table = f32.copy()
+    update = {"grad_output": rng.standard_normal((nbags, dim)).astype(np.float32),
+              "optimizer": "rowwise_adagrad", "state": np.zeros(rows, np.float32), "lr": 1e-3}
     return {
         "embedding_bag": (pk.embedding_bag, (f16, ix, offs), {"mode": "mean"}, None),
         "embedding_bag_out": (pk.embedding_bag, (bf16, ix, offs),
@@ -74,6 +79,15 @@ def _case(size, rng):
         "lstm_unit_bad_shape": (pk.lstm_unit, (h, c, gates[:, 1:]), {}, ValueError),
         "lstm_unit_backward": (pk.lstm_unit_backward, (c, gates, c, h, h),
                                {"out": (None, np.empty_like(c), None)}, None),
+        "embedding_bags_multi": (pk.embedding_bags_multi, ([f16, packed], np.concatenate([ix, ix])),
+                                 multi, None),
+        "embedding_bags_multi_bad_index": (pk.embedding_bags_multi,
+                                           ([f16, packed], np.concatenate([ix, bad_ix])), multi,
+                                           IndexError),
+        "embedding_bag_backward_update": (pk.embedding_bag_backward_update, (table, ix, offs),
+                                          update, None),
+        "embedding_bag_backward_update_bad_index": (pk.embedding_bag_backward_update,
+                                                    (table, bad_ix, offs), update, IndexError),
     }
 
 
