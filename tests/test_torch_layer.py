@@ -400,6 +400,20 @@ def test_torch_compile_fullgraph_and_export_agree_with_eager():
     assert "perfkernels.embedding_bag" in str(ep.graph)
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_collection_empty_batch_with_a_shared_table(grad):
+    """B = 0 with two features on one table (found by the fuzzer: the per-table lookup's result
+    was split into zero chunks, losing the features)."""
+    tables = [pt.EmbeddingBagConfig(10, 3, name="t0", feature_names=["a", "b"]),
+              pt.EmbeddingBagConfig(5, 2, name="t1", feature_names=["c"])]
+    ebc = pt.EmbeddingBagCollection(tables)
+    kjt = pt.KeyedJaggedTensor(["a", "b", "c"], torch.zeros(0, dtype=torch.int64),
+                               lengths=torch.zeros(0, dtype=torch.int64))
+    with torch.set_grad_enabled(grad):
+        out = ebc(kjt)
+    assert out.values().shape == (0, 8) and out.keys() == ["a", "b", "c"]
+
+
 class _CollectionModel(torch.nn.Module):
     """A collection fed from plain tensors (the KJT is built inside forward, so export needs no
     pytree registration of our KJT class)."""

@@ -219,8 +219,8 @@ class EmbeddingBagCollection(torch.nn.Module):
         for table, feats in by_table.items():
             segments = [offsets[f * batch:(f + 1) * batch + 1] for f in feats]
             out = self._lookup_segments(self.embedding_bags[table], values, weights, segments)
-            for f, part in zip(feats, out.split(batch) if len(feats) > 1 else [out]):
-                pooled[f] = part
+            for i, f in enumerate(feats):     # (not split(batch): batch may be 0)
+                pooled[f] = out[i * batch:(i + 1) * batch] if len(feats) > 1 else out
         parts = [pooled[position[feature]] for feature, _, _ in self._feature_table]
         return torch.cat(parts, dim=1) if parts else values.new_zeros((batch, 0),
                                                                       dtype=torch.float32)

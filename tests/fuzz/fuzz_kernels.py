@@ -953,10 +953,76 @@ def fuzz_torch_lstm(d: Draw):
 
 
 #: The targets in the order the corpus knows them: new ones only ever go at the end.
+def fuzz_torch_collection(d: Draw):
+    """perfkernels.torch.EmbeddingBagCollection forward on a KeyedJaggedTensor: tables of their own
+    widths and pooling, features sharing a table, weighted or not, with or without autograd (the
+    one-call multi-table route, or one lookup per table), against a float64 reference per feature;
+    an out-of-range value must raise IndexOutOfRangeError."""
+    torch, pkt = _torch()
+    num_tables = d.int(1, 3)
+    cfgs = [pkt.EmbeddingBagConfig(d.int(1, 12), d.pick(DIMS[1:10]), name=f"t{t}",
+                                   pooling=d.pick(("sum", "mean"))) for t in range(num_tables)]
+    num_features, batch = d.int(1, 4), d.int(0, 4)
+    keys = [f"f{f}" for f in range(num_features)]
+    table_of = [d.int(0, num_tables - 1) for _ in keys]
+    for f, t in enumerate(table_of):
+        cfgs[t].feature_names.append(keys[f])
+    cfgs = [c for c in cfgs if c.feature_names]
+    weighted = d.chance(3)
+    ebc = pkt.EmbeddingBagCollection(cfgs, is_weighted=weighted)
+    arrays = {}
+    with torch.no_grad():
+        for c in cfgs:
+            w = moderate(d, c.num_embeddings * c.embedding_dim).reshape(c.num_embeddings, -1)
+            ebc.embedding_bags[c.name].weight.copy_(torch.from_numpy(w.astype(np.float32)))
+            arrays[c.name] = ebc.embedding_bags[c.name].weight.detach().numpy().copy()
+    rows_of = {k: int(c.num_embeddings) for c in cfgs for k in c.feature_names}
+    lengths = np.array([d.pick((0, 1, 2, 3)) for _ in range(num_features * batch)], np.int64)
+    values = np.concatenate([[d.int(0, rows_of[keys[f]] - 1)
+                              for _ in range(int(lengths[f * batch:(f + 1) * batch].sum()))]
+                             for f in range(num_features)] + [[]]).astype(np.int64)
+    if values.size and d.chance(8):
+        values[d.int(0, values.size - 1)] = d.pick(HUGE_INDICES + (max(rows_of.values()),))
+        if any(values[o] >= rows_of[keys[f]] or values[o] < 0
+               for f in range(num_features)
+               for o in range(int(lengths[:f * batch].sum()), int(lengths[:(f + 1) * batch].sum()))):
+            d.errors.add(pkt.IndexOutOfRangeError)
+    psw = moderate(d, values.size) if weighted else None
+    grad = d.chance(2)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+    def forward(values, lengths, weights):
+        kjt = pkt.KeyedJaggedTensor(keys, values, weights=weights, lengths=lengths)
+        with torch.set_grad_enabled(grad):
+            return ebc(kjt).values().detach().numpy()
+
+    def reference():
+        parts = []
+        for c in cfgs:
+            for k in c.feature_names:
+                f = keys.index(k)
+                begin, end = int(offsets[f * batch]), int(offsets[(f + 1) * batch])
+                parts.append(ref.embedding_bag(
+                    arrays[c.name], values[begin:end], offsets[f * batch:(f + 1) * batch + 1] - begin,
+                    include_last_offset=True, mode=_pooling(c.pooling),
+                    per_sample_weights=None if psw is None else psw[begin:end]))
+        if not parts:
+            return ref.Expected(np.zeros((batch, 0)), np.zeros((batch, 0)))
+        return ref.Expected(*(np.concatenate([p[k] for p in parts], axis=1) for k in range(2)))
+
+    args = (torch.from_numpy(values), torch.from_numpy(lengths),
+            None if psw is None else torch.from_numpy(psw))
+    return (_named(forward, "EmbeddingBagCollection.forward"), args, {}, None, reference, "bags")
+
+
+def _pooling(pooling) -> str:
+    return str(getattr(pooling, "name", pooling)).lower()
+
+
 TARGETS = (fuzz_embedding_bag, fuzz_embedding_bag_quantized, fuzz_quantize, fuzz_dequantize,
            fuzz_convert, fuzz_lstm, fuzz_torch_embedding_bag,
            fuzz_embedding_bags_multi, fuzz_backward_update, fuzz_torch_quantized, fuzz_torch_module,
-           fuzz_torch_lstm)
+           fuzz_torch_lstm, fuzz_torch_collection)
 #: The corpus was recorded with 7 targets, picked by ``byte % 7``: bytes below FIRST_NEW_BYTE keep
 #: that meaning, the ones from it up pick the targets added since (the stored inputs whose byte was
 #: there were rewritten to the same target below it).
@@ -972,11 +1038,19 @@ THREAD_COUNTS = ((None, None), (None, None), (None, None), (None, None), (1, Non
                  ("2", TypeError))
 
 
+#: Targets added later still, each on one byte value of its own from the top down (the stored
+#: inputs that had such a byte were rewritten to another with the same target).
+LATER_TARGETS = (fuzz_torch_collection,)
+
+
 def pick_target(d: Draw):
     byte = d.u8()
     if byte < FIRST_NEW_BYTE:
         return TARGETS[byte % OLD_TARGETS]
-    return TARGETS[OLD_TARGETS + (byte - FIRST_NEW_BYTE) % (len(TARGETS) - OLD_TARGETS)]
+    if byte > 255 - len(LATER_TARGETS):
+        return LATER_TARGETS[255 - byte]
+    middle = len(TARGETS) - OLD_TARGETS - len(LATER_TARGETS)
+    return TARGETS[OLD_TARGETS + (byte - FIRST_NEW_BYTE) % middle]
 
 
 # --- the oracle ----------------------------------------------------------------------------------
