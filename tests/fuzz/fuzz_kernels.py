@@ -106,6 +106,14 @@ class Draw:
         return rng.integers(0, 2 ** 32, n, dtype=np.uint32).view(np.float32)
 
 
+def misaligned(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` one byte past an aligned address (misaligned for any itemsize above 1)."""
+    raw = np.zeros(a.nbytes + 1, np.uint8)
+    view = raw[1:].view(a.dtype).reshape(a.shape)
+    view[...] = a
+    return view
+
+
 def layout(d: Draw, a: np.ndarray) -> np.ndarray:
     """The same values in a layout the caller may legally pass: contiguous, Fortran order, a
     strided view of a bigger array, misaligned, byte-swapped or read-only."""
@@ -120,10 +128,7 @@ def layout(d: Draw, a: np.ndarray) -> np.ndarray:
         view[...] = a
         a = view
     elif kind == 3 and a.itemsize > 1:
-        raw = np.zeros(a.nbytes + 1, np.uint8)
-        view = raw[1:].view(a.dtype).reshape(a.shape)
-        view[...] = a
-        a = view
+        a = misaligned(a)
     elif kind == 4 and a.dtype != BF16:
         a = a.astype(a.dtype.newbyteorder("S"))
     if d.chance(4):
@@ -683,10 +688,7 @@ def in_place_layout(d: Draw, a: np.ndarray) -> np.ndarray:
     elif kind == 3:
         a = np.asfortranarray(a)
     elif kind == 4:
-        raw = np.zeros(a.nbytes + 1, np.uint8)
-        view = raw[1:].view(a.dtype).reshape(a.shape)
-        view[...] = a
-        a = view
+        a = misaligned(a)
     elif kind == 5 and a.dtype != BF16:
         a = a.astype(a.dtype.newbyteorder("S"))
     elif kind == 6:
