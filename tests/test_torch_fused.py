@@ -158,27 +158,18 @@ def test_collection_shared_table_updated_once_per_step():
 # a small DLRM-style model: the fused run's loss tracks the unfused torch run's
 # ---------------------------------------------------------------------------------------------
 
-class _RowwiseAdagrad(torch.optim.Optimizer):
-    """Unfused row-wise Adagrad on a sparse gradient (coalesce, then one update per row), for
-    comparing with the fused kernel: h += mean(g^2); w -= lr * g / (sqrt(h) + eps)."""
-
-    def __init__(self, params, lr, eps):
-        super().__init__(params, {"lr": lr, "eps": eps})
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "sum" not in state:
-                    state["sum"] = torch.zeros(p.shape[0])
-                g = p.grad.coalesce()
-                rows, values = g.indices()[0], g.values()
-                h = state["sum"].index_select(0, rows) + values.pow(2).mean(1)
-                state["sum"].index_copy_(0, rows, h)
-                p.index_add_(0, rows, -group["lr"] * values / (h.sqrt() + group["eps"])[:, None])
+def _rowwise_adagrad(params, lr, eps):
+    """The unfused row-wise Adagrad of examples/dlrm.py (coalesce the sparse gradient, then one
+    update per row), for comparing with the fused kernel."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "examples" / "dlrm.py"
+    if not path.exists():
+        pytest.skip("examples/dlrm.py not found next to tests/")
+    spec = importlib.util.spec_from_file_location("dlrm_example_optim", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.RowwiseAdagrad(params, lr=lr, eps=eps)
 
 
 def _tiny_dlrm(fused, optimizer, seed=0):
@@ -226,7 +217,7 @@ def test_dlrm_training_tracks_unfused_torch(optimizer):
         if not fused:
             sparse_opt = (torch.optim.Adagrad(tables.parameters(), lr=0.05, eps=1e-8)
                           if optimizer == "adagrad" else
-                          _RowwiseAdagrad(tables.parameters(), lr=0.05, eps=1e-8))
+                          _rowwise_adagrad(tables.parameters(), lr=0.05, eps=1e-8))
         run = []
         for dense, ix, label in batches:
             emb = [t(ix[k], offsets) for k, t in enumerate(tables)]
