@@ -116,3 +116,16 @@ cdef void ranges_task(void *vctx, int64_t t0, int64_t t1) noexcept nogil:
             hi = r.n
         if lo < hi:
             r.fn(r.ctx, lo, hi, c)
+
+
+def _use_openmp(address) -> None:
+    """Run parallel jobs on the team of the OpenMP runtime whose ``GOMP_parallel`` entry point is
+    at ``address`` (an int), or on the pool's own workers again when ``address`` is 0 or None.
+    ``perfkernels.torch`` calls this with PyTorch's libgomp; see ``docs/threads.md``."""
+    cdef size_t a = 0 if address is None else operator.index(address)
+    pool.use_openmp(<void *>a)
+
+
+def _openmp_in_use() -> int:
+    """The ``GOMP_parallel`` address jobs run on, or 0 (the pool's own workers)."""
+    return <size_t>pool.openmp_in_use()

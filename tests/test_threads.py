@@ -291,8 +291,8 @@ def test_eight_user_threads_at_once(rng):
     assert _parallel._num_workers() <= max(THREADS) - 1
 
 
-FORK_SCRIPT = r"""
-import os, signal, sys
+EVERY_FAMILY = r"""
+import os, signal, sys, threading
 import numpy as np, ml_dtypes
 import perfkernels as pk
 from perfkernels import _parallel, reference
@@ -315,7 +315,9 @@ def every_family(nt):
            pk.bfloat16_to_float(x.astype(ml_dtypes.bfloat16), num_threads=nt),
            *pk.lstm_unit(w[:4096], w[:4096], np.tile(w[:4096], 4), num_threads=nt)]
     return [a.tobytes() for a in out]
+"""
 
+FORK_SCRIPT = EVERY_FAMILY + r"""
 expected = every_family(1)
 assert every_family(4) == expected
 assert _parallel._num_workers() >= 1, "the parent never used its workers"
@@ -336,6 +338,81 @@ def test_forked_child_runs_every_family():
     r = run_python(["-c", FORK_SCRIPT], timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "child 0", r.stdout + r.stderr
+
+
+TORCH_THREADS_SCRIPT = EVERY_FAMILY + r"""
+import torch
+import perfkernels.torch as pt
+if not pt.torch_threads_in_use():
+    print("skip: PyTorch does not run on GNU OpenMP here:", torch.__config__.parallel_info())
+    sys.exit(0)
+assert pt.use_torch_threads(False) is False and not pt.torch_threads_in_use()
+own = [every_family(nt) for nt in (1, 2, 3, 8)]
+assert all(r == own[0] for r in own), "own pool: results depend on the thread count"
+workers = _parallel._num_workers()
+assert pt.use_torch_threads(True) is True and pt.torch_threads_in_use()
+a = torch.randn(512, 512)
+for nt in (1, 2, 3, 8):
+    (a @ a).sum()                               # PyTorch's OpenMP team, between our jobs
+    assert every_family(nt) == own[0], f"on PyTorch's threads, num_threads={nt} differs"
+assert _parallel._num_workers() == workers, "the own pool started workers while not in use"
+errors = []
+def user(i):
+    try:
+        for _ in range(3):
+            assert every_family(4) == own[0]
+            (a @ a).sum()
+    except BaseException as e:
+        errors.append(e)
+threads = [threading.Thread(target=user, args=(i,)) for i in range(8)]
+for t in threads: t.start()
+for t in threads: t.join(timeout=300)
+assert not any(t.is_alive() for t in threads), "a user thread hung"
+assert not errors, errors[0]
+pid = os.fork()
+if pid == 0:
+    try:
+        ok = (not pt.torch_threads_in_use() and every_family(4) == own[0]
+              and _parallel._num_workers() >= 1)
+    except BaseException:
+        ok = False
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_jobs_on_pytorchs_openmp_threads():
+    """With perfkernels.torch imported, jobs run on PyTorch's OpenMP team: every family gives the
+    own pool's bytes at every thread count, with PyTorch ops in between and from 8 user threads at
+    once, without starting the own workers; a forked child goes back to the own pool and finishes."""
+    pytest.importorskip("torch")
+    r = run_python(["-c", TORCH_THREADS_SCRIPT], timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    if r.stdout.startswith("skip:"):
+        pytest.skip(r.stdout.strip())
+    assert r.stdout.strip() == "child 0", r.stdout + r.stderr
+
+
+def env_with(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERFKERNELS_")}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("value", ["2", "yes", "-1", " "])
+def test_torch_threads_environment_variable_is_validated(value):
+    pytest.importorskip("torch")
+    r = run_python(["-c", "import perfkernels.torch"], env=env_with(PERFKERNELS_TORCH_THREADS=value))
+    assert r.returncode != 0
+    assert "PERFKERNELS_TORCH_THREADS" in r.stderr and repr(value.strip()) in r.stderr
+
+
+def test_torch_threads_environment_variable_off():
+    pytest.importorskip("torch")
+    r = run_python(["-c", "import perfkernels.torch as pt; print(pt.torch_threads_in_use())"],
+                   env=env_with(PERFKERNELS_TORCH_THREADS="0"))
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
 
 
 def test_busy_pool_runs_the_call_on_its_own_thread(rng):

@@ -59,7 +59,7 @@ extern "C" {
 typedef void (*pk_parallel_fn)(void *ctx, int64_t begin, int64_t end);
 
 typedef struct pk_parallel_api {
-    int abi_version;  /* 1 */
+    int abi_version;  /* 2 */
     /* Run fn over [0, n_tasks) on up to min(n_tasks, n_threads) threads (see above).  Returns the
      * number of threads allowed to take part (1: it all ran on the caller's thread). */
     int (*parallel_for)(int64_t n_tasks, int n_threads, pk_parallel_fn fn, void *ctx);
@@ -68,6 +68,13 @@ typedef struct pk_parallel_api {
     void (*set_num_threads)(int n);
     /* Workers started so far in this process (0 after fork in the child): for tests. */
     int (*num_workers)(void);
+    /* Run jobs on the team of an OpenMP runtime already loaded in the process instead of the
+     * pool's own workers: `gomp_parallel` is that runtime's GOMP_parallel entry point (libgomp's
+     * ABI, what `#pragma omp parallel` compiles to); NULL goes back to the own workers.  A forked
+     * child always goes back to the own workers. */
+    void (*use_openmp)(void *gomp_parallel);
+    /* The GOMP_parallel entry point in use, or NULL. */
+    void *(*openmp_in_use)(void);
 } pk_parallel_api;
 
 /* The pool of this process (defined only in the perfkernels._parallel extension; other modules

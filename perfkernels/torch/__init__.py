@@ -13,6 +13,8 @@ perfkernels[torch]``).
   take a cheaper direct route.
 
 CPU tensors reach the C kernels without a copy; CUDA tensors go to :mod:`perfkernels.cuda`.
+Once imported, perfkernels' parallel jobs run on PyTorch's OpenMP threads
+(:func:`use_torch_threads`), so the two libraries do not compete for the cores.
 An out-of-range index raises :class:`IndexOutOfRangeError`, both an ``IndexError`` and a
 ``RuntimeError``.
 """
@@ -31,6 +33,7 @@ from ._collection import (EmbeddingBagCollection, EmbeddingBagConfig, KeyedJagge
                           KeyedTensor)
 from ._lstm import LSTMCell, lstm_unit
 from ._convert import ConversionReport, convert, embedding_bag, last_report, route_functional
+from ._threads import torch_threads_in_use, use_torch_threads
 
 __all__ = [
     "IndexOutOfRangeError", "BagBackward",
@@ -40,4 +43,7 @@ __all__ = [
     "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor",
     "LSTMCell", "lstm_unit",
     "convert", "ConversionReport", "last_report", "embedding_bag", "route_functional",
+    "use_torch_threads", "torch_threads_in_use",
 ]
+
+_threads._init_from_environment()

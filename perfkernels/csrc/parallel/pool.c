@@ -65,6 +65,37 @@ static pool_t pool = {
 };
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
+/* The host's OpenMP runtime (libgomp ABI), when a job should run on its team: PyTorch's CPU ops
+ * run on libgomp's team, whose threads spin for a while after each region; a pool of our own
+ * beside them competes with those spinning threads for the same cores (its worker starts late and
+ * the owner does most of the job alone), while the spinning team takes our job at once. */
+typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads,
+                                 unsigned flags);
+static _Atomic(gomp_parallel_fn) host_gomp_parallel;
+
+typedef struct gomp_job {
+    pk_parallel_fn fn;
+    void *ctx;
+    int64_t n_tasks;
+    int64_t n_blocks;
+    atomic_int_fast64_t next;  /* next unclaimed block */
+} gomp_job;
+
+/* The body every thread of the OpenMP team runs: claim blocks until none is left (the same
+ * blocks as on the own pool, so the split does not depend on which runs the job). */
+static void gomp_body(void *arg)
+{
+    gomp_job *job = arg;
+    const int64_t n = job->n_tasks, blocks = job->n_blocks;
+    for (;;) {
+        const int64_t b = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
+        if (b >= blocks) break;
+        const int64_t begin = n / blocks * b + n % blocks * b / blocks;
+        const int64_t end = n / blocks * (b + 1) + n % blocks * (b + 1) / blocks;
+        if (begin < end) job->fn(job->ctx, begin, end);
+    }
+}
+
 /* Claim and run blocks of job `gen` until none is left; returns how many this thread ran. */
 static int64_t run_blocks(uint_fast64_t gen, pk_parallel_fn fn, void *ctx, int64_t n, int64_t blocks)
 {
@@ -144,6 +175,8 @@ static void atfork_child(void)
     atomic_store(&pool.ticket, 0);
     atomic_store(&pool.finished, 0);
     atomic_store(&pool.busy, 0);
+    /* the parent's OpenMP team does not exist here, and libgomp is not fork-safe */
+    atomic_store(&host_gomp_parallel, (gomp_parallel_fn)NULL);
 }
 
 static void register_atfork(void) { pthread_atfork(NULL, NULL, atfork_child); }
@@ -200,6 +233,16 @@ static int parallel_for(int64_t n_tasks, int n_threads, pk_parallel_fn fn, void 
     if (k <= 1 || !atomic_compare_exchange_strong(&pool.busy, &expected, 1)) {
         fn(ctx, 0, n_tasks);  /* small call, or the pool serves another call: this thread only */
         return 1;
+    }
+    const gomp_parallel_fn gomp = atomic_load_explicit(&host_gomp_parallel, memory_order_acquire);
+    if (gomp) {
+        gomp_job job = {.fn = fn, .ctx = ctx, .n_tasks = n_tasks,
+                        .n_blocks = n_tasks < (int64_t)BLOCKS_PER_THREAD * k
+                                        ? n_tasks : (int64_t)BLOCKS_PER_THREAD * k};
+        atomic_init(&job.next, 0);
+        gomp(gomp_body, &job, (unsigned)k, 0);  /* returns when every team thread is done */
+        atomic_store_explicit(&pool.busy, 0, memory_order_release);
+        return k;
     }
     const int workers = ensure_workers(k - 1);
     if (workers < k - 1) k = workers + 1;
@@ -258,12 +301,25 @@ static int num_workers(void)
     return n;
 }
 
+static void use_openmp(void *gomp_parallel)
+{
+    pthread_once(&atfork_once, register_atfork);
+    atomic_store_explicit(&host_gomp_parallel, (gomp_parallel_fn)gomp_parallel, memory_order_release);
+}
+
+static void *openmp_in_use(void)
+{
+    return (void *)atomic_load_explicit(&host_gomp_parallel, memory_order_acquire);
+}
+
 static const pk_parallel_api api = {
-    .abi_version = 1,
+    .abi_version = 2,
     .parallel_for = parallel_for,
     .get_num_threads = get_num_threads,
     .set_num_threads = set_num_threads,
     .num_workers = num_workers,
+    .use_openmp = use_openmp,
+    .openmp_in_use = openmp_in_use,
 };
 
 const pk_parallel_api *pk_parallel_get_api(void)
