@@ -8,8 +8,8 @@ indices (a few hot rows, a long cold tail), ``--bag-size`` indices per feature, 
 
 What it does:
 
-1. trains the stock model and a converted copy on the same batches (SGD, sparse embedding
-   gradients) and checks that the two loss curves agree; with ``--fused-optimizer NAME``
+1. trains the stock model and a converted copy on the same batches, one step of each in turn
+   (SGD, sparse embedding gradients), and checks that the two loss curves agree; with ``--fused-optimizer NAME``
    (``sgd``, ``adagrad``, ``rowwise_adagrad``) the converted model's tables are instead updated
    during backward by perfkernels' fused kernel (``EmbeddingBag.set_fused_optimizer``), and the
    stock model's tables by the same optimizer run unfused on torch's sparse gradients
@@ -140,32 +140,53 @@ def table_optimizer(model: DLRM, name: str, lr: float, eps: float) -> torch.opti
     return torch.optim.SGD(params, lr=lr)
 
 
-def train(model: nn.Module, batches: list[tuple], lr: float, desc: str,
-          table_opt: torch.optim.Optimizer | None = None, tables_apart: bool = False
-          ) -> tuple[list[float], float]:
-    """SGD on the BCE loss; returns the loss curve and the median seconds per step.  With
-    `tables_apart`, SGD holds the MLPs only and the tables are updated by `table_opt` (stock
-    model) or by their fused optimizer during backward (converted model)."""
-    from tqdm import tqdm
-    params = [p for name, p in model.named_parameters()
-              if not (tables_apart and name.startswith("tables."))]
-    opt = torch.optim.SGD(params, lr=lr)
-    loss_fn = nn.BCELoss()
-    losses, times = [], []
-    model.train()
-    for dense, ix, off, y in tqdm(batches, desc=desc, file=sys.stderr, leave=False):
+class _Trainer:
+    """One model's training state: SGD on the BCE loss for its parameters (the MLPs only with
+    `tables_apart`, the tables then being updated by `table_opt`, or by their fused optimizer
+    during backward)."""
+
+    def __init__(self, model: nn.Module, lr: float, table_opt: torch.optim.Optimizer | None,
+                 tables_apart: bool):
+        params = [p for name, p in model.named_parameters()
+                  if not (tables_apart and name.startswith("tables."))]
+        self.model, self.table_opt = model, table_opt
+        self.opt = torch.optim.SGD(params, lr=lr)
+        self.loss_fn = nn.BCELoss()
+        self.losses: list[float] = []
+        self.times: list[float] = []
+        model.train()
+
+    def step(self, dense, ix, off, y) -> None:
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        if table_opt is not None:
-            table_opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(dense, ix, off), y)
+        self.opt.zero_grad(set_to_none=True)
+        if self.table_opt is not None:
+            self.table_opt.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.model(dense, ix, off), y)
         loss.backward()
-        opt.step()
-        if table_opt is not None:
-            table_opt.step()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-    return losses, float(np.median(times[1:] or times))
+        self.opt.step()
+        if self.table_opt is not None:
+            self.table_opt.step()
+        self.times.append(time.perf_counter() - t0)
+        self.losses.append(loss.item())
+
+    def median_step(self) -> float:
+        return float(np.median(self.times[1:] or self.times))
+
+
+def train(stock: nn.Module, ours: nn.Module, batches: list[tuple], lr: float,
+          table_opt: torch.optim.Optimizer | None = None, tables_apart: bool = False
+          ) -> tuple[list[float], float, list[float], float]:
+    """Train both models on the same batches, one step of each in turn (so both see the same
+    machine state); returns each one's loss curve and median seconds per step."""
+    from tqdm import tqdm
+    a = _Trainer(stock, lr, table_opt, tables_apart)
+    b = _Trainer(ours, lr, None, tables_apart)
+    for i, batch in enumerate(tqdm(batches, desc="train (torch and perfkernels in turn)",
+                                   file=sys.stderr, leave=False)):
+        first, second = (a, b) if i % 2 == 0 else (b, a)   # alternate who goes first
+        first.step(*batch)
+        second.step(*batch)
+    return a.losses, a.median_step(), b.losses, b.median_step()
 
 
 def time_inference(models: dict[str, nn.Module], batches: list[tuple], repeat: int
@@ -230,8 +251,8 @@ def run(args: argparse.Namespace) -> dict:
             options = {"lr": args.lr} if fused == "sgd" else {"lr": args.lr, "eps": args.eps}
             for t in ours.tables:
                 t.set_fused_optimizer((fused, options))
-        loss_t, step_t = train(stock, batches, args.lr, "train torch", table_opt, bool(fused))
-        loss_o, step_o = train(ours, batches, args.lr, "train perfkernels", None, bool(fused))
+        loss_t, step_t, loss_o, step_o = train(stock, ours, batches, args.lr, table_opt,
+                                               bool(fused))
         diff = float(np.max(np.abs(np.array(loss_t) - np.array(loss_o))))
         result["train"] = {"torch_s": step_t, "ours_s": step_o, "max_loss_diff": diff,
                            "loss_first": loss_t[0], "loss_last": loss_t[-1],
