@@ -21,7 +21,10 @@ What it does:
     python examples/dlrm.py                       # batch 2048, tables capped at 1M rows
     python examples/dlrm.py --max-rows 1000 --batch 64 --train-steps 20 --infer-batches 3
     python examples/dlrm.py --plot dlrm.png       # also draw the time breakdown
-    python examples/dlrm.py --fused-optimizer rowwise_adagrad --infer-batches 0
+    python examples/dlrm.py --fused-optimizer rowwise_adagrad --lr 0.01 --infer-batches 0
+
+(Adagrad's steps are normalised by the gradient's size, so the SGD default ``--lr 0.1`` makes both
+models diverge alike; 0.01 trains.)
 
 Both sides use PyTorch's default thread count.  The converted model differs from the stock one by
 one line: ``model = perfkernels.torch.convert(model)``.
@@ -263,8 +266,12 @@ def run(args: argparse.Namespace) -> dict:
               f"{loss_t[-1]:.4f}; max |loss torch - loss perfkernels| = {diff:.2e}")
         print(f"  time per step: torch {step_t * 1e3:.1f} ms, perfkernels {step_o * 1e3:.1f} ms "
               f"({step_t / step_o:.2f}x)")
-        if diff > args.loss_tol:
-            raise SystemExit(f"loss curves differ by {diff:.2e} > {args.loss_tol}")
+        # fused and unfused Adagrad round differently (sums of duplicate rows, sqrt of the moment),
+        # and training amplifies last-bit differences over the steps: a looser default there
+        tol = args.loss_tol if args.loss_tol is not None else (1e-3 if fused in (
+            "adagrad", "rowwise_adagrad") else 1e-4)
+        if diff > tol:
+            raise SystemExit(f"loss curves differ by {diff:.2e} > {tol}")
 
     # ---- inference: float32, float16 and 8-bit tables
     if not args.infer_batches:
@@ -341,7 +348,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "stock model's with the same optimizer, unfused)")
     p.add_argument("--eps", type=float, default=1e-8, help="eps of the adagrad variants")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--loss-tol", type=float, default=1e-4)
+    p.add_argument("--loss-tol", type=float, default=None,
+                   help="largest |loss difference| accepted (default 1e-4; 1e-3 with an Adagrad "
+                        "--fused-optimizer)")
     p.add_argument("--pred-tol", type=float, default=1e-4)
     p.add_argument("--plot", metavar="PATH", help="save the time breakdown as an image")
     return p.parse_args(argv)

@@ -32,14 +32,17 @@ def _torch_libgomp() -> str | None:
         if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
             return None
         with open("/proc/self/maps") as maps:
-            loaded = {line.split()[-1] for line in maps if "/libgomp" in line}
+            runtimes = {line.split()[-1] for line in maps
+                        if any(f"/{name}" in line for name in ("libgomp", "libiomp", "libomp"))}
     except (OSError, RuntimeError):
         return None
+    gomp = sorted(p for p in runtimes if "/libgomp" in p)
     torch_dir = os.path.dirname(torch.__file__) + os.sep
-    own = sorted(p for p in loaded if p.startswith(torch_dir))
-    if own:
+    own = [p for p in gomp if p.startswith(torch_dir)]
+    if own:                      # the wheel's bundled copy
         return own[0]
-    return loaded.pop() if len(loaded) == 1 else None
+    # a system libgomp (a distribution's torch) only when it is the one OpenMP runtime loaded
+    return gomp[0] if len(runtimes) == 1 and len(gomp) == 1 else None
 
 
 def use_torch_threads(enable: bool = True) -> bool:
