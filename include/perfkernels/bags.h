@@ -45,19 +45,6 @@ typedef struct pk_bags {
 /* Prefetch the row this many indices ahead (FBGEMM's distance), one prefetch per 64-byte line. */
 #define PK_BAGS_PREFETCH_DISTANCE 16
 
-/* Tables of at most this many bytes are gathered without software prefetch.  Once touched, such a
- * table stays in a server core's L2 (1-2 MiB), and a prefetch of a line already in cache still
- * takes a load slot: on 3- to 3194-row x 64 float32 tables (up to 800 KiB) prefetching made the
- * bags 20-25% slower, from 1.4 MiB on it was neutral, and on tables past L2 it is what keeps the
- * misses in flight. */
-#define PK_BAGS_NO_PREFETCH_MAX_BYTES ((uint64_t)1 << 20)
-
-/* Whether rows of a table of `rows` rows of `row_bytes` bytes are worth prefetching. */
-static inline int pk_bags_prefetch_table(int64_t rows, uint64_t row_bytes)
-{
-    return row_bytes > 0 && (uint64_t)rows > PK_BAGS_NO_PREFETCH_MAX_BYTES / row_bytes;
-}
-
 static inline int64_t pk_bags_index(const pk_bags *bags, int64_t j)
 {
     return bags->index_64 ? ((const int64_t *)bags->indices)[j]

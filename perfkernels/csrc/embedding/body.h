@@ -124,9 +124,7 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
 {
     /* struct fields in locals: the prefetches would otherwise make the compiler reload them */
     const void *indices = bags->indices;
-    /* add_row prefetches only while j + distance < n: n = 0 for a table that stays in cache */
-    const int64_t n = pk_bags_prefetch_table(rows, row_bytes) ? bags->n_indices : 0;
-    const int64_t padding = bags->padding_idx;
+    const int64_t n = bags->n_indices, padding = bags->padding_idx;
     const float *weights = bags->weights;
     const int split = (NV + has_tail) * 2 <= MAX_VECS / 2;
     vf acc[2][MAX_VECS + 1];  /* constant indices only, so they live in registers */

@@ -21,8 +21,7 @@ typedef struct bag_loop {
     const void *indices;
     const float *weights;
     int positional, mean;
-    int64_t pf_indices;   /* indices whose rows may be prefetched: 0 for a table that stays in cache */
-    int64_t padding_idx, rows;
+    int64_t n_indices, padding_idx, rows;
     const uint8_t *packed;
     int far;   /* prefetch mode of the call, see prefetch_row */
 } bag_loop;
@@ -98,7 +97,7 @@ PK_INLINE int64_t bag_block(const int bits, const int nv, const int has_tail, v_
     const int64_t wofs = weighted && a->positional ? begin : 0;
     /* the last index that has a row `ahead` positions ahead of it (prefetch: 0 none, 1 near, 2 far) */
     const int64_t ahead = prefetch == 2 ? PREFETCH_FAR : PREFETCH_NEAR;
-    const int64_t pf_end = prefetch ? a->pf_indices - ahead : 0;
+    const int64_t pf_end = prefetch ? a->n_indices - ahead : 0;
     /* 4-bit codes two vectors at a time: VL bytes give the even columns (low nibbles) and the odd
      * ones (high nibbles) in two accumulators, interleaved once at the store */
     const int pairs = bits == 4 && nv % 2 == 0;
@@ -228,8 +227,7 @@ pk_status PK_ISA_FN(pk_embedding_bag_quantized)(int bits, const pk_bags *bags, c
                                                 int64_t *bad_pos)
 {
     const bag_loop a = {bags->indices, bags->weights, bags->positional, bags->mean,
-                        pk_bags_prefetch_table(rows, (uint64_t)row_bytes) ? bags->n_indices : 0,
-                        bags->padding_idx, rows, packed,
+                        bags->n_indices, bags->padding_idx, rows, packed,
                         row_bytes > 0 && (bags->n_indices < rows ? bags->n_indices : rows)
                                              >= FAR_FOOTPRINT / row_bytes};
 #define BY_DIM(BITS)                                                                              \
