@@ -315,22 +315,26 @@ def every_family(nt):
            pk.bfloat16_to_float(x.astype(ml_dtypes.bfloat16), num_threads=nt),
            *pk.lstm_unit(w[:4096], w[:4096], np.tile(w[:4096], 4), num_threads=nt)]
     return [a.tobytes() for a in out]
+
+def run_in_forked_child(check):
+    # fork; the child exits 0 when check() is true; print the child's exit code
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ok = check()
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    print("child", os.waitstatus_to_exitcode(status))
 """
 
 FORK_SCRIPT = EVERY_FAMILY + r"""
 expected = every_family(1)
 assert every_family(4) == expected
 assert _parallel._num_workers() >= 1, "the parent never used its workers"
-pid = os.fork()
-if pid == 0:
-    try:
-        assert _parallel._num_workers() == 0
-        ok = every_family(4) == expected and _parallel._num_workers() >= 1
-    except BaseException:
-        ok = False
-    os._exit(0 if ok else 3)
-_, status = os.waitpid(pid, 0)
-print("child", os.waitstatus_to_exitcode(status))
+run_in_forked_child(lambda: _parallel._num_workers() == 0 and every_family(4) == expected
+                            and _parallel._num_workers() >= 1)
 """
 
 
@@ -369,16 +373,8 @@ for t in threads: t.start()
 for t in threads: t.join(timeout=300)
 assert not any(t.is_alive() for t in threads), "a user thread hung"
 assert not errors, errors[0]
-pid = os.fork()
-if pid == 0:
-    try:
-        ok = (not pt.torch_threads_in_use() and every_family(4) == own[0]
-              and _parallel._num_workers() >= 1)
-    except BaseException:
-        ok = False
-    os._exit(0 if ok else 3)
-_, status = os.waitpid(pid, 0)
-print("child", os.waitstatus_to_exitcode(status))
+run_in_forked_child(lambda: not pt.torch_threads_in_use() and every_family(4) == own[0]
+                            and _parallel._num_workers() >= 1)
 """
 
 
