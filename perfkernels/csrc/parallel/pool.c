@@ -73,6 +73,19 @@ typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_th
                                  unsigned flags);
 static _Atomic(gomp_parallel_fn) host_gomp_parallel;
 
+/* Blocks a job of n tasks on k threads is cut into (fixed by n and k alone). */
+static inline int64_t n_blocks_for(int64_t n, int k)
+{
+    return n < (int64_t)BLOCKS_PER_THREAD * k ? n : (int64_t)BLOCKS_PER_THREAD * k;
+}
+
+/* Tasks [*begin, *end) of block b when n tasks are cut into `blocks` contiguous blocks. */
+static inline void block_bounds(int64_t n, int64_t blocks, int64_t b, int64_t *begin, int64_t *end)
+{
+    *begin = n / blocks * b + n % blocks * b / blocks;
+    *end = n / blocks * (b + 1) + n % blocks * (b + 1) / blocks;
+}
+
 typedef struct gomp_job {
     pk_parallel_fn fn;
     void *ctx;
@@ -90,8 +103,8 @@ static void gomp_body(void *arg)
     for (;;) {
         const int64_t b = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
         if (b >= blocks) break;
-        const int64_t begin = n / blocks * b + n % blocks * b / blocks;
-        const int64_t end = n / blocks * (b + 1) + n % blocks * (b + 1) / blocks;
+        int64_t begin, end;
+        block_bounds(n, blocks, b, &begin, &end);
         if (begin < end) job->fn(job->ctx, begin, end);
     }
 }
@@ -107,8 +120,8 @@ static int64_t run_blocks(uint_fast64_t gen, pk_parallel_fn fn, void *ctx, int64
                                                    memory_order_acquire))
             continue;
         const int64_t b = (int64_t)(t & 0xffffffffu);
-        const int64_t begin = n / blocks * b + n % blocks * b / blocks;
-        const int64_t end = n / blocks * (b + 1) + n % blocks * (b + 1) / blocks;
+        int64_t begin, end;
+        block_bounds(n, blocks, b, &begin, &end);
         if (begin < end) fn(ctx, begin, end);
         ran++;
         if (atomic_fetch_add_explicit(&pool.finished, 1, memory_order_acq_rel) + 1 == blocks) {
@@ -236,9 +249,7 @@ static int parallel_for(int64_t n_tasks, int n_threads, pk_parallel_fn fn, void 
     }
     const gomp_parallel_fn gomp = atomic_load_explicit(&host_gomp_parallel, memory_order_acquire);
     if (gomp) {
-        gomp_job job = {.fn = fn, .ctx = ctx, .n_tasks = n_tasks,
-                        .n_blocks = n_tasks < (int64_t)BLOCKS_PER_THREAD * k
-                                        ? n_tasks : (int64_t)BLOCKS_PER_THREAD * k};
+        gomp_job job = {.fn = fn, .ctx = ctx, .n_tasks = n_tasks, .n_blocks = n_blocks_for(n_tasks, k)};
         atomic_init(&job.next, 0);
         gomp(gomp_body, &job, (unsigned)k, 0);  /* returns when every team thread is done */
         atomic_store_explicit(&pool.busy, 0, memory_order_release);
@@ -251,8 +262,7 @@ static int parallel_for(int64_t n_tasks, int n_threads, pk_parallel_fn fn, void 
         fn(ctx, 0, n_tasks);
         return 1;
     }
-    const int64_t blocks = n_tasks < (int64_t)BLOCKS_PER_THREAD * k ? n_tasks
-                                                                     : (int64_t)BLOCKS_PER_THREAD * k;
+    const int64_t blocks = n_blocks_for(n_tasks, k);
     pthread_mutex_lock(&pool.lock);
     pool.fn = fn;
     pool.ctx = ctx;
