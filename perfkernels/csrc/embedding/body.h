@@ -5,9 +5,10 @@
  * FBGEMM style.  `bag_pass` sums NV full VL-float vectors (plus an optional tail vector) of one
  * column block; NV and the table / index types are compile-time constants at every call, so each
  * specialisation keeps its accumulators in registers.  D = 16 .. 256 (powers of two) with
- * D <= MAX_VECS * VL are single passes (AVX2: D = 128, 256 are 2 and 4 passes of 8 vectors over the
- * bag, whose rows stay in L1 between passes); any other D is cut into blocks of MAX_VECS, 8, 4, 2,
- * 1 vectors and a tail (a masked load, or a bounded copy where the ISA has no masked 16-bit load;
+ * D <= MAX_VECS * VL are single passes, and so is an unweighted float32 D = 128 on AVX2 (all 16
+ * registers, WIDE_VECS); otherwise AVX2's D = 128, 256 are 2 and 4 passes of 8 vectors over the bag
+ * (whose rows stay in L1 between passes); any other D is cut into blocks of MAX_VECS, 8, 4, 2, 1
+ * vectors and a tail (a masked load, or a bounded copy where the ISA has no masked 16-bit load;
  * never touching memory past the row). */
 #ifndef PK_EMBEDDING_BODY_H
 #define PK_EMBEDDING_BODY_H
@@ -16,6 +17,11 @@
 
 /* Accumulators per pass: half the vector registers, the rest hold the weight and the loads. */
 #define MAX_VECS (V_REGS / 2)
+/* An unweighted float32 pass needs neither: vaddps takes the row straight from memory, so every
+ * register can be an accumulator.  That turns AVX2's two passes over a D = 128 bag into one (each
+ * row's index, check and prefetches paid once; the first pass no longer prefetches only half of
+ * each row).  AVX-512 already sums D <= 256 in one pass and keeps MAX_VECS. */
+#define WIDE_VECS (VL == 8 ? V_REGS : MAX_VECS)
 
 enum table_type { TABLE_F32, TABLE_F16, TABLE_BF16 };
 enum weighting { UNWEIGHTED, PER_SAMPLE, POSITIONAL };
@@ -55,11 +61,11 @@ PK_INLINE int64_t index_at(const void *indices, int64_t j, const int idx64)
 PK_INLINE void prefetch_bytes(const char *p, size_t nbytes, const int far)
 {
     if (far) {
-        PK_UNROLL(MAX_VECS)
+        PK_UNROLL(WIDE_VECS)
         for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t1(p + off);
         pk_prefetch_t1(p + nbytes - 1);
     } else {
-        PK_UNROLL(MAX_VECS)
+        PK_UNROLL(WIDE_VECS)
         for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t0(p + off);
         pk_prefetch_t0(p + nbytes - 1);
     }
@@ -101,10 +107,15 @@ PK_INLINE int add_row(const void *indices, int64_t n, int64_t padding, const flo
     }
     if (idx == padding) return 0;
     ++*count;
-    const vf w = v_set1(weighting == UNWEIGHTED ? 1.0f
-                        : weights[weighting == POSITIONAL ? j - begin : j]);
     const char *row = table + (size_t)idx * row_bytes;
-    PK_UNROLL(MAX_VECS)
+    if (weighting == UNWEIGHTED) {  /* acc + x is fma(1, x, acc) exactly, and needs no register for 1 */
+        PK_UNROLL(WIDE_VECS)
+        for (int v = 0; v < NV; v++) acc[v] = v_add(acc[v], load_row(row, col + v * VL, type));
+        if (has_tail) acc[NV] = v_add(acc[NV], load_row_tail(row, col + NV * VL, tail, type));
+        return 0;
+    }
+    const vf w = v_set1(weights[weighting == POSITIONAL ? j - begin : j]);
+    PK_UNROLL(WIDE_VECS)
     for (int v = 0; v < NV; v++)
         acc[v] = v_fmadd(w, load_row(row, col + v * VL, type), acc[v]);
     if (has_tail)
@@ -127,8 +138,8 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
     const int64_t n = bags->n_indices, padding = bags->padding_idx;
     const float *weights = bags->weights;
     const int split = (NV + has_tail) * 2 <= MAX_VECS / 2;
-    vf acc[2][MAX_VECS + 1];  /* constant indices only, so they live in registers */
-    PK_UNROLL(MAX_VECS + 1)
+    vf acc[2][WIDE_VECS + 1];  /* constant indices only, so they live in registers */
+    PK_UNROLL(WIDE_VECS + 1)
     for (int v = 0; v <= NV; v++) acc[0][v] = acc[1][v] = v_zero();
     int64_t count = 0, j = begin;
 #define ADD_ROW(J, SET)                                                                           \
@@ -148,11 +159,11 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
     }
 #undef ADD_ROW
     if (split) {
-        PK_UNROLL(MAX_VECS + 1)
+        PK_UNROLL(WIDE_VECS + 1)
         for (int v = 0; v <= NV; v++) acc[0][v] = v_add(acc[0][v], acc[1][v]);
     }
     const vf scale = v_set1(bags->mean && count > 0 ? 1.0f / (float)count : 1.0f);
-    PK_UNROLL(MAX_VECS)
+    PK_UNROLL(WIDE_VECS)
     for (int v = 0; v < NV; v++) v_store(out_row + col + v * VL, v_mul(acc[0][v], scale));
     if (has_tail) v_store_tail(out_row + col + NV * VL, v_mul(acc[0][NV], scale), tail);
     return PK_OK;
@@ -183,7 +194,8 @@ PK_INLINE pk_status bags_fixed(const pk_bags *bags, const void *table, int64_t r
     return PK_OK;
 }
 
-/* Any D: blocks of MAX_VECS, 8, 4, 2, 1 vectors, then a tail. */
+/* Any D: blocks of MAX_VECS, 8, 4, 2, 1 vectors, then a tail.  (Wide blocks measured slower here:
+ * D = 256, 1000, 129 lost 4-6% with passes of WIDE_VECS.) */
 PK_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int64_t rows,
                                  int64_t dim, int64_t row_stride, int64_t *bad_pos,
                                  const int type, const int idx64, const int weighting,
@@ -209,12 +221,17 @@ PK_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int64_t
 }
 #undef PASS
 
-/* The single-pass D (16 .. 256 that fit MAX_VECS vectors) get their own specialisation. */
+/* The single-pass D (16 .. 256 that fit MAX_VECS vectors, or WIDE_VECS) get their own
+ * specialisation. */
 PK_INLINE pk_status bags_by_dim(const pk_bags *bags, const void *table, int64_t rows,
                                 int64_t dim, int64_t row_stride, int64_t *bad_pos,
                                 const int type, const int idx64, const int weighting,
                                 const int far)
 {
+#if MAX_VECS * VL < 128 && WIDE_VECS * VL >= 128
+    if (dim == 128 && type == TABLE_F32 && weighting == UNWEIGHTED)
+        return bags_fixed(bags, table, rows, row_stride, bad_pos, 128 / VL, type, idx64, weighting, far);
+#endif
     switch (dim) {
     case 16: return bags_fixed(bags, table, rows, row_stride, bad_pos, 16 / VL, type, idx64, weighting, far);
     case 32: return bags_fixed(bags, table, rows, row_stride, bad_pos, 32 / VL, type, idx64, weighting, far);
