@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _bags
+from . import _bags, _placement
 from ._embedding_bag import EmbeddingBag
 from ._fallback import unsupported_reason, warn_once
 
@@ -46,7 +46,8 @@ def _torch_ao_embedding_bag():
 
 
 def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
-              bits: Optional[int], report: ConversionReport) -> Optional[torch.nn.Module]:
+              bits: Optional[int], report: ConversionReport, placement: str = "auto"
+              ) -> Optional[torch.nn.Module]:
     """Our replacement for one module, or None (with the reason in the report) to leave it."""
     from ._quantized import QuantizedEmbeddingBag
     kind = type(module).__name__
@@ -59,16 +60,17 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
             report.skipped.append((name, kind, reason))
             return None
         if bits is not None:
-            new = QuantizedEmbeddingBag.from_float(module, bits=bits)
+            new = QuantizedEmbeddingBag.from_float(module, bits=bits, placement=placement)
             report.swapped.append((name, kind, "QuantizedEmbeddingBag", f"{bits}-bit rows"))
             return new
         new = EmbeddingBag.from_torch(module, dtype=dtype)
+        _placement.place_tensor_attr(new, "weight", placement)
         note = "" if dtype in (None, module.weight.dtype) else f"weight stored as {dtype}"
         report.swapped.append((name, kind, "EmbeddingBag",
                                note or "same weight Parameter"))
         return new
     if qtype is not None and type(module) is qtype:
-        new = QuantizedEmbeddingBag.from_torch_ao(module)
+        new = QuantizedEmbeddingBag.from_torch_ao(module, placement=placement)
         report.swapped.append((name, kind, "QuantizedEmbeddingBag", f"{new.bits}-bit rows"))
         return new
     if isinstance(module, torch.nn.EmbeddingBag) and not isinstance(module, EmbeddingBag):
@@ -79,7 +81,7 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
 
 def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
             bits: Optional[int] = None, inplace: bool = False,
-            verbose: bool = False) -> torch.nn.Module:
+            verbose: bool = False, placement: str = "auto") -> torch.nn.Module:
     """Swap every ``torch.nn.EmbeddingBag`` and ``torch.ao.nn.quantized.EmbeddingBag`` in
     ``model`` for perfkernels' modules; the one-line way to speed up an existing model.
 
@@ -100,6 +102,13 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
         keep ``sparse`` and train/eval mode).  True: swap inside ``model``.
     verbose : bool
         Print the report.
+    placement : "auto", "hugepage" or "keep"
+        Where the swapped modules' tables live: ``"auto"`` (default) moves tables of 2 MiB and
+        more into memory perfkernels places for gathers (2 MiB-aligned, huge pages requested
+        before the first touch; :func:`perfkernels.torch.place`), ``"hugepage"`` moves every
+        table, ``"keep"`` none.  A float table keeps its Parameter object (its storage moves), so
+        with ``inplace=False`` the original model, which shares the Parameter, reads the moved
+        storage too.
 
     Returns
     -------
@@ -113,6 +122,7 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
     if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dtype must be None, torch.float32, torch.float16 or torch.bfloat16; "
                          f"got {dtype}")
+    _placement.check_placement(placement)
     if bits is not None and bits not in (8, 4, 2):
         raise ValueError(f"bits must be None, 8, 4 or 2; got {bits!r}")
     if dtype is not None and bits is not None:
@@ -123,14 +133,14 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
         memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
         model = copy.deepcopy(model, memo)
     report = ConversionReport()
-    top = _swap_one("", model, dtype, bits, report)
+    top = _swap_one("", model, dtype, bits, report, placement)
     if top is not None:
         model = top
     else:
         for name, parent in list(model.named_modules()):
             for child_name, child in list(parent.named_children()):
                 full = f"{name}.{child_name}" if name else child_name
-                new = _swap_one(full, child, dtype, bits, report)
+                new = _swap_one(full, child, dtype, bits, report, placement)
                 if new is not None:
                     setattr(parent, child_name, new)
     for entry in report.swapped:

@@ -9,7 +9,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _fused
+from . import _bags, _fused, _placement
 from ._bridge import IndexOutOfRangeError, TableViewCache
 from ._fallback import unsupported_reason, warn_once
 
@@ -42,6 +42,12 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     An out-of-range index raises :class:`IndexOutOfRangeError` (both ``IndexError`` and
     ``RuntimeError``) naming the position and value.
 
+    ``placement=`` (``"auto"``, ``"hugepage"`` or ``"keep"``; also through
+    :meth:`from_pretrained`, which places with ``"auto"``) moves the weight's storage into memory
+    perfkernels places for gathers: 2 MiB-aligned, huge pages requested before the first touch
+    (``"auto"``: tables of 2 MiB and more).  The weight stays a ``torch.nn.Parameter``; see
+    :func:`perfkernels.torch.place`.
+
     :attr:`weight_backward` replaces the weight-gradient computation when set: a callable taking
     a :class:`~perfkernels.torch._bags.BagBackward` and returning the gradient, or None when it
     consumed it (e.g. a fused optimizer updating the table during backward).
@@ -62,8 +68,9 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     fused_optimizer: Optional[_fused.FusedOptimizer] = None
 
     def __init__(self, *args, fused_optimizer: Optional[_fused.FusedOptimizerSpec] = None,
-                 **kwargs) -> None:
+                 placement: str = "auto", **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        _placement.place_tensor_attr(self, "weight", placement)
         if fused_optimizer is not None:
             self.set_fused_optimizer(fused_optimizer)
 
