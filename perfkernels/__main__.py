@@ -1,10 +1,12 @@
 """Command line: ``python -m perfkernels info | bench | check | history``.
 
-info   print the build, the CPU features and the chosen ISA level (show_runtime)
+info   print the build, the CPU features and the chosen ISA level (show_runtime), the
+       transparent-huge-page mode and whether a placed test table really got huge pages
 bench  time every kernel family on its default workload, for every ISA level this CPU runs,
        side by side with NumPy and PyTorch (when installed), single-threaded; prints GB/s and ratios.
        ``--family dlrm``: the DLRM example end to end, stock PyTorch against perfkernels.torch
-       .convert(), both at PyTorch's default thread count.
+       .convert(), both at PyTorch's default thread count (``--model rm1|rm2|rm3``: the
+       embedding-heavy model classes instead of the Criteo-shaped one).
        ``--scaling``: the thread-scaling view instead (ours at 1, 2, ... threads, PyTorch at 1
        thread and at its default)
 check  run small inputs of every kernel on every ISA level and compare with perfkernels.reference
@@ -266,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--gpu", action="store_true", help="the CUDA variant (needs a GPU and CuPy)")
     b.add_argument("--repeat", type=int, default=7, help="timed samples per measurement (median)")
     b.add_argument("--plot", metavar="FILE.png", help="save a chart of the speed-ups")
+    b.add_argument("--model", choices=["criteo", "rm1", "rm2", "rm3"], default="criteo",
+                   help="with --family dlrm: the model class (examples/dlrm.py --model)")
     b.add_argument("--scaling", action="store_true",
                    help="thread-scaling view: ours at 1, 2, ... threads beside PyTorch")
     b.add_argument("--threads", metavar="N,M,...",
@@ -279,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "info":
         import perfkernels
+        from perfkernels import _placement
         perfkernels.show_runtime()
+        print("\n".join(_placement.info_lines()))
         return 0
     if args.command == "check":
         return cmd_check(args)
@@ -289,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.family and "dlrm" in args.family:
         # end to end with PyTorch at its default thread count, so before OMP_NUM_THREADS below
         from perfkernels.benchsuite import dlrm
-        dlrm.run(args.quick, args.plot)
+        dlrm.run(args.quick, args.plot, args.model)
         args.family = [f for f in args.family if f != "dlrm"]
         if not args.family:
             return 0

@@ -22,6 +22,9 @@ def test_info_prints_the_runtime():
     proc = run("info")
     assert proc.returncode == 0, proc.stderr
     assert f"active        {pk.active_isa()}" in proc.stdout
+    # the THP mode and what a placed test table really got
+    assert "THP           enabled=" in proc.stdout
+    assert "a 4 MiB test table got" in proc.stdout and "AnonHugePages" in proc.stdout
 
 
 def test_bench_quick_prints_a_table_with_ratios():
