@@ -97,9 +97,11 @@ def shapes(rng: np.random.Generator, placement: str = "torch"):
                                                            dtype=np.float32)
     ours, theirs = ("hugepage", "torch") if placement == "default" else (placement, placement)
     packed_ref = pk.quantize_rowwise(table, bits=8)
-    packed, t_packed = placed(packed_ref, ours), torch.from_numpy(placed(packed_ref, theirs))
-    table, t_table = placed(table, ours), torch.from_numpy(placed(table, theirs))
-    del packed_ref
+    packed = placed(packed_ref, ours)
+    t_packed = torch.from_numpy(packed if ours == theirs else placed(packed_ref, theirs))
+    table_ref, table = table, placed(table, ours)
+    t_table = torch.from_numpy(table if ours == theirs else placed(table_ref, theirs))
+    del packed_ref, table_ref
     offsets = np.arange(num_bags, dtype=np.int64) * bag_len
     t_offsets = torch.from_numpy(offsets)
     for dist in ("uniform", "zipf"):
@@ -180,7 +182,8 @@ def run_placement(dll, team, placement: str, threads_list: list, rounds: int) ->
                 return statistics.median(x / y for x, y in zip(samples[a], samples[b]))
             print(f"  {name:38s} {threads:3d} {med['touch']:9.3f} {med['torch']:9.3f}"
                   f" {med['ours']:9.3f} {ratio('touch', 'torch'):11.2f}"
-                  f" {ratio('touch', 'ours'):10.2f} {ratio('torch', 'ours'):10.2f}")
+                  f" {ratio('touch', 'ours'):10.2f} {ratio('torch', 'ours'):10.2f}"
+                  f"  (loop: distance {best[0]}, {'L2' if best[1] else 'L1'})")
 
 
 def _timed(fn) -> float:
