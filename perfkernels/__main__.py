@@ -187,8 +187,10 @@ def print_table(rows: list[dict], copy_gbs: float | None) -> None:
     levels = sorted({lv for r in rows for lv in r["ours"]}, key=lambda s: ("scalar", "avx2", "avx512", "gpu").index(s))
     bases = sorted({b for r in rows for b in r["base"]})
     width = max(len(r["case"].name) for r in rows) + 2
-    head = (f"{'case':<{width}}" + "".join(f"{lv:>9}" for lv in levels) + "".join(f"{b:>9}" for b in bases)
-            + f"{'best time':>14}" + "".join(f"{'vs ' + b:>11}" for b in bases)
+    col = {b: max(9, len(b) + 2) for b in bases}
+    head = (f"{'case':<{width}}" + "".join(f"{lv:>9}" for lv in levels)
+            + "".join(f"{b:>{col[b]}}" for b in bases)
+            + f"{'best time':>14}" + "".join(f"{'vs ' + b:>{col[b] + 4}}" for b in bases)
             + ("  % copy" if copy_gbs else ""))
     print("\nGB/s of the bytes each kernel must touch (single thread; median of repetitions taken in turn)")
     print(head)
@@ -202,10 +204,11 @@ def print_table(rows: list[dict], copy_gbs: float | None) -> None:
         gbs = {k: case.nbytes / t / 1e9 for k, t in r["ours"].items()}
         best = min(r["ours"].values())
         line = f"{case.name:<{width}}" + "".join(f"{_fmt_gbs(gbs.get(lv)):>9}" for lv in levels)
-        line += "".join(f"{_fmt_gbs(case.nbytes / r['base'][b] / 1e9 if b in r['base'] else None):>9}"
+        line += "".join(f"{_fmt_gbs(case.nbytes / r['base'][b] / 1e9 if b in r['base'] else None):>{col[b]}}"
                         for b in bases)
         line += f"{_fmt_time(best):>14}"
-        line += "".join(f"{_fmt_ratio(r['base'][b] / best if b in r['base'] else None):>11}" for b in bases)
+        line += "".join(f"{_fmt_ratio(r['base'][b] / best if b in r['base'] else None):>{col[b] + 4}}"
+                        for b in bases)
         if copy_gbs:
             line += f"  {100 * case.nbytes / best / 1e9 / copy_gbs:5.0f}%"
         print(line)
