@@ -42,11 +42,10 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     An out-of-range index raises :class:`IndexOutOfRangeError` (both ``IndexError`` and
     ``RuntimeError``) naming the position and value.
 
-    ``placement=`` (``"auto"``, ``"hugepage"`` or ``"keep"``; also through
-    :meth:`from_pretrained`, which places with ``"auto"``) moves the weight's storage into memory
-    perfkernels places for gathers: 2 MiB-aligned, huge pages requested before the first touch
-    (``"auto"``: tables of 2 MiB and more).  The weight stays a ``torch.nn.Parameter``; see
-    :func:`perfkernels.torch.place`.
+    ``placement=`` (``"auto"``, ``"hugepage"`` or ``"keep"``; :meth:`from_pretrained` uses
+    ``"auto"``) moves the weight's storage into memory perfkernels places for gathers: 2 MiB-aligned,
+    huge pages requested before the first touch (``"auto"``: tables of 2 MiB and more).  The
+    weight stays a ``torch.nn.Parameter``; see :func:`perfkernels.torch.place`.
 
     :attr:`weight_backward` replaces the weight-gradient computation when set: a callable taking
     a :class:`~perfkernels.torch._bags.BagBackward` and returning the gradient, or None when it
