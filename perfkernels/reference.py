@@ -2,7 +2,8 @@
 
 These are the oracles the tests (CPU and CUDA) and ``python -m perfkernels check`` compare the
 kernels with.  They are written from the kernels' documented semantics (docs/semantics.md), not
-from the kernels, and import nothing but NumPy and ml_dtypes, so they can be read, and trusted,
+from the kernels, and import nothing but NumPy, ml_dtypes and the pure-Python packed-row layout
+(``perfkernels/families/quantized/layout.py``), so they can be read, and trusted,
 on their own:
 
 - sums are taken in float64 and returned with the sum of the absolute values of their terms
@@ -28,6 +29,10 @@ from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
+
+# the packed-row layout (bytes of a row, codes per byte), shared with the kernels' frontends
+from .families.quantized.layout import codes_per_byte as _codes_per_byte
+from .families.quantized.layout import packed_row_bytes
 
 __all__ = [
     "Expected", "bag_bounds", "embedding_bag",
@@ -131,16 +136,6 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
 # row-wise quantized tables (the caffe2 / FBGEMM "fused rowwise" layouts)
 # ---------------------------------------------------------------------------------------------
 
-def _codes_per_byte(bits: int) -> int:
-    if bits not in (8, 4, 2):
-        raise ValueError(f"bits must be 8, 4 or 2; got {bits!r}")
-    return 8 // bits
-
-
-def packed_row_bytes(dim: int, bits: int) -> int:
-    """Bytes of one packed row: the codes, then scale and bias (2 x fp32 for 8-bit, 2 x fp16)."""
-    per = _codes_per_byte(bits)
-    return dim + 8 if bits == 8 else -(-dim // per) + 4
 
 
 def _row_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

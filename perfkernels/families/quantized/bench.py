@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._variants import (BAG_SHAPES, BENCH_BITS, QUANTIZE_SHAPE, QUICK_BAG_SHAPES,
+from ..._variants import (BAG_SHAPES, BENCH_BITS, QUANTIZE_SHAPE, QUICK_BAG_SHAPES,
                          QUICK_QUANTIZE_SHAPE, QUICK_ZIPF_BAG_SHAPE, ZIPF_BAG_SHAPE)
-from . import Case, torch_or_none, zipf_indices
+from ...benchsuite import Case, torch_or_none, zipf_indices
 
 _TORCH_LOOKUP = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit_rowwise_offsets",
                  2: "embedding_bag_2bit_rowwise_offsets"}
