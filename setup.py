@@ -102,9 +102,9 @@ def _extensions():
     include = ["include", "perfkernels/csrc", families, np.get_include()]
     headers = sorted(glob("include/perfkernels/*.h") + glob("perfkernels/csrc/**/*.h", recursive=True)
                      + glob(f"{families}/*/*.h") + glob("perfkernels/*.pxd") + glob(f"{families}/*/*.pxd"))
-    modules = [(f"perfkernels._{os.path.basename(pyx)[1:-4]}", pyx, os.path.join("perfkernels", "csrc",
-                                                                             os.path.basename(pyx)[1:-4]))
-               for pyx in sorted(glob("perfkernels/_*.pyx"))]
+    shared = [os.path.basename(pyx)[1:-4] for pyx in sorted(glob("perfkernels/_*.pyx"))]
+    # (module, its .pyx, the folder of its C files)
+    modules = [(f"perfkernels._{m}", f"perfkernels/_{m}.pyx", f"perfkernels/csrc/{m}") for m in shared]
     modules += [(f"perfkernels.families.{f.name}._{f.name}", f"{families}/{f.name}/_{f.name}.pyx",
                  f"{families}/{f.name}") for f in REGISTRY["FAMILIES"]]
     exts = []

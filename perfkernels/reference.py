@@ -33,6 +33,8 @@ import numpy as np
 # the packed-row layout (bytes of a row, codes per byte), shared with the kernels' frontends
 from .families.quantized.layout import codes_per_byte as _codes_per_byte
 from .families.quantized.layout import packed_row_bytes
+from .families.quantized.layout import packed_dim as _packed_dim
+from .families.quantized.layout import trailer_bytes as _trailer_bytes
 
 __all__ = [
     "Expected", "bag_bounds", "embedding_bag",
@@ -226,9 +228,9 @@ def _unpack(packed, bits: int, dim: int | None):
     """(codes as float64 [rows, dim], scale [rows, 1], bias [rows, 1]) of a packed table."""
     per = _codes_per_byte(bits)
     p = np.ascontiguousarray(np.asarray(packed, dtype=np.uint8))
-    meta_bytes = 8 if bits == 8 else 4
+    meta_bytes = _trailer_bytes(bits)
     if dim is None:
-        dim = (p.shape[1] - meta_bytes) * per
+        dim = _packed_dim(p.shape[1], bits)
     nbytes = packed_row_bytes(dim, bits) - meta_bytes
     meta = p[:, nbytes:nbytes + meta_bytes].copy().view("<f4" if bits == 8 else "<f2")
     meta = meta.astype(np.float64)
