@@ -3,6 +3,8 @@ from libc.stdint cimport int32_t, int64_t
 import numpy as np
 
 from perfkernels.families.lstm import checks
+
+cdef object _T_MAX = checks.T_MAX
 cimport numpy as cnp
 
 from perfkernels._arrays cimport (as_input, check_out, finish_out, kernel_table_getter,
@@ -34,7 +36,9 @@ cdef inline float *_f32(cnp.ndarray a):
 cdef cnp.ndarray _state(object x, str name, object shape):
     """A float32 [N, D] input; `shape` None means this one defines N and D."""
     cdef cnp.ndarray a = as_input(x, name, F32, "float32")
-    checks.state_shape(name, (<object>a).shape, shape)
+    if shape is None and a.ndim == 2 or shape is not None and (<object>a).shape == shape:
+        return a  # the common valid case, without a Python call
+    checks.state_shape(name, (<object>a).shape, shape)  # raises, with the shared message
     return a
 
 
@@ -43,7 +47,11 @@ cdef object _params(pk_lstm_params *p, Py_ssize_t n, Py_ssize_t d, object seq_le
     """Validate the keywords shared by forward and backward and fill `p`; returns the array that
     must stay alive while the kernel reads seq_lengths (or None)."""
     cdef cnp.ndarray lens = None
-    t_, fb = checks.keywords(t, forget_bias, gate_order)
+    if (type(t) is int and 0 <= t <= _T_MAX and type(forget_bias) is float
+            and type(gate_order) is str and (gate_order == "ifog" or gate_order == "ifgo")):
+        t_, fb = t, forget_bias  # the common valid case, without a Python call
+    else:
+        t_, fb = checks.keywords(t, forget_bias, gate_order)  # the shared rules and messages
     p.n = <size_t>n
     p.d = <size_t>d
     p.seq_lengths32 = NULL

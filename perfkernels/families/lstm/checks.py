@@ -7,6 +7,9 @@ import operator
 
 from ..._variants import GATE_ORDERS
 
+#: the largest t passed on: every int64 length is below it, so "t >= length" stays exact
+T_MAX = (1 << 63) - 1
+
 
 def keywords(t, forget_bias, gate_order) -> tuple[int, float]:
     """``(t, forget_bias)`` checked, ``t`` clamped to int64 (every int64 length is below
@@ -14,19 +17,25 @@ def keywords(t, forget_bias, gate_order) -> tuple[int, float]:
     if not isinstance(gate_order, str) or gate_order not in GATE_ORDERS:
         raise ValueError(f"gate_order must be 'ifog' (caffe2) or 'ifgo' (PyTorch LSTMCell); "
                          f"got {gate_order!r}")
-    if isinstance(t, bool):
+    if type(t) is int:  # the common case, without the general checks' cost
+        t_ = t
+    elif isinstance(t, bool):
         raise TypeError("t must be an integer; got bool")
-    try:
-        t_ = operator.index(t)
-    except TypeError:
-        raise TypeError(f"t must be an integer; got {type(t).__name__}") from None
+    else:
+        try:
+            t_ = operator.index(t)
+        except TypeError:
+            raise TypeError(f"t must be an integer; got {type(t).__name__}") from None
     if t_ < 0:
         raise ValueError(f"t must be >= 0; got {t_}")
-    try:
-        fb = float(forget_bias)
-    except (TypeError, ValueError):
-        raise TypeError(f"forget_bias must be a real number; got {type(forget_bias).__name__}") from None
-    return min(t_, (1 << 63) - 1), fb
+    if type(forget_bias) is float:
+        fb = forget_bias
+    else:
+        try:
+            fb = float(forget_bias)
+        except (TypeError, ValueError):
+            raise TypeError(f"forget_bias must be a real number; got {type(forget_bias).__name__}") from None
+    return min(t_, T_MAX), fb
 
 
 def state_shape(name: str, shape: tuple, expected: tuple | None) -> None:
