@@ -33,12 +33,23 @@ cdef tuple WEIGHT_TYPES = (cnp.NPY_FLOAT32, cnp.NPY_FLOAT16)
 cdef tuple PACKED_TYPES = (cnp.NPY_UINT8,)
 
 
+# The rules and messages are layout.py's (shared with the CUDA and torch frontends); the common
+# valid calls are answered here in C, without a Python call, and every other goes to layout.py.
+
 cdef int _check_bits(object bits) except -1:
+    if type(bits) is int and (bits == 8 or bits == 4 or bits == 2):
+        return <int>bits
     return <int>layout.check_bits(bits)
 
 
 cdef Py_ssize_t _packed_dim(Py_ssize_t width, int bits, object dim) except -1:
     """The embedding dimension of packed rows `width` bytes wide (validated against `dim=`)."""
+    cdef Py_ssize_t trailer = <Py_ssize_t>pk_quantized_row_bytes(bits, 0)
+    if dim is None and width > trailer:
+        return (width - trailer) * (8 // bits)
+    if (type(dim) is int and 1 <= dim <= 8 * width
+            and <Py_ssize_t>pk_quantized_row_bytes(bits, <size_t>dim) == width):
+        return <Py_ssize_t>dim
     return <Py_ssize_t>layout.packed_dim(width, bits, dim)
 
 
