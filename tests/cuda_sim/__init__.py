@@ -91,10 +91,11 @@ def layout_for(fmt: int, width: int, lanes: int, vpl: int, min_chunks: int = 1):
     makes the runtime launch (width, lanes, vpl) with at least ``min_chunks`` column chunks."""
     import math
     from perfkernels.families.embedding import _cuda as _bags
+    from perfkernels.families.quantized.layout import packed_row_bytes
     bits = _bags.FORMATS[fmt][0]
     itemsize = {32: 4, 16: 2}.get(bits, 1)
     for d in range(1, 4097):
-        row = d if fmt <= _bags.BF16 else _bags.packed_row_bytes(d, bits)
+        row = d if fmt <= _bags.BF16 else packed_row_bytes(d, bits)
         row_bytes = row * itemsize if fmt <= _bags.BF16 else row
         for off in range(0, 16):
             parent = -(-(off + row) * itemsize // 16) * 16 // itemsize
