@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._variants import (BAG_SHAPES, BENCH_BITS, QUANTIZE_SHAPE, QUICK_BAG_SHAPES,
+from ..._variants import (BAG_SHAPES, BENCH_BITS, QUANTIZE_SHAPE, QUICK_BAG_SHAPES,
                          QUICK_QUANTIZE_SHAPE, QUICK_ZIPF_BAG_SHAPE, ZIPF_BAG_SHAPE)
-from . import Case, torch_or_none, zipf_indices
+from ...benchsuite import Case, torch_or_none, zipf_indices
+from .layout import packed_row_bytes
 
 _TORCH_LOOKUP = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit_rowwise_offsets",
                  2: "embedding_bag_2bit_rowwise_offsets"}
@@ -28,8 +29,7 @@ def packed_table(rng: np.random.Generator, rows: int, dim: int, bits: int) -> np
     """A random packed table in placed memory (``perfkernels.empty_table``), quantized in chunks
     (a 4M x 256 float32 table would need 4 GiB)."""
     import perfkernels as pk
-    row_bytes = dim + 8 if bits == 8 else -(-dim * bits // 8) + 4   # codes, then scale and bias
-    table = pk.empty_table(rows, row_bytes, np.uint8)
+    table = pk.empty_table(rows, packed_row_bytes(dim, bits), np.uint8)
     for start in range(0, rows, 250_000):
         n = min(250_000, rows - start)
         table[start:start + n] = pk.quantize_rowwise(
@@ -66,7 +66,7 @@ def lookup_case(rng, name, rows, dim, num_bags, bag_len, bits, dist="uniform") -
 def quantize_case(rng, rows, dim, bits=8) -> Case:
     import perfkernels as pk
     weight = rng.standard_normal((rows, dim), dtype=np.float32)
-    nbytes = weight.nbytes + rows * (dim + 8)
+    nbytes = weight.nbytes + rows * packed_row_bytes(dim, bits)
     baselines = {}
     torch = torch_or_none()
     if torch is not None:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._variants import (BAG_SHAPES, QUICK_BAG_SHAPES, QUICK_ZIPF_BAG_SHAPE, TABLE_DTYPES,
+from ..._variants import (BAG_SHAPES, QUICK_BAG_SHAPES, QUICK_ZIPF_BAG_SHAPE, TABLE_DTYPES,
                          ZIPF_BAG_SHAPE)
-from . import Case, torch_or_none, zipf_indices
+from ...benchsuite import Case, torch_or_none, zipf_indices
 
 _live: list[list] = []   # the holders filled now (one case's inputs alive at a time)
 #: the largest table that also gets a copy in torch's own memory (the "torch-own" baseline)
@@ -30,7 +30,7 @@ OWN_COPY_MAX_BYTES = 1 << 30
 def random_table(rng: np.random.Generator, rows: int, dim: int, dtype) -> np.ndarray:
     """A random table in placed memory (``perfkernels.empty_table``), converted in chunks (no
     float32 copy of a whole 16-bit table)."""
-    from .._placement import empty_table
+    from ..._placement import empty_table
     table = empty_table(rows, dim, dtype)
     for start in range(0, rows, 250_000):
         stop = min(rows, start + 250_000)
