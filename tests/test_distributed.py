@@ -502,10 +502,13 @@ def test_example_under_torchrun(tmp_path):
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            str(ROOT / "examples" / "dlrm.py"), "--distributed", "--batch", "16",
            "--max-rows", "200", "--dim", "8", "--bag-size", "2", "--train-steps", "6",
-           "--infer-batches", "2"]
+           "--infer-batches", "2", "--replicate-below", "1000", "--fused-optimizer",
+           "rowwise_adagrad", "--lr", "0.01"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "loss curves agree" in done.stdout, done.stdout[-4000:]
+    for kind in ("table_wise", "data_parallel"):
+        assert kind in done.stdout, done.stdout[-4000:]
 
 
 # ------------------------------------------------------------------------- in-process checks
