@@ -34,8 +34,10 @@ class Group:
             self.backend = str(dist.get_backend(process_group))
         else:
             self.size, self.rank, self.backend = 1, 0, "none"
-        #: wall seconds spent in each kind of exchange (``what`` of :meth:`all_to_all`)
+        #: wall seconds spent in each kind of exchange (``what`` of :meth:`all_to_all`), and the
+        #: bytes this rank sent to other ranks in it
         self.seconds: dict = defaultdict(float)
+        self.bytes_sent: dict = defaultdict(int)
 
     def global_rank(self, rank: int) -> int:
         """The default group's number of this group's ``rank``."""
@@ -64,6 +66,7 @@ class Group:
         except RuntimeError as exc:
             raise self._failed(what, exc) from exc
         self.seconds[what] += time.perf_counter() - start
+        self.bytes_sent[what] += (sum(send_splits) - send_splits[self.rank]) * send.element_size()
         return recv
 
     def all_gather_object(self, obj: Any, what: str) -> list:

@@ -171,6 +171,9 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 self._feature_names.append(f)
                 self._feature_table.append(i)
         self._dims = [self._tables[t].dim for t in self._feature_table]
+        #: the type the indices and lengths travel in: int32 while every row number fits
+        self._itype = (torch.int32 if max((t.rows for t in self._tables), default=0) < 2**31
+                       else torch.int64)
         self._cols = np.concatenate([[0], np.cumsum(self._dims)]).astype(int).tolist()
         self._fused = (None if fused_optimizer is None
                        else FusedOptimizer.from_spec(fused_optimizer))
@@ -297,6 +300,13 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
             self._group.seconds.clear()
         return out
 
+    def collective_bytes(self, reset: bool = True) -> dict:
+        """Bytes this rank sent to other ranks in each exchange since the last reset."""
+        out = dict(self._group.bytes_sent)
+        if reset:
+            self._group.bytes_sent.clear()
+        return out
+
     def _weights_of(self, slots: Sequence[_Slot]) -> list:
         return [self.embedding_bags[self._tables[s.table].name].weight for s in slots]
 
@@ -332,7 +342,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
             return None, 0, (f"lengths has {lengths.numel()} entries, not a multiple of the "
                              f"{len(keys)} keys")
         batch = lengths.numel() // max(len(keys), 1)
-        lengths = lengths.to(torch.int64)
+        lengths = lengths.to(self._itype)
         if bool((lengths < 0).any()):
             return None, batch, "lengths has a negative entry"
         per_key = lengths.view(len(keys), batch).sum(1).tolist() if keys else []
@@ -343,10 +353,10 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         out = []
         for f, name in enumerate(self._feature_names):
             k = keys.index(name)
-            v = values[starts[k]:starts[k + 1]].to(torch.int64)
+            v = values[starts[k]:starts[k + 1]]
             rows = self._tables[self._feature_table[f]].rows
             if v.numel():
-                lo, hi = int(v.min()), int(v.max())
+                lo, hi = (int(x) for x in torch.aminmax(v))
                 if lo < 0 or hi >= rows:
                     bad = lo if lo < 0 else hi
                     pos = int((v == bad).nonzero()[0])
@@ -355,7 +365,8 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                                          f"{self._tables[self._feature_table[f]].name!r} of "
                                          f"{rows} rows")
             w = None if weights is None else weights[starts[k]:starts[k + 1]].to(torch.float32)
-            out.append((v.to(self._device), lengths[k * batch:(k + 1) * batch].to(self._device),
+            out.append((v.to(device=self._device, dtype=self._itype),
+                        lengths[k * batch:(k + 1) * batch].to(self._device),
                         None if w is None else w.to(self._device)))
         return out, batch, None
 
@@ -371,14 +382,14 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
             if len(s.ranks) == 1:
                 pieces[(f, 0)] = (lengths, v, w)
                 continue
-            inner = torch.tensor(s.row_offsets[1:-1], dtype=torch.int64, device=v.device)
+            inner = torch.tensor(s.row_offsets[1:-1], dtype=v.dtype, device=v.device)
             bucket = torch.bucketize(v, inner, right=True)
             bag = _segment_ids(lengths, v.numel())
             key = bucket * batch + bag
             order = torch.argsort(key, stable=True)
-            counts = torch.bincount(key, minlength=len(s.ranks) * batch).view(len(s.ranks),
-                                                                              batch)
-            starts = torch.tensor(s.row_offsets[:-1], dtype=torch.int64, device=v.device)
+            counts = torch.bincount(key, minlength=len(s.ranks) * batch).view(
+                len(s.ranks), batch).to(v.dtype)
+            starts = torch.tensor(s.row_offsets[:-1], dtype=v.dtype, device=v.device)
             local = v[order] - starts[bucket[order]]
             sizes = counts.sum(1).tolist()
             vs = local.split(sizes)
@@ -423,7 +434,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
 
         # 2. features to their owners
         mine = self._slots[g.rank]
-        send = torch.cat(payload_i) if payload_i else torch.zeros(0, dtype=torch.int64,
+        send = torch.cat(payload_i) if payload_i else torch.zeros(0, dtype=self._itype,
                                                                   device=dev)
         dp_count = len(self._dp_slots) if send_dp else 0
         send_splits = [(len(self._slots[r]) + dp_count) * batch + counts[r]
@@ -449,10 +460,10 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
             idx_pieces.append(part[nslots * batches[s]:].split(sizes))
             w_pieces.append(w_parts[s].split(sizes) if w_parts[s] is not None else None)
         lengths_all = (torch.cat(lengths_by_source, dim=1) if nslots
-                       else torch.zeros(0, total, dtype=torch.int64, device=dev))
+                       else torch.zeros(0, total, dtype=self._itype, device=dev))
         order = [(s, j) for j in range(nslots) for s in range(g.size)]
         indices_all = (torch.cat([idx_pieces[s][j] for s, j in order]) if order
-                       else torch.zeros(0, dtype=torch.int64, device=dev))
+                       else torch.zeros(0, dtype=self._itype, device=dev))
         weights_all = (torch.cat([w_pieces[s][j] for s, j in order])
                        if self._is_weighted and order else None)
 
