@@ -101,14 +101,14 @@ def fused_spec(args: argparse.Namespace) -> tuple:
 
 def train_single(tables: Sequence[tuple], args: argparse.Namespace, batches: list) -> tuple:
     """The same model in one process on the global batches: (losses, model parts)."""
-    from perfkernels.torch.distributed._sharded import initial_rows
     configs = table_configs(tables, args.fused_optimizer)
     ebc = pt.EmbeddingBagCollection(configs, fused_optimizer=fused_spec(args))
     with torch.no_grad():
         for i, c in enumerate(configs):
             bound = (1.0 / c.num_embeddings) ** 0.5
             ebc.embedding_bags[c.name].weight.copy_(
-                initial_rows(args.seed, i, (0, c.num_embeddings), c.embedding_dim, -bound, bound))
+                pkd.initial_rows(args.seed, i, (0, c.num_embeddings), c.embedding_dim, -bound,
+                                 bound))
     torch.manual_seed(args.seed)
     dense_model = DenseDLRM(len(tables), tables[0][1])
     opt = torch.optim.SGD(dense_model.parameters(), lr=args.lr)

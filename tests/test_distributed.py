@@ -22,7 +22,8 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import perfkernels as pk  # noqa: E402
-from perfkernels.torch import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor  # noqa: E402
+from perfkernels.torch import (EmbeddingBagCollection, EmbeddingBagConfig,  # noqa: E402
+                               KeyedJaggedTensor)
 from perfkernels.torch import distributed as pkd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,11 +79,11 @@ def hand_plan(tables, world: int) -> pkd.ShardingPlan:
 
 def reference_weights(tables, seed: int = 0) -> dict:
     """The full float32 tables, the same on every rank (the sharded module's initial values)."""
-    from perfkernels.torch.distributed._sharded import initial_rows
     out = {}
     for i, t in enumerate(tables):
         bound = (1.0 / t.num_embeddings) ** 0.5
-        out[t.name] = initial_rows(seed, i, (0, t.num_embeddings), t.embedding_dim, -bound, bound)
+        out[t.name] = pkd.initial_rows(seed, i, (0, t.num_embeddings), t.embedding_dim,
+                                       -bound, bound)
     return out
 
 

@@ -30,12 +30,13 @@ Importing this module initialises nothing; the process group is the caller's.
 from ._comm import CollectiveError, check_peers
 from ._plan import (DATA_PARALLEL, ROW_WISE, SHARDING_TYPES, TABLE_ROW_WISE, TABLE_WISE,
                     ShardingPlan, Table, TableSharding, plan)
-from ._sharded import ShardedEmbeddingBagCollection
+from ._sharded import ShardedEmbeddingBagCollection, initial_rows
 from ._checkpoint import export_tables, load_checkpoint, save_checkpoint
 
 __all__ = [
     "plan", "ShardingPlan", "TableSharding", "Table", "SHARDING_TYPES",
     "TABLE_WISE", "ROW_WISE", "TABLE_ROW_WISE", "DATA_PARALLEL",
-    "ShardedEmbeddingBagCollection", "save_checkpoint", "load_checkpoint", "export_tables",
+    "ShardedEmbeddingBagCollection", "initial_rows",
+    "save_checkpoint", "load_checkpoint", "export_tables",
     "check_peers", "CollectiveError",
 ]

@@ -5,7 +5,7 @@ the full tables for serving.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import torch
 

@@ -32,13 +32,11 @@ import torch
 from torch import Tensor
 
 import perfkernels as pk
+import perfkernels.torch as pt
+from perfkernels.torch import BagBackward, FusedOptimizer, IndexOutOfRangeError, KeyedTensor
 
-from .. import _bags
-from .._bridge import IndexOutOfRangeError, as_numpy
-from .._collection import KeyedTensor, _pooling_mode
-from .._fused import FusedOptimizer, FusedOptimizerSpec
-from ._comm import CollectiveError, Group, int_tensor
-from ._plan import DATA_PARALLEL, ShardingPlan, Table, table_format, row_bytes
+from ._comm import Group, int_tensor
+from ._plan import DATA_PARALLEL, ShardingPlan, Table, row_bytes, table_format
 
 _INIT_BLOCK = 1 << 16          # rows per independently seeded block of the initial values
 
@@ -78,6 +76,27 @@ class _Shard(torch.nn.Module):
             self.weight = torch.nn.Parameter(weight)
         else:
             self.register_buffer("weight", weight)
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor (bfloat16 as ``ml_dtypes.bfloat16``), no copy."""
+    t = t.detach()
+    if t.dtype is torch.bfloat16:
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _pooling_mode(pooling: Any) -> str:
+    """``"sum"`` / ``"mean"`` from a string or TorchRec's ``PoolingType``."""
+    mode = str(getattr(pooling, "name", pooling)).lower()
+    if mode not in ("sum", "mean"):
+        raise ValueError(f"pooling must be sum or mean; got {pooling!r}")
+    return mode
+
+
+_QUANTIZED_OPS = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit_rowwise_offsets",
+                  2: "embedding_bag_2bit_rowwise_offsets"}
 
 
 def _seed(seed: int, table: int, block: int) -> int:
@@ -138,7 +157,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
 
     def __init__(self, tables: Sequence[Any], plan: ShardingPlan,
                  process_group: Optional[Any] = None, *, is_weighted: bool = False,
-                 fused_optimizer: Optional[FusedOptimizerSpec] = None,
+                 fused_optimizer: Any = None,
                  gradient_division: bool = True, seed: int = 0, device: Any = None,
                  _weights: Optional[dict] = None) -> None:
         super().__init__()
@@ -306,9 +325,6 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         if reset:
             self._group.bytes_sent.clear()
         return out
-
-    def _weights_of(self, slots: Sequence[_Slot]) -> list:
-        return [self.embedding_bags[self._tables[s.table].name].weight for s in slots]
 
     def _trainable(self) -> list:
         return [(name, shard.weight) for name, shard in self.embedding_bags.items()
@@ -512,21 +528,27 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         if not slots:
             return torch.zeros(batch, 0, dtype=torch.float32, device=self._device)
         tables, bits, dims = self._tables_of(slots)
-        if self._device.type != "cpu":
+        if self._device.type != "cpu":      # perfkernels.cuda, through perfkernels.torch
             offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
             parts = []
             for j, (w, b, d) in enumerate(zip(tables, bits, dims)):
                 o = offsets[j * batch:(j + 1) * batch + 1]
                 a, e = int(o[0]), int(o[-1])
-                parts.append(_bags.lookup(w, indices[a:e], o - a,
-                                          None if weights is None else weights[a:e],
-                                          modes if isinstance(modes, str) else modes[j], True,
-                                          None, bits=b or 0, dim=d))
+                mode = modes if isinstance(modes, str) else modes[j]
+                psw = None if weights is None else weights[a:e]
+                if b:
+                    out = getattr(pt, _QUANTIZED_OPS[b])(
+                        w, indices[a:e], o - a, mode=int(mode == "mean"),
+                        per_sample_weights=psw, include_last_offset=True)[:, :d]
+                else:
+                    out = pt.embedding_bag(indices[a:e], w.detach(), o - a, mode=mode,
+                                           per_sample_weights=psw, include_last_offset=True)
+                parts.append(out.float())
             return torch.cat(parts, dim=1)
         try:
             out = pk.embedding_bags_multi(
-                [as_numpy(w) for w in tables], as_numpy(indices), lengths=as_numpy(lengths),
-                per_sample_weights=None if weights is None else as_numpy(weights),
+                [_numpy(w) for w in tables], _numpy(indices), lengths=_numpy(lengths),
+                per_sample_weights=None if weights is None else _numpy(weights),
                 modes=modes, bits=bits if any(bits) else None, dims=dims)
         except IndexError as exc:
             raise IndexOutOfRangeError(str(exc)) from None
@@ -605,15 +627,17 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
             lens = lengths[j:k].reshape(-1)
             offsets = torch.cat([lens.new_zeros(1), lens.cumsum(0)])
             shard = self.embedding_bags[t.name]
-            b = _bags.BagBackward(g_rows, indices[pos:pos + n], offsets,
-                                  None if weights is None else weights[pos:pos + n],
-                                  mode or t.mode, True, None, shard.weight.shape[0],
-                                  shard.weight.dtype)
+            b = BagBackward(g_rows, indices[pos:pos + n], offsets,
+                            None if weights is None else weights[pos:pos + n], mode or t.mode,
+                            True, None, shard.weight.shape[0], shard.weight.dtype)
             if self._fused is not None:
                 self._optimizers[t.name].update(shard.weight, shard._buffers.get("momentum1"),
                                                 b)
-            else:
-                grads[t.name] = _bags.dense_weight_grad(b)
+            else:       # torch's dense gradient: every entry's row summed into zeros
+                dense = torch.zeros(shard.weight.shape, dtype=torch.float32,
+                                    device=g_rows.device)
+                dense.index_add_(0, b.indices.long(), b.entry_grads)
+                grads[t.name] = dense.to(shard.weight.dtype)
             pos += n
             col += (k - j) * t.dim
             j = k
