@@ -538,6 +538,31 @@ def test_planner_balances_and_respects_the_budget():
         pkd.plan(tables, 2, memory_budget=80 * 2**20)
 
 
+def test_planner_never_plans_past_a_budget():
+    """Random tables, budgets, world sizes and host sizes: a plan is valid and within every
+    budget, or the planner refuses, naming a table."""
+    import random
+    rng = random.Random(0)
+    for case in range(200):
+        world = rng.choice([1, 2, 3, 4, 8])
+        local = rng.choice([None] + [d for d in (1, 2, 4) if world % d == 0])
+        tables = [pkd.Table(f"t{i}", rng.randint(1, 50_000), rng.choice([4, 16, 64]),
+                            pooling_factor=rng.uniform(0, 50),
+                            data_type=rng.choice([torch.float32, torch.float16, 8, 4]))
+                  for i in range(rng.randint(1, 12))]
+        budgets = [rng.randint(1, 4 << 20) for _ in range(world)]
+        optimizer = rng.choice([None, "rowwise_adagrad", "adagrad"])
+        try:
+            p = pkd.plan(tables, world, memory_budget=budgets, local_world_size=local,
+                         optimizer=optimizer, batch_size=rng.randint(1, 4096))
+        except ValueError as exc:
+            assert "table 't" in str(exc), (case, str(exc))
+            continue
+        p.validate(tables, world)
+        assert all(u <= b for u, b in zip(p.bytes_per_rank(), budgets)), case
+        assert set(p.shardings) == {t.name for t in tables}
+
+
 def test_bad_plans_are_refused_naming_table_and_rank():
     tables = [pkd.Table("big", 1000, 8), pkd.Table("small", 10, 8)]
     with pytest.raises(ValueError, match=r"table 'big'.*fits on no rank.*rank"):
