@@ -7,8 +7,8 @@ the bytes per sample each exchange carries (checked against the bytes
 The assumptions (printed with the table; docs/distributed.md discusses them): one rank per host
 using all its cores; tables table-wise while there are at least as many tables as hosts, else
 each table row-wise over hosts / tables hosts; indices spread evenly, so every host has the same
-share of the lookups; int64 indices and lengths, float32 pooled rows and gradients, as the
-implementation sends them today; no overlap of communication and computation (the two times
+share of the lookups; int32 indices and lengths, float32 pooled rows and gradients, as the
+implementation sends them (benchmarks/distributed_scaling.py measures exactly these bytes); no overlap of communication and computation (the two times
 add); dense parameters all-reduced once per step by DDP (ring: 2 x their bytes per host).
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ def bytes_per_sample(m: Model, shards: int, hosts: int, batch: int) -> dict:
     off = (hosts - 1) / hosts          # the owner of a row block is another host
     t = len(m.lookups)
     return {
-        "features": off * sum(8 * shards + 8 * n for n in m.lookups),
+        "features": off * sum(4 * shards + 4 * n for n in m.lookups),
         "pooled rows": off * 4 * m.dim * t * shards,
         "gradients": off * 4 * m.dim * t * shards,
         "counts": 24 * hosts / batch,

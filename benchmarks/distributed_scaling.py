@@ -61,21 +61,23 @@ def worker(args: argparse.Namespace) -> None:
         return KeyedJaggedTensor(keys, values, lengths=lengths)
 
     batches = [batch() for _ in range(2)]
-    times = []
+    times, cpu = [], []
     for step in range(args.steps + 1):
         kjt = batches[step % 2]
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = ebc(kjt).values()
         out.sum().backward()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         if step == 0:                         # drop the warm-up's
             ebc.collective_seconds()
             ebc.collective_bytes()
     comm = {k: v / args.steps for k, v in ebc.collective_seconds().items()}
     sent = {k: v / (args.steps * args.batch) for k, v in ebc.collective_bytes().items()}
     result = {"rank": rank, "world": world, "tables": args.tables,
-              "step_s": statistics.median(times[1:]), "collectives_s": comm,
+              "step_s": statistics.median(times[1:]), "cpu_s": statistics.median(cpu[1:]),
+              "collectives_s": comm,
               "bytes_sent_per_sample": sent}
     gathered = [None] * world
     dist.all_gather_object(gathered, result)
@@ -135,13 +137,20 @@ def main() -> None:
         print(f"round {r + 1}: " + ", ".join(f"{n} {s * 1e3:.0f} ms/step"
                                              for n, s in step.items()), flush=True)
 
-    def samples_per_s(res: list) -> float:
-        return args.batch * len(res) / max(x["step_s"] for x in res)
+    def samples_per_s(res: list, key: str = "step_s") -> float:
+        return args.batch * len(res) / max(x[key] for x in res)
 
     ratio_lookups = [samples_per_s(g["2 ranks x T"]) * 2 * t / (samples_per_s(g["1 rank x T"]) * t)
                      for g in rounds]
     ratio_samples = [samples_per_s(g["2 ranks x T"]) / samples_per_s(g["1 rank x 2T"])
                      for g in rounds]
+    # the same ratios from each rank's CPU seconds per step (what the step costs when every
+    # rank has a core of its own; on a shared machine the wall clock also counts waiting for one)
+    cpu_lookups = [samples_per_s(g["2 ranks x T"], "cpu_s") * 2
+                   / samples_per_s(g["1 rank x T"], "cpu_s") for g in rounds]
+    cpu_samples = [samples_per_s(g["2 ranks x T"], "cpu_s") / samples_per_s(g["1 rank x 2T"],
+                                                                              "cpu_s")
+                   for g in rounds]
     last = rounds[-1]["2 ranks x T"]
     comm = {k: statistics.median(x["collectives_s"][k] for x in last)
             for k in last[0]["collectives_s"]}
@@ -156,6 +165,9 @@ def main() -> None:
           f"{statistics.median(ratio_lookups):.2f}x (samples/s x tables)")
     print(f"  work per rank constant (the 2T model): 2 ranks / 1 rank samples/s "
           f"{statistics.median(ratio_samples):.2f}x")
+    print(f"  from CPU seconds per step instead of wall seconds: "
+          f"{statistics.median(cpu_lookups):.2f}x (tables per rank constant), "
+          f"{statistics.median(cpu_samples):.2f}x (work per rank constant)")
     print(f"  2 ranks, per step of {step2 * 1e3:.0f} ms, in collectives (median rank): " +
           ", ".join(f"{k}: {v * 1e3:.1f} ms" for k, v in comm.items()))
     print("  bytes sent to the other rank per sample (rank 0): " + ", ".join(
