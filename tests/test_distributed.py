@@ -312,6 +312,13 @@ def check_refusals(world: int, rank: int) -> None:
                for t in tables]
     with pytest.raises(ValueError, match="disagree on the features"):
         pkd.ShardedEmbeddingBagCollection(changed, plan)
+    # one rank with gradients, the others without: refused by every rank
+    if rank == 0:
+        with pytest.raises(ValueError, match="rank 0 runs the collection with gradients"):
+            ebc(local_kjt(keys, values, lengths, None, 0, 4))
+    else:
+        with torch.no_grad(), pytest.raises(ValueError, match="rank 0 with"):
+            ebc(local_kjt(keys, values, lengths, None, 0, 4))
     with torch.no_grad():      # still usable after the refusals
         ebc(local_kjt(keys, values, lengths, None, 0, 4))
 

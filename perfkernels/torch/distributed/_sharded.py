@@ -5,8 +5,9 @@ Each rank feeds its own batch (data-parallel input, TorchRec's KeyedJaggedTensor
 its own pooled rows back (``[its batch, sum of dims]``), as the unsharded collection gives them.
 One forward pass is three ``all_to_all_single`` exchanges (four with per-sample weights):
 
-1. counts: per destination, the number of indices it will get, this rank's batch size and a
-   status (a rank whose input is bad says so here, and every rank raises, none hangs);
+1. counts: per destination, the number of indices it will get, this rank's batch size, a
+   status (a rank whose input is bad says so here, and every rank raises, none hangs) and
+   whether it trains (all ranks must agree);
 2. features: per destination, the lengths and indices of every feature whose table it holds rows
    of (row-wise tables: only the indices in its row block, rebased to it), feature-major;
    the per-sample weights travel alike;
@@ -436,15 +437,22 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 payload_w += [c[2] for c in chosen]
                 counts[r] = sum(int(c[1].numel()) for c in chosen)
         status = 0 if error is None else 1
-        head = int_tensor([x for r in range(g.size) for x in (counts[r], batch, status)], dev)
-        got = g.all_to_all(head, [3] * g.size, [3] * g.size, "exchanging the batch sizes")
-        got = got.view(g.size, 3).tolist()
+        head = int_tensor([x for r in range(g.size)
+                           for x in (counts[r], batch, status, int(training))], dev)
+        got = g.all_to_all(head, [4] * g.size, [4] * g.size, "exchanging the batch sizes")
+        got = got.view(g.size, 4).tolist()
         if error is not None:
             raise ValueError(f"rank {g.rank}: {error}")
         bad = [r for r in range(g.size) if got[r][2]]
         if bad:
             raise ValueError(f"rank {bad[0]} refused its input (see its error); no batch was "
                              f"exchanged")
+        modes = [r for r in range(g.size) if bool(got[r][3]) != training]
+        if modes:       # the data-parallel features travel only when training
+            mine, theirs = ("with", "without") if training else ("without", "with")
+            raise ValueError(f"rank {g.rank} runs the collection {mine} gradients but rank "
+                             f"{modes[0]} {theirs}; every rank must call it alike "
+                             f"(torch.no_grad() on all or none)")
         n_in = [c[0] for c in got]
         batches = [c[1] for c in got]
 
