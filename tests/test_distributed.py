@@ -211,6 +211,18 @@ def check_forward(world: int, rank: int, weighted: bool) -> None:
     tol = dict(rtol=2e-5, atol=2e-6)
     assert_close(out, expected[lo:hi], f"rank {rank} forward (weighted={weighted})", **tol)
     assert torch.equal(out, again), "two runs differ"
+    if not weighted:        # the export of every format: the whole tables, as packed alone
+        exported = pkd.export_tables(ebc)
+        if rank == 0:
+            for t in tables:
+                got = exported["state_dict"][f"embedding_bags.{t.name}.weight"]
+                if isinstance(t.data_type, int):
+                    whole = torch.from_numpy(pk.quantize_rowwise(full[t.name].numpy(),
+                                                                 bits=t.data_type))
+                    assert exported["formats"][t.name] == f"{t.data_type}-bit"
+                else:
+                    whole = full[t.name].to(t.data_type)
+                assert torch.equal(got, whole), f"export of {t.name}"
 
 
 def _unsharded(tables, full: dict, weighted: bool = False, fused=None):
