@@ -23,6 +23,7 @@ import argparse
 import datetime
 import os
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -36,18 +37,27 @@ from perfkernels.torch import distributed as pkd
 from dlrm import DLRM, mlp
 
 
+@dataclass(frozen=True)
+class Dense:
+    """The dense part of a DLRM-like model: dense input features and the hidden sizes of the
+    bottom and top MLPs (defaults: DLRM on Criteo, 13-512-256-D and 512-256-1)."""
+    features: int = 13
+    bottom: tuple = (512, 256)
+    top: tuple = (512, 256)
+
+
 class DenseDLRM(nn.Module):
     """DLRM without its tables: bottom MLP, dot interaction with the pooled embeddings, top MLP.
     ``forward(dense, pooled)`` with ``pooled`` ``[B, tables * dim]`` (a KeyedTensor's values)."""
 
     interact = DLRM.interact
 
-    def __init__(self, num_tables: int, dim: int) -> None:
+    def __init__(self, num_tables: int, dim: int, dense: Dense = Dense()) -> None:
         super().__init__()
         self.dim = dim
-        self.bottom = mlp([13, 512, 256, dim])
+        self.bottom = mlp([dense.features, *dense.bottom, dim])
         f = num_tables + 1
-        self.top = mlp([dim + f * (f - 1) // 2, 512, 256, 1], last_sigmoid=True)
+        self.top = mlp([dim + f * (f - 1) // 2, *dense.top, 1], last_sigmoid=True)
         rows, cols = torch.tril_indices(f, f, offset=-1)
         self.register_buffer("pairs", rows * f + cols, persistent=False)
 
@@ -57,20 +67,21 @@ class DenseDLRM(nn.Module):
         return self.top(self.interact(x, ly)).squeeze(1)
 
 
-def table_configs(tables: Sequence[tuple], fused: str | None) -> list:
+def table_configs(tables: Sequence[tuple]) -> list:
     """``tables``: (rows, dim, lookups per sample) each; feature ``f<i>`` reads table ``t<i>``."""
     return [pt.EmbeddingBagConfig(rows, dim, name=f"t{i}", feature_names=[f"f{i}"])
             for i, (rows, dim, _) in enumerate(tables)]
 
 
 def make_batches(tables: Sequence[tuple], batch: int, count: int, seed: int,
-                 zipf_a: float = 1.1) -> list:
-    """Global batches (dense [B, 13], keys, values, lengths, labels): each table's lookups per
-    sample as given, Zipf-distributed rows scattered by a multiplicative hash."""
+                 dense_features: int = 13, zipf_a: float = 1.1) -> list:
+    """Global batches (dense [B, dense_features], keys, values, lengths, labels): each table's
+    lookups per sample as given, Zipf-distributed rows scattered by a multiplicative hash."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
-        dense = torch.from_numpy(np.log1p(rng.lognormal(0, 1, (batch, 13))).astype(np.float32))
+        dense = torch.from_numpy(np.log1p(rng.lognormal(0, 1, (batch, dense_features)))
+                                 .astype(np.float32))
         values, lengths = [], []
         for rows, _, lookups in tables:
             z = rng.zipf(zipf_a, batch * lookups) - 1
@@ -99,9 +110,10 @@ def fused_spec(args: argparse.Namespace) -> tuple:
     return (name, {"lr": args.lr} if name == "sgd" else {"lr": args.lr, "eps": args.eps})
 
 
-def train_single(tables: Sequence[tuple], args: argparse.Namespace, batches: list) -> tuple:
+def train_single(tables: Sequence[tuple], args: argparse.Namespace, batches: list,
+                 dense: Dense) -> tuple:
     """The same model in one process on the global batches: (losses, model parts)."""
-    configs = table_configs(tables, args.fused_optimizer)
+    configs = table_configs(tables)
     ebc = pt.EmbeddingBagCollection(configs, fused_optimizer=fused_spec(args))
     with torch.no_grad():
         for i, c in enumerate(configs):
@@ -110,7 +122,7 @@ def train_single(tables: Sequence[tuple], args: argparse.Namespace, batches: lis
                 pkd.initial_rows(args.seed, i, (0, c.num_embeddings), c.embedding_dim, -bound,
                                  bound))
     torch.manual_seed(args.seed)
-    dense_model = DenseDLRM(len(tables), tables[0][1])
+    dense_model = DenseDLRM(len(tables), tables[0][1], dense)
     opt = torch.optim.SGD(dense_model.parameters(), lr=args.lr)
     losses = []
     for b in batches:
@@ -123,9 +135,10 @@ def train_single(tables: Sequence[tuple], args: argparse.Namespace, batches: lis
     return losses, ebc, dense_model
 
 
-def run_distributed(args: argparse.Namespace, tables: Sequence[tuple]) -> dict:
+def run_distributed(args: argparse.Namespace, tables: Sequence[tuple],
+                    dense: Dense = Dense()) -> dict:
     """Train and infer DLRM with ``tables`` ((rows, dim, lookups per sample) each) sharded over
-    the torchrun world; returns rank 0's measurements."""
+    the torchrun world, and the MLPs of ``dense``; returns rank 0's measurements."""
     if len({d for _, d, _ in tables}) != 1:
         raise SystemExit("DLRM's dot interaction needs one embedding dim for every table")
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -133,7 +146,7 @@ def run_distributed(args: argparse.Namespace, tables: Sequence[tuple]) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     dim = tables[0][1]
-    configs = table_configs(tables, args.fused_optimizer)
+    configs = table_configs(tables)
     plan = pkd.plan(configs, world, batch_size=args.batch, memory_budget=args.memory_budget,
                     local_world_size=local_world if local_world < world else None,
                     pooling_factors={c.name: t[2] for c, t in zip(configs, tables)},
@@ -141,19 +154,19 @@ def run_distributed(args: argparse.Namespace, tables: Sequence[tuple]) -> dict:
     if rank == 0:
         print(plan, flush=True)
     gb = args.batch * world
-    batches = make_batches(tables, gb, args.train_steps, args.seed)
+    batches = make_batches(tables, gb, args.train_steps, args.seed, dense.features)
     result: dict = {"world_size": world, "backend": backend}
 
     reference = None
     if not args.no_check:
         if rank == 0:
-            reference = train_single(tables, args, batches)
+            reference = train_single(tables, args, batches, dense)
         pkd.check_peers(timeout=args.timeout + 600)   # the others wait for the reference
 
     ebc = pkd.ShardedEmbeddingBagCollection(configs, plan, fused_optimizer=fused_spec(args),
                                             seed=args.seed)
     torch.manual_seed(args.seed)
-    dense_model = nn.parallel.DistributedDataParallel(DenseDLRM(len(tables), dim))
+    dense_model = nn.parallel.DistributedDataParallel(DenseDLRM(len(tables), dim, dense))
     opt = torch.optim.SGD(dense_model.parameters(), lr=args.lr)
     lo, hi = rank * args.batch, (rank + 1) * args.batch
     losses, times = [], []
@@ -174,7 +187,7 @@ def run_distributed(args: argparse.Namespace, tables: Sequence[tuple]) -> dict:
                        "samples_per_s": gb / step}
 
     # inference: every rank its slice; rank 0 compares with the single-process model
-    infer = make_batches(tables, gb, args.infer_batches, args.seed + 1)
+    infer = make_batches(tables, gb, args.infer_batches, args.seed + 1, dense.features)
     preds, t_inf = [], []
     with torch.no_grad():
         for b in infer:
