@@ -111,7 +111,7 @@ def fused_spec(args: argparse.Namespace) -> tuple:
 
 
 def train_single(tables: Sequence[tuple], args: argparse.Namespace, batches: list,
-                 dense: Dense) -> tuple:
+                 dense_part: Dense) -> tuple:
     """The same model in one process on the global batches: (losses, model parts)."""
     configs = table_configs(tables)
     ebc = pt.EmbeddingBagCollection(configs, fused_optimizer=fused_spec(args))
@@ -122,7 +122,7 @@ def train_single(tables: Sequence[tuple], args: argparse.Namespace, batches: lis
                 pkd.initial_rows(args.seed, i, (0, c.num_embeddings), c.embedding_dim, -bound,
                                  bound))
     torch.manual_seed(args.seed)
-    dense_model = DenseDLRM(len(tables), tables[0][1], dense)
+    dense_model = DenseDLRM(len(tables), tables[0][1], dense_part)
     opt = torch.optim.SGD(dense_model.parameters(), lr=args.lr)
     losses = []
     for b in batches:
@@ -136,9 +136,9 @@ def train_single(tables: Sequence[tuple], args: argparse.Namespace, batches: lis
 
 
 def run_distributed(args: argparse.Namespace, tables: Sequence[tuple],
-                    dense: Dense = Dense()) -> dict:
+                    dense_part: Dense = Dense()) -> dict:
     """Train and infer DLRM with ``tables`` ((rows, dim, lookups per sample) each) sharded over
-    the torchrun world, and the MLPs of ``dense``; returns rank 0's measurements."""
+    the torchrun world, and the MLPs of ``dense_part``; returns rank 0's measurements."""
     if len({d for _, d, _ in tables}) != 1:
         raise SystemExit("DLRM's dot interaction needs one embedding dim for every table")
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -154,19 +154,20 @@ def run_distributed(args: argparse.Namespace, tables: Sequence[tuple],
     if rank == 0:
         print(plan, flush=True)
     gb = args.batch * world
-    batches = make_batches(tables, gb, args.train_steps, args.seed, dense.features)
+    batches = make_batches(tables, gb, args.train_steps, args.seed, dense_part.features)
     result: dict = {"world_size": world, "backend": backend}
 
     reference = None
     if not args.no_check:
         if rank == 0:
-            reference = train_single(tables, args, batches, dense)
+            reference = train_single(tables, args, batches, dense_part)
         pkd.check_peers(timeout=args.timeout + 600)   # the others wait for the reference
 
     ebc = pkd.ShardedEmbeddingBagCollection(configs, plan, fused_optimizer=fused_spec(args),
                                             seed=args.seed)
     torch.manual_seed(args.seed)
-    dense_model = nn.parallel.DistributedDataParallel(DenseDLRM(len(tables), dim, dense))
+    dense_model = nn.parallel.DistributedDataParallel(DenseDLRM(len(tables), dim,
+                                                                 dense_part))
     opt = torch.optim.SGD(dense_model.parameters(), lr=args.lr)
     lo, hi = rank * args.batch, (rank + 1) * args.batch
     losses, times = [], []
@@ -187,7 +188,7 @@ def run_distributed(args: argparse.Namespace, tables: Sequence[tuple],
                        "samples_per_s": gb / step}
 
     # inference: every rank its slice; rank 0 compares with the single-process model
-    infer = make_batches(tables, gb, args.infer_batches, args.seed + 1, dense.features)
+    infer = make_batches(tables, gb, args.infer_batches, args.seed + 1, dense_part.features)
     preds, t_inf = [], []
     with torch.no_grad():
         for b in infer:
