@@ -693,13 +693,14 @@ def _sharded_tensor(module: ShardedEmbeddingBagCollection, t: _TableInfo, local:
     g = module._group
     s = t.sharding
     tail = list(local.shape[1:])
-    dev = local.device.type
+    dev = str(local.device)
     metas = []
     mine = None
     for k, r in enumerate(s.ranks):
         a, b = s.row_offsets[k], s.row_offsets[k + 1]
         meta = ShardMetadata([a] + [0] * len(tail), [b - a] + tail,
-                             f"rank:{g.global_rank(r)}/{dev}")
+                             f"rank:{g.global_rank(r)}/"
+                             f"{dev if r == g.rank else local.device.type}")
         metas.append(meta)
         if r == g.rank:
             mine = meta
