@@ -147,7 +147,8 @@ class DLRM(nn.Module):
         return [t(i, o).float() for t, i, o in zip(self.tables, indices, offsets)]
 
     def interact(self, x: torch.Tensor, ly: list[torch.Tensor]) -> torch.Tensor:
-        if self.interaction == "cat":
+        # (getattr: dlrm_distributed's DenseDLRM borrows this method and has no `interaction`)
+        if getattr(self, "interaction", "dot") == "cat":
             return torch.cat([x] + ly, dim=1)
         t = torch.stack([x] + ly, dim=1)                        # [B, F, D]
         z = torch.bmm(t, t.transpose(1, 2)).flatten(1)          # [B, F * F]
@@ -485,8 +486,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "--fused-optimizer)")
     p.add_argument("--pred-tol", type=float, default=1e-4)
     p.add_argument("--plot", metavar="PATH", help="save the time breakdown as an image")
+    p.add_argument("--distributed", action="store_true",
+                   help="shard the tables over the ranks of a torchrun world instead "
+                        "(examples/dlrm_distributed.py; --batch is per rank)")
+    if "--distributed" in (sys.argv[1:] if argv is None else argv):
+        from dlrm_distributed import add_arguments   # beside this file
+        add_arguments(p)
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
-    run(parse_args())
+    arguments = parse_args()
+    if arguments.distributed:
+        from dlrm_distributed import Dense, run_distributed
+        model_class = MODEL_CLASSES[arguments.model]   # its tables and MLP sizes (dot interaction)
+        run_distributed(arguments, [(min(n, arguments.max_rows or model_class.max_rows),
+                                     arguments.dim or model_class.dim,
+                                     arguments.bag_size or model_class.lookups)
+                                    for n in model_class.table_rows],
+                        Dense(model_class.bottom[0], model_class.bottom[1:-1],
+                              model_class.top[:-1]))
+    else:
+        run(arguments)
