@@ -24,6 +24,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
+from . import _compat
 from ._bridge import IndexOutOfRangeError, as_numpy, cuda_call
 
 MODES = ("sum", "mean")
@@ -86,8 +87,10 @@ def entry_scales(indices: Tensor, bag: Tensor, num_bags: int, mode: str,
     if padding_idx is not None:
         scale = (indices.reshape(-1) != padding_idx % rows).float()
     if mode == "mean":
-        counted = scale if scale is not None else torch.ones(bag.shape[0], device=bag.device)
-        count = torch.zeros(num_bags, device=bag.device).index_add_(0, bag, counted)
+        counted = (scale if scale is not None
+                   else torch.ones(bag.shape[0], dtype=torch.float32, device=bag.device))
+        count = torch.zeros(num_bags, dtype=torch.float32, device=bag.device).index_add_(
+            0, bag, counted)
         inv = (1.0 / count.clamp(min=1.0)).index_select(0, bag)
         scale = inv if scale is None else scale * inv
     return scale
@@ -183,6 +186,10 @@ class BagSpec(NamedTuple):
     padding_idx: Optional[int]
     sparse: bool = False
     weight_backward: Optional[WeightBackward] = None
+    #: our opt-in: per_sample_weights with mode "mean" (torch refuses them)
+    weighted_mean: bool = False
+    #: our opt-in: the NumPy API's stricter bag checks and its exceptions, not torch's
+    strict_offsets: bool = False
 
 
 class BagFunction(torch.autograd.Function):
@@ -292,16 +299,43 @@ def _embedding_bag_quantized_fake(packed, indices, offsets, per_sample_weights, 
 def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
                 per_sample_weights: Optional[Tensor], spec: BagSpec,
                 output_dtype: Optional[torch.dtype] = None) -> Tensor:
-    """A float-table lookup by the cheapest route that keeps autograd and tracing right."""
+    """A float-table lookup by the cheapest route that keeps autograd and tracing right, with
+    torch's answer wherever the NumPy API would answer differently (see ``_compat``)."""
+    dtype = output_dtype or weight.dtype
+    if ((per_sample_weights is not None and _compat.weights_refused(
+            input, per_sample_weights, spec.mode, dtype, spec.weighted_mean))
+            or weight.device.type not in ("cpu", "cuda")):       # meta tensors, other devices
+        return torch_answer(input, weight, offsets, per_sample_weights, spec, dtype)
     if torch.compiler.is_compiling():
         out = torch.ops.perfkernels.embedding_bag(weight, input, offsets, per_sample_weights,
                                                   spec.mode, spec.include_last_offset,
                                                   spec.padding_idx)
-    elif torch.is_grad_enabled() and (weight.requires_grad or (
-            per_sample_weights is not None and per_sample_weights.requires_grad)):
-        out = BagFunction.apply(weight, per_sample_weights, input, offsets, spec)
-    else:
-        out = lookup(weight, input, offsets, per_sample_weights, spec.mode,
-                     spec.include_last_offset, spec.padding_idx)
-    dtype = output_dtype or weight.dtype
+        return out if dtype is torch.float32 else out.to(dtype)
+    try:
+        if torch.is_grad_enabled() and (weight.requires_grad or (
+                per_sample_weights is not None and per_sample_weights.requires_grad)):
+            out = BagFunction.apply(weight, per_sample_weights, input, offsets, spec)
+        else:
+            out = lookup(weight, input, offsets, per_sample_weights, spec.mode,
+                         spec.include_last_offset, spec.padding_idx)
+    except IndexError:
+        raise
+    except (ValueError, TypeError):
+        if spec.strict_offsets:
+            raise
+        out = torch_answer(input, weight, offsets, per_sample_weights, spec, dtype)
+        if spec.weight_backward is not None and out.requires_grad:
+            raise ValueError("a custom weight backward (a fused optimizer) needs offsets where "
+                             "every bag ends at the next offset, the last at the end of the "
+                             "input") from None
+        return out
     return out if dtype is torch.float32 else out.to(dtype)
+
+
+def torch_answer(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
+                 per_sample_weights: Optional[Tensor], spec: BagSpec,
+                 dtype: torch.dtype) -> Tensor:
+    """torch's result or exception for a lookup (see :func:`_compat.torch_verdict`)."""
+    return _compat.torch_verdict(input, weight, offsets, per_sample_weights, spec.mode,
+                                 spec.sparse, spec.include_last_offset, spec.padding_idx, dtype,
+                                 spec.weighted_mean)
