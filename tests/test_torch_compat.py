@@ -328,3 +328,68 @@ def test_meta_tensors_give_meta_results():
         assert out.device.type == "meta" and out.shape == (1, 4)
     out = pt.embedding_bag(ix, m.weight, off, mode="sum")
     assert out.device.type == "meta" and out.shape == (1, 4)
+
+
+# --------------------------------------------------------------------------- quantized tables
+
+def _qconfig(bits):
+    from torch.ao.quantization.qconfig import (float_qparams_weight_only_qconfig,
+                                               float_qparams_weight_only_qconfig_4bit)
+    return float_qparams_weight_only_qconfig if bits == 8 else float_qparams_weight_only_qconfig_4bit
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_from_float_with_torch_ao_qconfig_is_torch_ao_quantization(bits, mode):
+    """A module carrying a torch.ao qconfig is quantized as torch.ao quantizes it (observer
+    qparams, not the prepack op's): the same bags as torch.ao's module, mode included (torch.ao
+    sums whatever the mode), on N(0, 1) rows 1,000 x 64 in bags of 20."""
+    from torch.ao.nn.quantized import EmbeddingBag as AOEmbeddingBag
+    gen = torch.Generator().manual_seed(bits)
+    f = torch.nn.EmbeddingBag.from_pretrained(torch.randn(1000, 64, generator=gen), mode=mode)
+    f.qconfig = _qconfig(bits)
+    ix = torch.randint(0, 1000, (20 * 50,), generator=gen)
+    off = torch.arange(0, ix.numel(), 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ao = AOEmbeddingBag.from_float(f)
+        want = ao(ix, off)
+        every_row = ao(torch.arange(1000), torch.arange(1000))   # torch's dequantized rows
+    for ours in (pt.QuantizedEmbeddingBag.from_float(f), pt.QuantizedEmbeddingBag.from_torch_ao(ao),
+                 pt.convert(torch.nn.Sequential(ao))[0]):
+        torch.testing.assert_close(ours.dequantize(), every_row, rtol=0, atol=1e-6)
+        # the bags: the same sums, float rounding apart (our quantizer's were up to 0.38 off)
+        torch.testing.assert_close(ours(ix, off), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,bits", [("byte", 8), ("4bit", 4), ("2bit", 2)])
+def test_route_functional_reaches_the_quantized_ops(name, bits):
+    op_name = f"embedding_bag_{name}_rowwise_offsets"
+    torch_op = getattr(torch.ops.quantized, op_name)
+    gen = torch.Generator().manual_seed(bits)
+    packed = getattr(torch.ops.quantized, f"embedding_bag_{name}_prepack")(
+        torch.randn(30, 16, generator=gen))
+    ix, off = torch.randint(0, 30, (12,), generator=gen), torch.tensor([0, 4, 4, 9])
+    want = {mode: torch_op(packed, ix, off, False, mode) for mode in (0, 1)}
+    with pt.route_functional():
+        routed = getattr(torch.ops.quantized, op_name)
+        assert routed is getattr(pt, op_name)
+        for mode in (0, 1):          # torch's op sums whatever the mode; so does ours
+            torch.testing.assert_close(routed(packed, ix, off, False, mode), want[mode],
+                                       rtol=1e-5, atol=1e-5)
+        with pytest.raises(RuntimeError, match="Index 1 is out of bounds: 30, range 0 to 30"):
+            routed(packed, torch.tensor([1, 30]), torch.tensor([0]))
+        with pytest.raises(RuntimeError, match="expects offsets to be set for 1D indices"):
+            routed(packed, ix, None)
+        with pytest.raises(RuntimeError, match="Double"):
+            routed(packed, ix, off, per_sample_weights=torch.ones(12, dtype=torch.float64))
+    assert getattr(torch.ops.quantized, op_name) is torch_op
+    # a plain call routes for good (until undone by its context-manager exit)
+    routing = pt.route_functional()
+    try:
+        assert F.embedding_bag is pt.embedding_bag
+        assert getattr(torch.ops.quantized, op_name) is getattr(pt, op_name)
+    finally:
+        routing.__exit__(None, None, None)
+    assert F.embedding_bag is TORCH_EMBEDDING_BAG
+    assert getattr(torch.ops.quantized, op_name) is torch_op

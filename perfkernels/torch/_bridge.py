@@ -42,8 +42,10 @@ class IndexOutOfRangeError(IndexError, RuntimeError):
 
 def quantized_index_error(exc: IndexError) -> IndexOutOfRangeError:
     """The NumPy API's IndexError in the wording of torch's quantized embedding-bag ops."""
-    return IndexOutOfRangeError(_NUMPY_INDEX_MESSAGE.sub(
-        r"Index \1 is out of bounds: \2, range 0 to \3", str(exc)))
+    message = _NUMPY_INDEX_MESSAGE.sub(_TORCH_INDEX_MESSAGE, str(exc))
+    return IndexOutOfRangeError(re.sub(
+        r"Index (\d+) of input takes value (-?\d+) which is not in the valid range \[0, (\d+)\)",
+        r"Index \1 is out of bounds: \2, range 0 to \3", message))
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
