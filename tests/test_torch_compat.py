@@ -61,6 +61,20 @@ def test_options_match_torch(default_dtype, table_dtype, mode):
     """Every combination of input form, include_last_offset, padding_idx (positive, negative),
     per_sample_weights and sparse/dense gradients: the module and the functional give torch's
     output, weight gradient and per_sample_weights gradient."""
+    _check_options(table_dtype, mode)
+
+
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_options_match_torch_on_our_autograd_path(default_dtype, table_dtype, mode, monkeypatch):
+    """The same matrix with every gradient computed by our autograd function (small and sparse
+    lookups otherwise take torch's, which is faster there)."""
+    from perfkernels.torch import _bags
+    monkeypatch.setattr(_bags, "torch_autograd_is_faster", lambda *args: False)
+    _check_options(table_dtype, mode)
+
+
+def _check_options(table_dtype, mode):
     gen = torch.Generator().manual_seed(7)
     base = torch.randn(ROWS, DIM, generator=gen, dtype=torch.float32)
     for form, ilo, pad, weighted, sparse, index_dtype in itertools.product(

@@ -91,8 +91,9 @@ def test_embedding_bag_forward_backward_matches_torch(isa, dtype, sparse, opts):
     _assert_grads_equal(ref.weight.grad, ours.weight.grad, TOL[dtype])
     if weighted:
         torch.testing.assert_close(psw2.grad, psw.grad, **TOL[dtype])
-    with torch.no_grad():   # the no-grad fast path agrees with the autograd path
-        torch.testing.assert_close(ours(ix, off, psw2), out.detach(), rtol=0, atol=0)
+    with torch.no_grad():   # the no-grad fast path agrees with the autograd path (which may
+        # be torch's kernel: float rounding apart)
+        torch.testing.assert_close(ours(ix, off, psw2), out.detach(), **TOL[dtype])
 
 
 @pytest.mark.parametrize("dim", AWKWARD_DIMS)

@@ -332,6 +332,25 @@ def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
     return out if dtype is torch.float32 else out.to(dtype)
 
 
+#: below this many gathered values (indices x D), torch's dense-gradient embedding bag (forward
+#: and backward) takes less time than ours, whose backward is a chain of torch ops run from
+#: Python (measured on one thread; benchmarks/torch_small.py)
+DENSE_GRAD_MIN_VALUES = 1 << 17
+
+
+def torch_autograd_is_faster(weight: Tensor, input: Tensor,
+                             per_sample_weights: Optional[Tensor], spec: BagSpec) -> bool:
+    """Whether a lookup with a gradient is better left to torch's own kernel and autograd:
+    a sparse gradient (torch builds it in one C++ pass, ours in several torch ops: slower at every
+    size measured), or a small one (the Python of our backward costs more than the work), unless
+    the lookup needs ours: a custom weight backward (a fused optimizer), weights in mode "mean"
+    (torch refuses them) or a CUDA table."""
+    if (spec.weight_backward is not None or weight.device.type != "cpu"
+            or (spec.weighted_mean and spec.mode == "mean" and per_sample_weights is not None)):
+        return False
+    return spec.sparse or input.numel() * weight.shape[1] < DENSE_GRAD_MIN_VALUES
+
+
 def torch_answer(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
                  per_sample_weights: Optional[Tensor], spec: BagSpec,
                  dtype: torch.dtype) -> Tensor:

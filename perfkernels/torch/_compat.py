@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._bridge import IndexOutOfRangeError
+
 #: torch's own function, kept so that routing (and our fallbacks) never call ourselves
 TORCH_EMBEDDING_BAG = F.embedding_bag
 
@@ -37,6 +39,15 @@ def weights_refused(input: Tensor, per_sample_weights: Tensor, mode: str, dtype:
     return (per_sample_weights.dtype is not dtype
             or (mode != "sum" and not weighted_mean)
             or per_sample_weights.shape != input.shape)
+
+
+def _first_bad_index(input: Tensor, rows: int) -> Optional[tuple[int, int]]:
+    """(flattened position, value) of the first index outside [0, rows), or None."""
+    if input.dtype not in (torch.int32, torch.int64) or input.device.type == "meta":
+        return None
+    flat = input.reshape(-1)
+    bad = ((flat < 0) | (flat >= rows)).nonzero()
+    return None if bad.numel() == 0 else (int(bad[0]), int(flat[bad[0]]))
 
 
 def torch_verdict(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
@@ -60,6 +71,12 @@ def torch_verdict(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
         out = TORCH_EMBEDDING_BAG(input, weight, offsets, None, 2.0, False,
                                   "sum" if weighted_mean else mode, sparse, psw,
                                   include_last_offset, padding_idx)
+    except RuntimeError as exc:
+        bad = _first_bad_index(input, weight.shape[0]) if weight.dim() == 2 else None
+        if bad is not None:   # torch's wording of a bad index varies; ours is always the same
+            raise IndexOutOfRangeError(f"Index {bad[0]} of input takes value {bad[1]} which is "
+                                       f"not in the valid range [0, {weight.shape[0]})") from None
+        raise exc.with_traceback(None) from None
     except Exception as exc:
         raise exc.with_traceback(None) from None
     if weighted_mean:

@@ -109,32 +109,46 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         if (self.max_norm is not None or self.scale_grad_by_freq
                 or (self.mode != "sum" and self.mode != "mean") or w.dtype not in _KERNEL_DTYPES):
             return self._torch_forward(input, offsets, per_sample_weights)
-        if ((not torch.is_grad_enabled() or not (w.requires_grad or (
-                per_sample_weights is not None and per_sample_weights.requires_grad)))
-                and not torch.compiler.is_compiling()):
-            table = self._table_array(w)
-            if table is not None:
-                # Inference on CPU, the cheapest path (a tiny lookup costs about as much as the
-                # Python around it): straight to the kernel on a cached view of the weight.
-                dtype = self.output_dtype or w.dtype
-                psw = per_sample_weights
-                if psw is not None:
-                    if _compat.weights_refused(input, psw, self.mode, dtype, self.weighted_mean):
-                        return self._torch_answer(input, w, offsets, psw, dtype)
-                    psw = psw.detach().float().numpy()
-                try:
-                    out = torch.from_numpy(pk.embedding_bag(
-                        table, input.numpy(), None if offsets is None else offsets.numpy(),
-                        per_sample_weights=psw, mode=self.mode,
-                        include_last_offset=self.include_last_offset,
-                        padding_idx=self.padding_idx))
-                except IndexError as exc:
-                    raise IndexOutOfRangeError(str(exc)) from None
-                except (ValueError, TypeError):
-                    if self.strict_offsets:
-                        raise
-                    return self._torch_answer(input, w, offsets, per_sample_weights, dtype)
-                return out if dtype is torch.float32 else out.to(dtype)
+        if torch.compiler.is_compiling():
+            return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
+                                     self.output_dtype)
+        if torch.is_grad_enabled() and (w.requires_grad or (
+                per_sample_weights is not None and per_sample_weights.requires_grad)):
+            spec = self._spec()
+            if _bags.torch_autograd_is_faster(w, input, per_sample_weights, spec):
+                return _bags.torch_answer(input, w, offsets, per_sample_weights, spec,
+                                          self.output_dtype or w.dtype)
+            return _bags.bag_forward(w, input, offsets, per_sample_weights, spec,
+                                     self.output_dtype)
+        # Inference, the cheapest path (a tiny lookup costs about as much as the Python around
+        # it): straight to the kernel on the cached NumPy view of a CPU weight (the check of
+        # TableViewCache._table_array, inlined).
+        view = self._np_view
+        if (view is None or view[0] is not w or view[1] != w.data_ptr()
+                or view[2] != w.stride() or view[3] is not w.dtype or view[4] != w.shape):
+            self._table_array(w)
+            view = self._np_view
+        table = view[5]
+        if table is not None:
+            dtype = self.output_dtype or w.dtype
+            psw = per_sample_weights
+            if psw is not None:
+                if _compat.weights_refused(input, psw, self.mode, dtype, self.weighted_mean):
+                    return self._torch_answer(input, w, offsets, psw, dtype)
+                psw = psw.detach().float().numpy()
+            try:
+                out = torch.from_numpy(pk.embedding_bag(
+                    table, input.numpy(), None if offsets is None else offsets.numpy(),
+                    per_sample_weights=psw, mode=self.mode,
+                    include_last_offset=self.include_last_offset,
+                    padding_idx=self.padding_idx))
+            except IndexError as exc:
+                raise IndexOutOfRangeError(str(exc)) from None
+            except (ValueError, TypeError):
+                if self.strict_offsets:
+                    raise
+                return self._torch_answer(input, w, offsets, per_sample_weights, dtype)
+            return out if dtype is torch.float32 else out.to(dtype)
         return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
                                  self.output_dtype)
 
