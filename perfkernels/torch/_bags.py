@@ -338,17 +338,24 @@ def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
 DENSE_GRAD_MIN_VALUES = 1 << 17
 
 
-def torch_autograd_is_faster(weight: Tensor, input: Tensor,
-                             per_sample_weights: Optional[Tensor], spec: BagSpec) -> bool:
+def torch_autograd_is_faster(weight: Tensor, input: Tensor, sparse: bool,
+                             needs_ours: bool) -> bool:
     """Whether a lookup with a gradient is better left to torch's own kernel and autograd:
     a sparse gradient (torch builds it in one C++ pass, ours in several torch ops: slower at every
     size measured), or a small one (the Python of our backward costs more than the work), unless
-    the lookup needs ours: a custom weight backward (a fused optimizer), weights in mode "mean"
-    (torch refuses them) or a CUDA table."""
-    if (spec.weight_backward is not None or weight.device.type != "cpu"
-            or (spec.weighted_mean and spec.mode == "mean" and per_sample_weights is not None)):
+    the lookup ``needs_ours`` (a custom weight backward such as a fused optimizer, or weights in
+    mode "mean", which torch refuses) or the table is on CUDA."""
+    if needs_ours or weight.device.type != "cpu":
         return False
-    return spec.sparse or input.numel() * weight.shape[1] < DENSE_GRAD_MIN_VALUES
+    return sparse or input.numel() * weight.shape[1] < DENSE_GRAD_MIN_VALUES
+
+
+def needs_ours(weight_backward: Optional[WeightBackward], weighted_mean: bool, mode: str,
+               per_sample_weights: Optional[Tensor]) -> bool:
+    """Whether a lookup with a gradient needs our autograd: a custom weight backward (a fused
+    optimizer), or weights in mode "mean" (our opt-in; torch refuses them)."""
+    return weight_backward is not None or (
+        weighted_mean and mode == "mean" and per_sample_weights is not None)
 
 
 def torch_answer(input: Tensor, weight: Tensor, offsets: Optional[Tensor],

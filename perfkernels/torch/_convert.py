@@ -176,7 +176,9 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor] = Non
     if (not torch.compiler.is_compiling() and torch.is_grad_enabled()
             and (weight.requires_grad or (per_sample_weights is not None
                                           and per_sample_weights.requires_grad))
-            and _bags.torch_autograd_is_faster(weight, input, per_sample_weights, spec)):
+            and _bags.torch_autograd_is_faster(weight, input, sparse,
+                                               _bags.needs_ours(None, weighted_mean, mode,
+                                                                per_sample_weights))):
         return _bags.torch_answer(input, weight, offsets, per_sample_weights, spec, weight.dtype)
     return _bags.bag_forward(weight, input, offsets, per_sample_weights, spec)
 

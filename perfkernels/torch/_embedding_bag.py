@@ -114,11 +114,12 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                                      self.output_dtype)
         if torch.is_grad_enabled() and (w.requires_grad or (
                 per_sample_weights is not None and per_sample_weights.requires_grad)):
-            spec = self._spec()
-            if _bags.torch_autograd_is_faster(w, input, per_sample_weights, spec):
-                return _bags.torch_answer(input, w, offsets, per_sample_weights, spec,
-                                          self.output_dtype or w.dtype)
-            return _bags.bag_forward(w, input, offsets, per_sample_weights, spec,
+            if _bags.torch_autograd_is_faster(w, input, self.sparse, _bags.needs_ours(
+                    self.weight_backward, self.weighted_mean, self.mode, per_sample_weights)):
+                return _compat.torch_verdict(input, w, offsets, per_sample_weights, self.mode,
+                                             self.sparse, self.include_last_offset,
+                                             self.padding_idx, self.output_dtype or w.dtype)
+            return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
                                      self.output_dtype)
         # Inference, the cheapest path (a tiny lookup costs about as much as the Python around
         # it): straight to the kernel on the cached NumPy view of a CPU weight (the check of
