@@ -349,7 +349,9 @@ def test_meta_tensors_give_meta_results():
 def _qconfig(bits):
     from torch.ao.quantization.qconfig import (float_qparams_weight_only_qconfig,
                                                float_qparams_weight_only_qconfig_4bit)
-    return float_qparams_weight_only_qconfig if bits == 8 else float_qparams_weight_only_qconfig_4bit
+    if bits == 8:
+        return float_qparams_weight_only_qconfig
+    return float_qparams_weight_only_qconfig_4bit
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])

@@ -119,6 +119,7 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
                 self.include_last_offset, self.padding_idx, self.bits, self.embedding_dim)
         if torch.compiler.is_compiling():
             return torch.ops.perfkernels.embedding_bag_quantized(*args)
+        check_weights_dtype(per_sample_weights, self.bits)
         if packed.device.type != "cpu":
             return _bags.lookup(*args)
         if per_sample_weights is not None:
@@ -271,6 +272,15 @@ _TORCH_TYPE_NAMES = {torch.float64: "Double", torch.float16: "Half", torch.bfloa
                      torch.int64: "Long", torch.int32: "Int"}
 
 
+def check_weights_dtype(per_sample_weights: Optional[Tensor], bits: int) -> None:
+    """torch's quantized ops take float32 ``per_sample_weights`` (4/2-bit: float16 too)."""
+    if per_sample_weights is not None and per_sample_weights.dtype is not torch.float32 and (
+            bits == 8 or per_sample_weights.dtype is not torch.float16):
+        found = _TORCH_TYPE_NAMES.get(per_sample_weights.dtype, str(per_sample_weights.dtype))
+        raise RuntimeError(f"expected scalar type Float but found {found}" if bits == 8 else
+                           f"Expect fp32 or fp16 weights, but found{found} instead")
+
+
 def _rowwise_offsets(bits: int, torch_name: str):
     torch_op = TORCH_OPS[torch_name]
 
@@ -282,11 +292,7 @@ def _rowwise_offsets(bits: int, torch_name: str):
         if pruned_weights or weight.device.type not in ("cpu", "cuda"):
             return torch_op(weight, indices, offsets, scale_grad_by_freq, mode, pruned_weights,
                             per_sample_weights, compressed_indices_mapping, include_last_offset)
-        if per_sample_weights is not None and per_sample_weights.dtype is not torch.float32 and (
-                bits == 8 or per_sample_weights.dtype is not torch.float16):
-            found = _TORCH_TYPE_NAMES.get(per_sample_weights.dtype, str(per_sample_weights.dtype))
-            raise RuntimeError(f"expected scalar type Float but found {found}" if bits == 8 else
-                               f"Expect fp32 or fp16 weights, but found{found} instead")
+        check_weights_dtype(per_sample_weights, bits)
         if offsets is None and indices.dim() == 1:
             raise RuntimeError(f"{torch_name} expects offsets to be set for 1D indices.")
         dim = packed_dim(weight.shape[1], bits)
