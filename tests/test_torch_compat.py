@@ -177,6 +177,7 @@ BAD = [
     ("padding_idx = rows", (IX, L([0, 2])), dict(padding_idx=ROWS)),
     ("padding_idx float", (IX, L([0, 2])), dict(padding_idx=1.5)),
     ("mode prod", (IX, L([0, 2])), dict(mode="prod")),
+    ("2-D input without columns", (torch.zeros(3, 0, dtype=torch.int64), None), {}),
 ]
 #: accepted by torch although perfkernels' NumPy API refuses them: torch's result
 ACCEPTED = [

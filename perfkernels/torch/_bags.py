@@ -304,6 +304,7 @@ def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
     dtype = output_dtype or weight.dtype
     if ((per_sample_weights is not None and _compat.weights_refused(
             input, per_sample_weights, spec.mode, dtype, spec.weighted_mean))
+            or _compat.input_refused(input)
             or weight.device.type not in ("cpu", "cuda")):       # meta tensors, other devices
         return torch_answer(input, weight, offsets, per_sample_weights, spec, dtype)
     if torch.compiler.is_compiling():
@@ -344,10 +345,14 @@ def torch_autograd_is_faster(weight: Tensor, input: Tensor, sparse: bool,
     a sparse gradient (torch builds it in one C++ pass, ours in several torch ops: slower at every
     size measured), or a small one (the Python of our backward costs more than the work), unless
     the lookup ``needs_ours`` (a custom weight backward such as a fused optimizer, or weights in
-    mode "mean", which torch refuses) or the table is on CUDA."""
-    if needs_ours or weight.device.type != "cpu":
+    mode "mean", which torch refuses), the table is on CUDA, or it is float16 / bfloat16 (torch's
+    kernel rounds partial results to the table's dtype, and may overflow where ours, accumulating
+    in float32, does not). A table of zero columns keeps ours too (torch's kernel raises
+    "Expected i < index_size" on any non-empty input there)."""
+    dim = weight.shape[1]
+    if needs_ours or weight.device.type != "cpu" or weight.dtype is not torch.float32 or not dim:
         return False
-    return sparse or input.numel() * weight.shape[1] < DENSE_GRAD_MIN_VALUES
+    return sparse or input.numel() * dim < DENSE_GRAD_MIN_VALUES
 
 
 def needs_ours(weight_backward: Optional[WeightBackward], weighted_mean: bool, mode: str,

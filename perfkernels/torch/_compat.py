@@ -41,6 +41,12 @@ def weights_refused(input: Tensor, per_sample_weights: Tensor, mode: str, dtype:
             or per_sample_weights.shape != input.shape)
 
 
+def input_refused(input: Tensor) -> bool:
+    """Whether torch refuses this input where the NumPy API takes it: 2-D input with no columns
+    (torch's ``arange(0, numel, 0)`` raises "step must be nonzero")."""
+    return input.dim() == 2 and input.shape[1] == 0
+
+
 def _first_bad_index(input: Tensor, rows: int) -> Optional[tuple[int, int]]:
     """(flattened position, value) of the first index outside [0, rows), or None."""
     if input.dtype not in (torch.int32, torch.int64) or input.device.type == "meta":

@@ -137,6 +137,8 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                 if _compat.weights_refused(input, psw, self.mode, dtype, self.weighted_mean):
                     return self._torch_answer(input, w, offsets, psw, dtype)
                 psw = psw.detach().float().numpy()
+            if _compat.input_refused(input):
+                return self._torch_answer(input, w, offsets, per_sample_weights, dtype)
             try:
                 out = torch.from_numpy(pk.embedding_bag(
                     table, input.numpy(), None if offsets is None else offsets.numpy(),
