@@ -33,10 +33,11 @@ import perfkernels.torch as pt
 
 
 def _interleaved(fns: dict, rounds: int, calls: int) -> dict:
-    """Per contender: the list of per-call times (us), one per round, contenders interleaved."""
+    """Per contender: the list of per-call times (us), one per round, contenders interleaved
+    (in reverse order every other round, so that no contender always follows the same one)."""
     times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    for r in range(rounds):
+        for name, fn in (reversed(fns.items()) if r % 2 else fns.items()):
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
