@@ -35,6 +35,7 @@ from torch import Tensor
 import perfkernels as pk
 import perfkernels.torch as pt
 from perfkernels.torch import BagBackward, FusedOptimizer, IndexOutOfRangeError, KeyedTensor
+from perfkernels.torch import _bags
 
 from ._comm import Group, int_tensor
 from ._plan import DATA_PARALLEL, ShardingPlan, Table, row_bytes, table_format
@@ -94,10 +95,6 @@ def _pooling_mode(pooling: Any) -> str:
     if mode not in ("sum", "mean"):
         raise ValueError(f"pooling must be sum or mean; got {pooling!r}")
     return mode
-
-
-_QUANTIZED_OPS = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit_rowwise_offsets",
-                  2: "embedding_bag_2bit_rowwise_offsets"}
 
 
 def _seed(seed: int, table: int, block: int) -> int:
@@ -544,13 +541,12 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 a, e = int(o[0]), int(o[-1])
                 mode = modes if isinstance(modes, str) else modes[j]
                 psw = None if weights is None else weights[a:e]
-                if b:
-                    out = getattr(pt, _QUANTIZED_OPS[b])(
-                        w, indices[a:e], o - a, mode=int(mode == "mean"),
-                        per_sample_weights=psw, include_last_offset=True)[:, :d]
-                else:
+                if b:   # the lookup itself: torch's quantized ops (and their aliases) sum
+                    out = _bags.lookup(w, indices[a:e], o - a, psw, mode, True, None, b, d)
+                else:   # weights in mode mean: TorchRec's pooling, our opt-in in the functional
                     out = pt.embedding_bag(indices[a:e], w.detach(), o - a, mode=mode,
-                                           per_sample_weights=psw, include_last_offset=True)
+                                           per_sample_weights=psw, include_last_offset=True,
+                                           weighted_mean=True)
                 parts.append(out.float())
             return torch.cat(parts, dim=1)
         try:
