@@ -21,6 +21,7 @@ they are copied next to the pages instead, so the history also opens on a machin
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -85,6 +86,288 @@ def localize_html(html_dir: str | os.PathLike) -> list[str]:
         remaining = []
     index.write_text(text, encoding="utf-8")
     return remaining
+
+
+#: CPU families named in /proc/cpuinfo's model name, by the word that names them there.
+CPU_FAMILIES = ("xeon", "epyc", "ryzen", "threadripper", "opteron", "core", "atom", "neoverse")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo's "model name"; platform.processor() elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def machine_name(model: str, cores: int, levels) -> str:
+    """The asv machine name of a CPU class: its family, core count and highest ISA level, e.g.
+    ``xeon-2core-avx512`` or ``epyc-2core-avx2``.  Results of AVX2-only and AVX-512 machines
+    therefore never share a name, nor do machines of different families."""
+    words = re.findall(r"[a-z0-9]+", re.sub(r"\((r|tm)\)", " ", model.lower()))
+    family = next((w for w in words if w in CPU_FAMILIES), None)
+    if family is None:
+        family = next((w for w in words if w not in ("intel", "amd", "processor", "cpu")), "cpu")
+    return f"{family}-{cores}core-{levels[-1]}"
+
+
+def machine_info(levels) -> dict[str, str]:
+    """What ``asv machine`` records for this machine: the derived name and the CPU's model with
+    the ISA levels perfkernels can run on it (lowest first)."""
+    import platform
+    model = cpu_model()
+    cores = os.cpu_count() or 1
+    try:
+        ram = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    except (ValueError, OSError, AttributeError):
+        ram = ""
+    return {"machine": machine_name(model, cores, levels),
+            "cpu": f"{model}; ISA levels {', '.join(levels)}",
+            "arch": platform.machine(), "num_cpu": str(cores),
+            "os": f"{platform.system()} {platform.release()}", "ram": ram}
+
+
+# --- the published pages: what asv cannot show by itself ---------------------------------------
+
+#: The graphs a reader sees first, in this order: the ratios, then the times behind them.
+FIRST = ("headline.", ".track_time_ratio_vs_torch", ".track_seconds_", ".track_ratio_spread")
+#: The headline graphs whose unit is a ratio to PyTorch's time (a line is drawn at 1 on them).
+RATIO_BENCHMARK = re.compile(r"^headline\.\w+\.track_time_ratio_vs_torch(_1thread)?$")
+
+#: Loaded after asv's scripts: wraps flot's $.plot so that every graph of a ratio to PyTorch has
+#: a line at 1 (parity) kept in view, the main graph's commit axis is labelled with commit hashes,
+#: and the grid's headline boxes say which way is better.
+READING_JS = r"""/* perfkernels: how to read the history (written by `python -m perfkernels history`). */
+(function ($) {
+    var RATIO = /PyTorch's time/, PARITY = {yaxis: {from: 1, to: 1}, color: "#222", lineWidth: 1};
+    function benchmarkOf(placeholder) {
+        var box = $(placeholder).closest('.benchmark-plot[id^="summarygrid-"]');
+        if (box.length) return box.attr("id").slice("summarygrid-".length);
+        if ($(placeholder).is("#main-graph, #overview"))
+            return decodeURIComponent(window.location.hash.slice(1)).split("?")[0];
+        return null;
+    }
+    function yRange(data) {
+        var lo = Infinity, hi = -Infinity;
+        $.each(data, function (i, series) {
+            $.each(series.data || series, function (j, p) {
+                if (p && p[1] !== null && isFinite(p[1])) { lo = Math.min(lo, p[1]); hi = Math.max(hi, p[1]); }
+            });
+        });
+        return [lo, hi];
+    }
+    var plot = $.plot;
+    $.plot = function (placeholder, data, options) {
+        var name = benchmarkOf(placeholder), json = $.asv && $.asv.main_json;
+        var bm = name && json && json.benchmarks[name];
+        options = options || {};
+        if (bm && RATIO.test(bm.unit || "")) {
+            options.grid = options.grid || {};
+            options.grid.markings = (options.grid.markings || []).concat([PARITY]);
+            options.yaxis = options.yaxis || {};
+            var r = yRange(data);
+            if (r[1] < 1 && options.yaxis.max == null) options.yaxis.max = 1.1;
+            if (r[0] > 1 && (options.yaxis.min == null || options.yaxis.min > 1)) options.yaxis.min = 0;
+        }
+        if (bm && $(placeholder).closest('.benchmark-plot[id^="summarygrid-"]').length && /lower is better/.test(bm.unit || "")
+                && !$(placeholder).parent().find(".pk-reading").length) {
+            $(placeholder).parent().append($('<div class="pk-reading" style="font-size: 11px; color: #555">')
+                .text((RATIO.test(bm.unit) ? "our time / PyTorch's: " : "") + "lower is better"));
+        }
+        if (bm && $(placeholder).is("#main-graph") && options.xaxis && options.xaxis.mode !== "time") {
+            var revs = [];
+            $.each(data, function (i, series) {
+                $.each(series.data || series, function (j, p) { if (p && revs.indexOf(p[0]) < 0) revs.push(p[0]); });
+            });
+            revs.sort(function (a, b) { return a - b; });
+            var step = Math.max(1, Math.ceil(revs.length / 8));
+            options.xaxis.ticks = revs.filter(function (v, i) { return i % step === 0; });
+            options.xaxis.tickFormatter = function (v) {
+                var hash = json.revision_to_hash[Math.round(v)];
+                return hash ? hash.slice(0, 8) : "";
+            };
+            options.xaxis.axisLabel = "commit";
+        }
+        return plot.call(this, placeholder, data, options);
+    };
+    $.extend($.plot, plot);
+})(jQuery);
+"""
+
+
+def _has_values(path: Path) -> bool:
+    """Whether an asv graph file holds at least one finite value."""
+    try:
+        points = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+
+    def finite(v):
+        if isinstance(v, list):
+            return any(finite(x) for x in v)
+        return isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
+    return any(finite(p[1:]) for p in points if isinstance(p, list))
+
+
+def order_and_prune(html_dir: str | os.PathLike) -> list[str]:
+    """Keep in the published index only the benchmarks that have a value to draw, the headline
+    graphs first (ratios, then times, then spreads); return the names kept, in order.
+
+    asv's grid and list show every benchmark of the suite, grouped in the order of index.json,
+    which is alphabetical: the headline group came last, after boxes with nothing in them."""
+    html_dir = Path(html_dir)
+    index = json.loads((html_dir / "index.json").read_text())
+    summary = html_dir / "graphs" / "summary"
+    kept = [n for n in index["benchmarks"] if _has_values(summary / f"{n}.json")]
+
+    def rank(name):
+        headline = name.startswith(FIRST[0])
+        kind = next((i for i, part in enumerate(FIRST[1:]) if part in name), len(FIRST))
+        return (not headline, kind if headline else 0, name)
+    kept.sort(key=rank)
+    index["benchmarks"] = {n: index["benchmarks"][n] for n in kept}
+    (html_dir / "index.json").write_text(json.dumps(index))
+    return kept
+
+
+def finish_html(html_dir: str | os.PathLike, results_dir: str | os.PathLike) -> list[str]:
+    """Everything ``history`` adds to ``asv publish``'s pages: local libraries
+    (:func:`localize_html`), the index pruned and ordered (:func:`order_and_prune`), the reading
+    aids (parity line, commit hashes, "lower is better": ``READING_JS``) and ``summary.html``, the
+    latest ratios per machine class with links to the graphs, linked from the navigation bar.
+    Returns the CDN addresses the pages still load."""
+    html_dir = Path(html_dir)
+    remaining = localize_html(html_dir)
+    order_and_prune(html_dir)
+    (html_dir / "perfkernels-history.js").write_text(READING_JS, encoding="utf-8")
+    (html_dir / "summary.html").write_text(summary_html(results_dir), encoding="utf-8")
+    index = html_dir / "index.html"
+    text = index.read_text(encoding="utf-8")
+    if "perfkernels-history.js" not in text:
+        text = text.replace("</head>", '    <script src="perfkernels-history.js"></script>\n  </head>', 1)
+        text = re.sub(r'(<li id="nav-li-regressions">.*?</li>)',
+                      r'\1\n\t<li id="nav-li-perfkernels-summary"><a href="summary.html">'
+                      r'Latest ratios (how to read)</a></li>', text, count=1)
+        index.write_text(text, encoding="utf-8")
+    return remaining
+
+
+# --- the latest ratios, per machine class ---------------------------------------------------------
+
+def latest_points(results_dir: str | os.PathLike) -> list[dict]:
+    """The newest result of every machine and ISA level (by commit date), as rows: machine, cpu,
+    level, commit, date, and per headline benchmark and parameters its ratios and spreads."""
+    rows = []
+    for machine_json in sorted(Path(results_dir).glob("*/machine.json")):
+        machine = json.loads(machine_json.read_text())
+        newest = {}
+        for path in _result_files(results_dir, machine_json.parent.name):
+            data = json.loads(path.read_text())
+            level = data.get("env_vars", {}).get("PERFKERNELS_ISA", "default")
+            if level not in newest or data.get("date", 0) > newest[level].get("date", 0):
+                newest[level] = data
+        for level, data in newest.items():
+            columns = data.get("result_columns", ["result", "params"])
+            values = {}
+            for name, row in data.get("results", {}).items():
+                if not name.startswith("headline."):
+                    continue
+                row = dict(zip(columns, row))
+                results = row["result"] if isinstance(row["result"], list) else [row["result"]]
+                combos = list(itertools.product(*row["params"])) if row.get("params") else [()]
+                for value, combo in zip(results, combos):
+                    values[name, combo] = value
+            rows.append({"machine": machine.get("machine", machine_json.parent.name),
+                         "cpu": machine.get("cpu", ""), "level": level,
+                         "commit": data["commit_hash"], "date": data.get("date"),
+                         "values": values})
+    return rows
+
+
+def _ratio_table(row: dict) -> list[tuple[str, str, str, float | None, float | None, float | None]]:
+    """(class, params, graph name, ratio, ratio at 1 thread, spread) of a latest_points row."""
+    out = []
+    for (name, combo), value in sorted(row["values"].items()):
+        if not RATIO_BENCHMARK.match(name) or name.endswith("_1thread"):
+            continue
+        cls = name.split(".")[1]
+        base = name.rsplit(".", 1)[0]
+        one = row["values"].get((name + "_1thread", combo))
+        spread = row["values"].get((base + ".track_ratio_spread", combo))
+        out.append((cls, ", ".join(str(c).strip("'") for c in combo), name, value, one, spread))
+    return out
+
+
+def _fmt(v: float | None, spec: str = ".3g") -> str:
+    if v is None:
+        return "refused"
+    if v != v:
+        return "skipped"
+    return format(v, spec)
+
+
+def summary_text(results_dir) -> str:
+    """The latest ratios per machine class and level, as plain text (what ``history`` prints)."""
+    lines = ["latest headline points (our time / PyTorch's: below 1 we are faster; lower is better)"]
+    for row in latest_points(results_dir):
+        date = time.strftime("%Y-%m-%d", time.gmtime(row["date"] / 1000)) if row["date"] else "?"
+        lines.append(f"\n{row['machine']} [{row['level']}] ({row['cpu']}) at {row['commit'][:8]} "
+                     f"({date})")
+        lines.append(f"  {'benchmark':<18} {'params':<24} {'default':>9} {'1 thread':>9} {'spread':>7}")
+        for cls, params, _, ratio, one, spread in _ratio_table(row):
+            lines.append(f"  {cls:<18} {params:<24} {_fmt(ratio):>9} {_fmt(one):>9} "
+                         f"{_fmt(spread, '.0%'):>7}")
+    return "\n".join(lines)
+
+
+def summary_html(results_dir) -> str:
+    """summary.html: how to read the history, and the latest ratios per machine class and ISA
+    level, each with its commit and date and a link to its graph."""
+    import html
+    parts = ["""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>perfkernels: latest ratios to PyTorch</title>
+<style>body{font-family:sans-serif;margin:2em;max-width:70em} table{border-collapse:collapse;margin-bottom:2em}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right} td:first-child,td:nth-child(2),th{text-align:left}
+.win{color:#060}.lose{color:#a00}</style></head><body>
+<h1>perfkernels against PyTorch: the latest points</h1>
+<p>Every number is <b>our time / PyTorch 2.13 CPU's time</b> for the same call on the same inputs:
+<b>lower is better</b>, 1 is parity (the line drawn at 1 on the graphs), below 1 we are faster
+(0.5: twice as fast). <i>default</i>: PyTorch at its default thread count and ours at ours, as a
+user runs them; <i>1 thread</i>: both on one thread, kernel against kernel. Each is the median of
+the per-round ratios of interleaved rounds; <i>spread</i> is (q75 - q25) / median of those
+rounds. A point whose rounds did not settle is <i>refused</i> and drawn as a gap, never as a value.
+The graphs: <a href="index.html">benchmark grid</a> (the headline graphs first; hover a point for
+its commit, the x axis is labelled with commit hashes). A machine class is its CPU family, core
+count and highest ISA level: AVX2-only and AVX-512 machines are separate lines.</p>
+"""]
+    rows = latest_points(results_dir)
+    if not rows:
+        parts.append("<p>No results yet.</p>")
+    for row in rows:
+        date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(row["date"] / 1000)) if row["date"] else "?"
+        parts.append(f"<h2>{html.escape(row['machine'])}, level {html.escape(row['level'])}</h2>"
+                     f"<p>{html.escape(row['cpu'])}; commit <code>{row['commit'][:8]}</code> "
+                     f"({date})</p>")
+        parts.append("<table><tr><th>benchmark</th><th>parameters</th><th>default</th>"
+                     "<th>1 thread</th><th>spread</th><th>graph</th></tr>")
+        for cls, params, name, ratio, one, spread in _ratio_table(row):
+            link = (f"index.html#{name}?machine={row['machine']}"
+                    f"&env-PERFKERNELS_ISA={row['level']}")
+            cells = []
+            for v in (ratio, one):
+                cls_ = "" if v is None or v != v else (' class="win"' if v < 1 else ' class="lose"')
+                cells.append(f"<td{cls_}>{_fmt(v)}</td>")
+            parts.append(f"<tr><td>{html.escape(cls)}</td><td>{html.escape(params)}</td>"
+                         + "".join(cells) + f"<td>{_fmt(spread, '.0%')}</td>"
+                         f'<td><a href="{html.escape(link)}">graph</a></td></tr>')
+        parts.append("</table>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
 
 
 def _git(*args: str) -> str:
@@ -157,6 +440,67 @@ def _run(cmd: list[str], env: dict[str, str]) -> int:
     return subprocess.run(cmd, env=env).returncode
 
 
+def commits_behind(commit: str, head: str = "HEAD") -> int | None:
+    """How many first-parent commits of ``head`` came after ``commit``
+    (``git rev-list --first-parent --count commit..head``); None when git does not know it.
+
+    A commit of a merged side branch counts from its merge: the merge and every first-parent
+    commit not reachable from it."""
+    try:
+        _git("cat-file", "-e", f"{commit}^{{commit}}")
+        return int(_git("rev-list", "--first-parent", "--count", f"{commit}..{head}"))
+    except (subprocess.CalledProcessError, OSError):
+        return None
+
+
+def newest_result(results_dir: str | os.PathLike, head: str = "HEAD") -> tuple[int, str, str] | None:
+    """(commits behind ``head``, commit, machine) of the committed result closest to ``head``
+    among every machine's; None when no result's commit is in this repository."""
+    best = None
+    for machine_json in Path(results_dir).glob("*/machine.json"):
+        machine = machine_json.parent.name
+        for commit in {json.loads(p.read_text()).get("commit_hash")
+                       for p in _result_files(results_dir, machine)}:
+            behind = commits_behind(commit, head) if commit else None
+            if behind is not None and (best is None or behind < best[0]):
+                best = (behind, commit, machine)
+    return best
+
+
+def _machine_levels(config: str, isas: list[str] | None, full: bool) -> tuple[list[str], list[str]]:
+    """The ISA levels to time (asked for, or every level this CPU has) and every level it has."""
+    import perfkernels
+    have = list(perfkernels.available_isas())
+    if isas == ["all"] or (full and not isas):
+        return have, have
+    return (isas or have), have
+
+
+def _result_files(results_dir: str | os.PathLike, machine: str) -> list[Path]:
+    folder = Path(results_dir) / machine
+    return sorted(p for p in folder.glob("*.json") if p.name != "machine.json")
+
+
+def refused_points(results_dir, machine: str, commits: list[str]) -> list[str]:
+    """``benchmark [params] @ commit (environment)`` of each headline point of ``commits`` on
+    ``machine`` that has no value (a measurement refused as unreliable, or a failure)."""
+    refused = []
+    for path in _result_files(results_dir, machine):
+        data = json.loads(path.read_text())
+        if data.get("commit_hash") not in commits:
+            continue
+        for name, row in data.get("results", {}).items():
+            if not name.startswith("headline."):
+                continue
+            values = row[0] if isinstance(row[0], list) else [row[0]]
+            params = list(itertools.product(*row[1])) if len(row) > 1 and row[1] else [()]
+            for value, combo in zip(values, params):
+                if value is None:
+                    refused.append(f"{name}{list(combo) if combo else ''} @ "
+                                   f"{data['commit_hash'][:8]} ({data.get('env_name', '?')})")
+    return refused
+
+
 def cmd_history(args) -> int:
     """The ``history`` subcommand (see :func:`add_parser`)."""
     start = time.perf_counter()
@@ -166,33 +510,50 @@ def cmd_history(args) -> int:
                          "(a git checkout of perfkernels), or pass --config")
     if shutil.which("asv") is None:
         raise SystemExit("error: asv is not installed: pip install asv")
-    if args.isa:
-        isas = None if args.isa == ["all"] else args.isa
-    elif args.full:
-        isas = None
-    else:
-        import perfkernels
-        isas = [perfkernels.active_isa()]
-    envs = environment_names(config, isas)
-    branch = _git("rev-parse", "--abbrev-ref", args.rev) if args.rev == "HEAD" else args.rev
+    from asv import util
+    conf = util.load_json(config, js_comments=True)
+    results_dir = os.path.join(os.path.dirname(os.path.abspath(config)),
+                               conf.get("results_dir", "results"))
+    rc = 0
+    if not args.publish_only:
+        rc = _run_history(args, config, results_dir)
+    html_dir = args.html_dir or conf.get("html_dir", "html")
+    prc = _run(["asv", "publish", "--config", config, "--html-dir", html_dir], build_environment())
+    if prc:
+        return prc
+    remaining = finish_html(html_dir, results_dir)
+    print(summary_text(results_dir))
+    elapsed = time.perf_counter() - start
+    print(f"\nhistory published to {html_dir}/index.html (the latest ratios: {html_dir}/summary.html)"
+          f" in {elapsed / 60:.1f} min")
+    print("open it: asv preview  (or: python -m http.server -d " + html_dir + ")")
+    if remaining:
+        print("the pages load these from the network (install Debian's libjs-* packages to make "
+              "them local): " + ", ".join(remaining))
+    return rc
+
+
+def _run_history(args, config: str, results_dir: str) -> int:
+    """asv machine + asv run; 1 when a headline point was refused or a benchmark failed."""
+    levels, have = _machine_levels(config, args.isa, args.full)
+    envs = environment_names(config, levels)
+    info = machine_info(have)
+    machine = args.machine or info["machine"]
+    commits = last_commits(1 if args.current else args.commits, "HEAD" if args.current else args.rev)
+    rev = "HEAD" if args.current else args.rev
+    branch = _git("rev-parse", "--abbrev-ref", rev) if rev == "HEAD" else rev
     config = _config_for_branch(config, branch)
-    commits = last_commits(args.commits, args.rev)
     Path(".asv").mkdir(exist_ok=True)
     hashfile = os.path.join(".asv", "history-commits.txt")
     Path(hashfile).write_text("\n".join(commits) + "\n")
     env = build_environment()
-
-    if args.machine:
-        machine = ["--machine", args.machine]
-    else:
-        machine = []
-    # records this machine (asv's defaults, or the name given) unless it is known already
-    rc = _run(["asv", "machine", "--config", config, "--yes", *machine], env)
+    described = ["--machine", machine] + [a for k in ("os", "arch", "cpu", "num_cpu", "ram")
+                                          for a in (f"--{k}", info[k])]
+    rc = _run(["asv", "machine", "--config", config, "--yes", *described], env)
     if rc:
         return rc
-
     run = ["asv", "run", "--config", config, f"HASHFILE:{hashfile}", "--launch-method",
-           "forkserver", "--show-stderr", *machine]
+           "forkserver", "--show-stderr", "--machine", machine]
     for name in envs:
         run += ["-E", name]
     if not args.full:
@@ -201,47 +562,49 @@ def cmd_history(args) -> int:
         run += ["--bench", pattern]
     if not args.rerun:
         run.append("--skip-existing")
-    print(f"history of {len(commits)} commit(s) of {args.rev} ({commits[-1][:8]}..{commits[0][:8]}), "
-          f"{'full' if args.full else 'quick'} mode, environment(s): {', '.join(envs)}", flush=True)
+    print(f"history of {len(commits)} commit(s) of {rev} ({commits[-1][:8]}..{commits[0][:8]}) on "
+          f"{machine} ({info['cpu']}), {'full' if args.full else 'quick'} mode, "
+          f"environment(s): {', '.join(envs)}", flush=True)
     rc = _run(run, env)
-    # asv run exits non-zero when a benchmark failed; publish what there is all the same
-    html_dir = args.html_dir
-    publish = ["asv", "publish", "--config", config] + (["--html-dir", html_dir] if html_dir else [])
-    prc = _run(publish, env)
-    if prc:
-        return prc
-    if html_dir is None:
-        from asv import util
-        html_dir = util.load_json(config, js_comments=True).get("html_dir", "html")
-    remaining = localize_html(html_dir)
-    elapsed = time.perf_counter() - start
-    print(f"\nhistory published to {html_dir}/index.html in {elapsed / 60:.1f} min"
-          + (f" (asv run exit status {rc})" if rc else ""))
-    print("open it: asv preview  (or: python -m http.server -d " + html_dir + ")")
-    if remaining:
-        print("the pages load these from the network (install Debian's libjs-* packages to make "
-              "them local): " + ", ".join(remaining))
-    return 0
+    refused = refused_points(results_dir, machine, commits)
+    if refused:
+        print(f"\nREFUSED: {len(refused)} headline point(s) have no value (the measurement did not "
+              "settle on this machine, or failed; see the benchmark output above). They are "
+              "published as gaps. Measure again on a quieter machine (--rerun):", file=sys.stderr)
+        for line in refused:
+            print("  " + line, file=sys.stderr)
+        return 1
+    return 1 if rc else 0
 
 
 def add_parser(sub) -> None:
     h = sub.add_parser(
-        "history", help="asv performance history of the last N commits (asv run + asv publish)",
-        description="Build the asv performance history of the last N commits and publish it as "
-                    "HTML.  Run from the repository's top directory.  Quick mode (default): the "
-                    "headline benchmarks at this CPU's default ISA level, one sample each.")
-    h.add_argument("--commits", type=int, default=10, help="how many commits (default 10)")
+        "history", help="asv performance history (asv run + asv publish)",
+        description="Time commits with asv and publish the history as HTML, or (--publish-only) "
+                    "publish the committed results.  Run from the repository's top directory.  "
+                    "Quick mode (default): the headline benchmarks at every ISA level this CPU "
+                    "has, each point one measurement of interleaved rounds.  Exit status 1 when a "
+                    "headline point was refused (its rounds did not settle) or failed.")
+    which = h.add_mutually_exclusive_group()
+    which.add_argument("--current", action="store_true",
+                       help="time HEAD only (what a kernel-changing commit appends)")
+    which.add_argument("--commits", type=int, default=10,
+                       help="the last N first-parent commits of --rev (default 10)")
+    which.add_argument("--publish-only", action="store_true",
+                       help="run nothing: publish the results in benchmarks/results/")
     h.add_argument("--rev", default="HEAD", help="the last commit (default HEAD); earlier ones "
                    "follow its first parents")
     h.add_argument("--full", action="store_true",
-                   help="every benchmark, every ISA level of the matrix, asv's full sampling")
+                   help="every benchmark, every ISA level this CPU has, asv's full sampling")
     h.add_argument("--isa", action="append",
-                   help="time under this ISA level (repeatable; 'all' for the whole matrix)")
+                   help="time under this ISA level only (repeatable; default: every level this "
+                        "CPU has)")
     h.add_argument("--bench", action="append", help="benchmarks matching this regex instead of "
                    "the headline set (asv --bench; repeatable)")
     h.add_argument("--rerun", action="store_true",
                    help="run commits that already have results on this machine again")
-    h.add_argument("--machine", help="asv machine name (default: this host's asv machine)")
+    h.add_argument("--machine", help="asv machine name (default: derived from the CPU: family, "
+                   "core count, highest ISA level, e.g. xeon-2core-avx512)")
     h.add_argument("--config", default="asv.conf.json", help="asv config (default asv.conf.json)")
     h.add_argument("--html-dir", help="where to publish (default: the config's html_dir)")
 
