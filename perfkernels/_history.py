@@ -420,6 +420,95 @@ def _config_for_branch(config: str, branch: str) -> str:
     return path
 
 
+def _is_ancestor(commit: str, of: str) -> bool:
+    return subprocess.run(["git", "merge-base", "--is-ancestor", commit, of],
+                          capture_output=True).returncode == 0
+
+
+def first_parent_home(commit: str, rev: str = "HEAD") -> str | None:
+    """The commit of ``rev``'s first-parent line where ``commit``'s code is first in it: itself
+    when it is on that line, the merge that brought it in when it was a side branch's commit;
+    None when it is not an ancestor of ``rev`` (or git does not know it)."""
+    try:
+        full = _git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+        line = _git("rev-list", "--first-parent", "--reverse", rev).split()
+    except (subprocess.CalledProcessError, OSError):
+        return None
+    if not _is_ancestor(full, rev):
+        return None
+    lo, hi = 0, len(line) - 1          # the first line[i] that contains it: a binary search,
+    while lo < hi:                     # since every later first-parent commit contains it too
+        mid = (lo + hi) // 2
+        if _is_ancestor(full, line[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return line[lo]
+
+
+def stage_results(results_dir: str | os.PathLike, staging: str | os.PathLike,
+                  rev: str = "HEAD") -> Path:
+    """A copy of ``results_dir`` for ``asv publish``, which graphs only the first-parent line of
+    a branch: a result measured on a side branch's commit is placed on the merge that brought
+    that commit in (recording ``measured_at``), unless the merge has a result of its own for
+    that environment.  Results of commits that are not ancestors of ``rev`` are left out."""
+    staging = Path(staging)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    results_dir = Path(results_dir)
+    if (results_dir / "benchmarks.json").is_file():
+        shutil.copy(results_dir / "benchmarks.json", staging / "benchmarks.json")
+    homes: dict[str, str | None] = {}
+    for machine_json in results_dir.glob("*/machine.json"):
+        machine = machine_json.parent.name
+        (staging / machine).mkdir()
+        shutil.copy(machine_json, staging / machine / "machine.json")
+        files = [json.loads(p.read_text()) for p in _result_files(results_dir, machine)]
+        own = {(d["commit_hash"], d["env_name"]) for d in files}
+        for data in files:
+            commit = data["commit_hash"]
+            if commit not in homes:
+                homes[commit] = first_parent_home(commit, rev)
+            home = homes[commit]
+            if home is None or (home != commit and (home, data["env_name"]) in own):
+                continue
+            if home != commit:
+                data = dict(data, commit_hash=home, measured_at=commit,
+                            date=int(_git("show", "-s", "--format=%ct", home)) * 1000)
+            name = f"{home[:8]}-{data['env_name']}.json"
+            (staging / machine / name).write_text(json.dumps(data), encoding="utf-8")
+    return staging
+
+
+def publish(config: str, html_dir: str, rev: str = "HEAD") -> int:
+    """``asv publish`` of the committed results as seen from ``rev``'s first-parent line
+    (:func:`stage_results`), then :func:`finish_html`; the exit status of asv publish."""
+    from asv import util
+    data = util.load_json(config, js_comments=True)
+    base = os.path.dirname(os.path.abspath(config))
+    results_dir = os.path.join(base, data.get("results_dir", "results"))
+    Path(".asv").mkdir(exist_ok=True)
+    staged = stage_results(results_dir, os.path.join(".asv", "published-results"), rev)
+    branch = _git("rev-parse", "--abbrev-ref", rev)
+    if branch != "HEAD":
+        data["branches"] = [branch]
+    for key in ("repo", "benchmark_dir", "env_dir", "html_dir"):
+        if key in data and "://" not in data[key]:
+            data[key] = os.path.join(base, data[key])
+    data["results_dir"] = str(staged.resolve())
+    path = os.path.join(".asv", "publish.conf.json")
+    Path(path).write_text(json.dumps(data, indent=4), encoding="utf-8")
+    rc = _run(["asv", "publish", "--config", path, "--html-dir", os.path.abspath(html_dir)],
+              build_environment())
+    if rc == 0:
+        remaining = finish_html(html_dir, staged)
+        if remaining:
+            print("the pages load these from the network (install Debian's libjs-* packages to "
+                  "make them local): " + ", ".join(remaining))
+    return rc
+
+
 def build_environment() -> dict[str, str]:
     """os.environ plus ccache for asv's per-commit builds, when ccache is installed."""
     env = dict(os.environ)
@@ -518,18 +607,14 @@ def cmd_history(args) -> int:
     if not args.publish_only:
         rc = _run_history(args, config, results_dir)
     html_dir = args.html_dir or conf.get("html_dir", "html")
-    prc = _run(["asv", "publish", "--config", config, "--html-dir", html_dir], build_environment())
+    prc = publish(config, html_dir)
     if prc:
         return prc
-    remaining = finish_html(html_dir, results_dir)
-    print(summary_text(results_dir))
+    print(summary_text(os.path.join(".asv", "published-results")))
     elapsed = time.perf_counter() - start
     print(f"\nhistory published to {html_dir}/index.html (the latest ratios: {html_dir}/summary.html)"
           f" in {elapsed / 60:.1f} min")
     print("open it: asv preview  (or: python -m http.server -d " + html_dir + ")")
-    if remaining:
-        print("the pages load these from the network (install Debian's libjs-* packages to make "
-              "them local): " + ", ".join(remaining))
     return rc
 
 
@@ -544,7 +629,7 @@ def _run_history(args, config: str, results_dir: str) -> int:
     branch = _git("rev-parse", "--abbrev-ref", rev) if rev == "HEAD" else rev
     config = _config_for_branch(config, branch)
     Path(".asv").mkdir(exist_ok=True)
-    hashfile = os.path.join(".asv", "history-commits.txt")
+    hashfile = os.path.abspath(os.path.join(".asv", "history-commits.txt"))
     Path(hashfile).write_text("\n".join(commits) + "\n")
     env = build_environment()
     described = ["--machine", machine] + [a for k in ("os", "arch", "cpu", "num_cpu", "ram")

@@ -284,11 +284,32 @@ def test_commits_behind_counts_first_parents_also_from_a_merged_side_commit(tmp_
     assert _history.commits_behind("0" * 40) is None      # not in this repository
 
 
+def test_a_side_branch_result_is_published_on_its_merge(tmp_path, monkeypatch):
+    """asv graphs a branch's first-parent line only: a result measured on a merged side branch's
+    commit is staged on the merge that brought it in; a merge's own result wins over it."""
+    import json
+    base, side = _repo_with_a_merged_side_branch(tmp_path, monkeypatch)
+    merge = _git(".", "rev-parse", "HEAD~1")
+    assert _history.first_parent_home(side) == merge
+    assert _history.first_parent_home(base) == base
+    assert _history.first_parent_home("0" * 40) is None
+    folder = tmp_path / "results" / "m"
+    folder.mkdir(parents=True)
+    (folder / "machine.json").write_text('{"machine": "m"}')
+    for commit, env in ((base, "e1"), (side, "e1"), (side, "e2"), (merge, "e2")):
+        (folder / f"{commit[:8]}-{env}.json").write_text(json.dumps(
+            {"commit_hash": commit, "env_name": env, "date": 0, "results": {}}))
+    staged = _history.stage_results(tmp_path / "results", tmp_path / "staged")
+    got = sorted((d["commit_hash"], d["env_name"], d.get("measured_at"))
+                 for d in (json.loads(p.read_text()) for p in (staged / "m").glob("*-e*.json")))
+    assert got == sorted([(base, "e1", None), (merge, "e1", side), (merge, "e2", None)])
+
+
 #: How far the newest committed result may trail HEAD (first-parent commits).
 MAX_BEHIND = 20
 
 
-def test_the_committed_history_is_current():
+def test_the_committed_history_is_current(monkeypatch):
     """The newest committed result is at most MAX_BEHIND first-parent commits behind HEAD: every
     kernel-changing submission appends its commit (docs/performance.md, "Add a point")."""
     try:
@@ -297,7 +318,7 @@ def test_the_committed_history_is_current():
         pytest.skip(f"no git history here ({exc})")
     if shallow == "true":
         pytest.skip("a shallow clone: the commits of the committed results are not all here")
-    os.chdir(ROOT)
+    monkeypatch.chdir(ROOT)
     newest = _history.newest_result(ROOT / "benchmarks" / "results")
     assert newest is not None, "no committed result's commit is in this repository's history"
     behind, commit, machine = newest
