@@ -16,7 +16,7 @@ lookups are FBGEMM's kernels).  Every number reads the way asv reads all numbers
 A point is one measurement (``common.measure``): interleaved rounds in one process, the median of
 the per-round ratios; one whose rounds spread more than ``common.SPREAD_LIMIT``, or whose PyTorch
 did not get the cores it asked for, is measured again and, failing that, refused (the benchmark
-fails, asv records no value).  Every parameter combination of a class is measured once, in its
+fails, asv records no value).  Every point is measured once, in the classes' shared
 ``setup_cache`` (one process, once per asv run and environment); the ``track_`` methods report
 from it.  The embedding shapes are the DLRM benchmark's table (1,000,000 x 64, 2048 bags of 100).
 
@@ -51,10 +51,13 @@ MODES = {"": False, "_1thread": True}       # benchmark name suffix: one_thread
 
 
 class _Headline:
-    """The measurement of every parameter combination (``setup_cache``) and the ``track_`` methods
-    reporting it.  A subclass builds its inputs in ``inputs()`` and returns the two calls of one
-    combination from ``calls(pk, torch, inputs, *params)``."""
-    timeout = 1200
+    """The measurement of every headline point (``setup_cache``) and the ``track_`` methods
+    reporting a class's points from it.  A subclass builds its inputs in ``inputs()`` and returns
+    the two calls of one parameter combination from ``calls(pk, torch, inputs, *params)``.
+
+    asv keys a setup_cache by where its code is, so the classes share this one: it measures the
+    points of every class (``CLASSES``) in one process, once per run and environment."""
+    timeout = 1800
     params = ()
 
     def inputs(self):
@@ -65,20 +68,23 @@ class _Headline:
 
     def setup_cache(self):
         pk, torch = isa_or_skip(), torch_or_skip()
-        inputs = self.inputs()
         points = {}
-        for combo in itertools.product(*self.params):
-            ours, theirs = self.calls(pk, torch, inputs, *combo)
-            for suffix, one_thread in MODES.items():
-                try:
-                    points[combo, suffix] = measure(ours, theirs, one_thread=one_thread)
-                except Unreliable as exc:
-                    points[combo, suffix] = str(exc)
+        for cls in CLASSES:
+            bench = cls()
+            inputs = bench.inputs()
+            for combo in itertools.product(*cls.params):
+                ours, theirs = bench.calls(pk, torch, inputs, *combo)
+                for suffix, one_thread in MODES.items():
+                    try:
+                        points[cls.__name__, combo, suffix] = measure(ours, theirs,
+                                                                       one_thread=one_thread)
+                    except Unreliable as exc:
+                        points[cls.__name__, combo, suffix] = str(exc)
+            del inputs, ours, theirs
         return points
 
-    @staticmethod
-    def _point(points, params, suffix):
-        point = points[tuple(params), suffix]
+    def _point(self, points, params, suffix):
+        point = points[type(self).__name__, tuple(params), suffix]
         if isinstance(point, str):
             raise Unreliable(point)
         return point
@@ -180,3 +186,7 @@ class LSTMUnit(_Headline):
         out = (np.empty_like(x["h_prev"]), np.empty_like(x["c_prev"]))
         return (lambda: pk.lstm_unit(x["h_prev"], x["c_prev"], x["gates"], out=out),
                 lambda: torch_forward(torch, t["c_prev"], t["gates"]))
+
+
+#: Every headline class, in the order setup_cache measures them.
+CLASSES = (DLRMEmbeddingBag, DLRMQuantizedBag, Conversion, LSTMUnit)

@@ -481,9 +481,10 @@ def stage_results(results_dir: str | os.PathLike, staging: str | os.PathLike,
     return staging
 
 
-def publish(config: str, html_dir: str, rev: str = "HEAD") -> int:
+def publish(config: str, html_dir: str, rev: str = "HEAD") -> tuple[int, list[str]]:
     """``asv publish`` of the committed results as seen from ``rev``'s first-parent line
-    (:func:`stage_results`), then :func:`finish_html`; the exit status of asv publish."""
+    (:func:`stage_results`), then :func:`finish_html`.  Run from the checkout's top directory.
+    Returns asv publish's exit status and the CDN addresses the pages still load."""
     from asv import util
     data = util.load_json(config, js_comments=True)
     base = os.path.dirname(os.path.abspath(config))
@@ -501,12 +502,7 @@ def publish(config: str, html_dir: str, rev: str = "HEAD") -> int:
     Path(path).write_text(json.dumps(data, indent=4), encoding="utf-8")
     rc = _run(["asv", "publish", "--config", path, "--html-dir", os.path.abspath(html_dir)],
               build_environment())
-    if rc == 0:
-        remaining = finish_html(html_dir, staged)
-        if remaining:
-            print("the pages load these from the network (install Debian's libjs-* packages to "
-                  "make them local): " + ", ".join(remaining))
-    return rc
+    return rc, (finish_html(html_dir, staged) if rc == 0 else [])
 
 
 def build_environment() -> dict[str, str]:
@@ -607,9 +603,12 @@ def cmd_history(args) -> int:
     if not args.publish_only:
         rc = _run_history(args, config, results_dir)
     html_dir = args.html_dir or conf.get("html_dir", "html")
-    prc = publish(config, html_dir)
+    prc, remaining = publish(config, html_dir)
     if prc:
         return prc
+    if remaining:
+        print("the pages load these from the network (install Debian's libjs-* packages to make "
+              "them local): " + ", ".join(remaining))
     print(summary_text(os.path.join(".asv", "published-results")))
     elapsed = time.perf_counter() - start
     print(f"\nhistory published to {html_dir}/index.html (the latest ratios: {html_dir}/summary.html)"

@@ -373,7 +373,7 @@ def test_published_index_has_only_benchmarks_with_values_headline_first(planted)
     index = json.loads((planted["html"] / "index.json").read_text())
     names = list(index["benchmarks"])
     assert names and all(n.startswith("headline.") for n in names)
-    assert names[0].endswith(".track_time_ratio_vs_torch"), names[:4]
+    assert ".track_time_ratio_vs_torch" in names[0], names[:4]
     kinds = [next(i for i, k in enumerate(_history.FIRST[1:]) if k in n) for n in names]
     assert kinds == sorted(kinds), names
     for name in names:
