@@ -141,7 +141,8 @@ RATIO_BENCHMARK = re.compile(r"^headline\.\w+\.track_time_ratio_vs_torch(_1threa
 
 #: Loaded after asv's scripts: wraps flot's $.plot so that every graph of a ratio to PyTorch has
 #: a line at 1 (parity) kept in view, the main graph's commit axis is labelled with commit hashes,
-#: and the grid's headline boxes say which way is better.
+#: every headline graph says which way is better (its box in the grid, its y axis), and the grid's
+#: headline boxes draw points as well as lines (a history of one commit is one point).
 READING_JS = r"""/* perfkernels: how to read the history (written by `python -m perfkernels history`). */
 (function ($) {
     var RATIO = /PyTorch's time/, PARITY = {yaxis: {from: 1, to: 1}, color: "#222", lineWidth: 1};
@@ -170,14 +171,29 @@ READING_JS = r"""/* perfkernels: how to read the history (written by `python -m 
             options.grid = options.grid || {};
             options.grid.markings = (options.grid.markings || []).concat([PARITY]);
             options.yaxis = options.yaxis || {};
-            var r = yRange(data);
-            if (r[1] < 1 && options.yaxis.max == null) options.yaxis.max = 1.1;
-            if (r[0] > 1 && (options.yaxis.min == null || options.yaxis.min > 1)) options.yaxis.min = 0;
+            var r = yRange(data), y = options.yaxis;      // keep the parity line in view
+            if (Math.max(y.max == null ? r[1] : y.max, r[1]) < 1.1) y.max = 1.1;
+            if (Math.min(y.min == null ? r[0] : y.min, r[0]) > 0.9) y.min = 0.9;
         }
-        if (bm && $(placeholder).closest('.benchmark-plot[id^="summarygrid-"]').length && /lower is better/.test(bm.unit || "")
-                && !$(placeholder).parent().find(".pk-reading").length) {
-            $(placeholder).parent().append($('<div class="pk-reading" style="font-size: 11px; color: #555">')
-                .text((RATIO.test(bm.unit) ? "our time / PyTorch's: " : "") + "lower is better"));
+        var headline = bm && /^headline\./.test(name);
+        if (headline && $(placeholder).closest('.benchmark-plot[id^="summarygrid-"]').length) {
+            options.series = options.series || {};        // a single commit's point shows too
+            options.series.points = {show: true, radius: 2, lineWidth: 1};
+            options.yaxis = options.yaxis || {};          // and not on the frame's top edge
+            options.yaxis.max = Math.max(options.yaxis.max == null ? 0 : options.yaxis.max,
+                                         yRange(data)[1] * 1.15);
+            var box = $(placeholder).parent();
+            if (!box.find(".pk-reading").length) {
+                box.css("position", "relative").append(
+                    $('<div class="pk-reading" style="position: absolute; right: 8px; bottom: 6px; '
+                      + 'font-size: 11px; color: #333; background: rgba(255,255,255,0.8)">')
+                    .text((RATIO.test(bm.unit) ? "our time / PyTorch's, 1 = parity: " : "")
+                          + "lower is better"));
+            }
+        }
+        if (headline && $(placeholder).is("#main-graph") && options.yaxis
+                && !/lower is better/.test(options.yaxis.axisLabel || "")) {
+            options.yaxis.axisLabel = (options.yaxis.axisLabel || "") + " (lower is better)";
         }
         if (bm && $(placeholder).is("#main-graph") && options.xaxis && options.xaxis.mode !== "time") {
             var revs = [];
@@ -278,8 +294,9 @@ def latest_points(results_dir: str | os.PathLike) -> list[dict]:
                 if not name.startswith("headline."):
                     continue
                 row = dict(zip(columns, row))
-                results = row["result"] if isinstance(row["result"], list) else [row["result"]]
                 combos = list(itertools.product(*row["params"])) if row.get("params") else [()]
+                results = (row["result"] if isinstance(row["result"], list)
+                           else [row["result"]] * len(combos))     # None: every combination failed
                 for value, combo in zip(results, combos):
                     values[name, combo] = value
             rows.append({"machine": machine.get("machine", machine_json.parent.name),
@@ -577,8 +594,8 @@ def refused_points(results_dir, machine: str, commits: list[str]) -> list[str]:
         for name, row in data.get("results", {}).items():
             if not name.startswith("headline."):
                 continue
-            values = row[0] if isinstance(row[0], list) else [row[0]]
             params = list(itertools.product(*row[1])) if len(row) > 1 and row[1] else [()]
+            values = row[0] if isinstance(row[0], list) else [row[0]] * len(params)
             for value, combo in zip(values, params):
                 if value is None:
                     refused.append(f"{name}{list(combo) if combo else ''} @ "

@@ -40,9 +40,11 @@ def template() -> Path | None:
     return newest and newest[1]
 
 
-def _git(cwd, *args):
+def _git(cwd, *args, date=None):
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    if date:
+        env["GIT_AUTHOR_DATE"] = env["GIT_COMMITTER_DATE"] = date
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True,
                           text=True).stdout.strip()
 
@@ -52,11 +54,9 @@ def _set(row: list, columns: list, params_wanted, value: float) -> None:
     import itertools
     row_d = dict(zip(columns, row))
     combos = list(itertools.product(*row_d["params"])) if row_d.get("params") else [()]
-    if not isinstance(row[0], list):
-        row[0] = value
-        return
+    values = row[0] if isinstance(row[0], list) else [row[0]] * len(combos)   # None: all failed
     row[0] = [value if params_wanted is None or combo == params_wanted else v
-              for v, combo in zip(row[0], combos)]
+              for v, combo in zip(values, combos)]
 
 
 def plant(tmp: Path) -> dict:
@@ -75,7 +75,7 @@ def plant(tmp: Path) -> dict:
     for i in range(COMMITS):
         (repo / "f").write_text(str(i))
         _git(repo, "add", "f")
-        _git(repo, "commit", "-q", "-m", f"c{i}", f"--date=2026-01-0{i + 1}T12:00:00")
+        _git(repo, "commit", "-q", "-m", f"c{i}", date=f"2026-01-0{i + 1}T12:00:00")
         commits.append(_git(repo, "rev-parse", "HEAD"))
     results = tmp / "results"
     (results / MACHINE).mkdir(parents=True)

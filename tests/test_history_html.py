@@ -206,13 +206,18 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        """A page navigated away mid-download (a broken pipe) is not an error of the test."""
+
+
 @pytest.fixture(scope="module")
 def browser(site, tmp_path_factory):
     path = _chromium()
     if path is None:
         _skip("Chromium is not installed (Debian: apt-get install chromium; CI installs it)")
     handler = functools.partial(_QuietHandler, directory=str(site[0]))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _QuietServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     tools = DevTools(path, str(tmp_path_factory.mktemp("chromium-profile")))
     try:
@@ -251,8 +256,9 @@ def test_first_screen_is_the_headline_graphs_all_drawn(browser, tmp_path):
     first_group = browser.wait_for("jQuery('.benchmark-group h1').first().text()")
     assert first_group == "headline", first_group
     boxes = browser.wait_for(
-        f"(function () {{ var b = {_FIRST_SCREEN}; return b.length && b.every("
-        "function (x) { return x.state && x.state.points > 0; }) ? b : null; })()", timeout=60)
+        f"(function () {{ var b = {_FIRST_SCREEN}; return b.length && b.every(function (x) "
+        "{ return x.state && x.state.points > 0 && x.state.coloured > 8; }) ? b : null; })()",
+        timeout=60)
     shot = browser.call("Page.captureScreenshot", format="png")["data"]
     out = tmp_path / "asv-first-screen.png"
     out.write_bytes(__import__("base64").b64decode(shot))
@@ -262,7 +268,7 @@ def test_first_screen_is_the_headline_graphs_all_drawn(browser, tmp_path):
     assert ".track_time_ratio_vs_torch" in boxes[0]["name"], boxes
     labels = browser.evaluate("jQuery('.pk-reading').map(function () { return jQuery(this).text(); })"
                               ".get()")
-    assert labels and all("lower is better" in t for t in labels), labels
+    assert len(labels) >= len(boxes) and all("lower is better" in t for t in labels), labels
 
 
 def _published_headline(site):
@@ -297,8 +303,7 @@ def test_summary_page_draws_the_headline_plots(browser, site):
     for name, state in states.items():
         assert state, f"{name}: no plot drawn on the summary page"
         assert state["points"] >= 1, f"{name}: no data points: {state}"
-        if state["points"] >= 2:      # thumbnails draw lines only: one point alone is invisible
-            assert state["coloured"] > 20, f"{name}: no line drawn: {state}"
+        assert state["coloured"] > 8, f"{name}: nothing drawn: {state}"
 
 
 #: JavaScript: how the main graph reads: its y axis label, range and parity line, its x ticks.
@@ -313,24 +318,31 @@ _READING = """
 """
 
 
-def test_headline_graphs_render_and_say_how_to_read_them(browser, site):
+def test_headline_graphs_render_and_say_how_to_read_them(browser, site, tmp_path):
     """Each published headline graph draws points, labels its commit axis with commit hashes, and
     a ratio graph says "lower is better" and has its parity line at 1 in view."""
     _goto(browser, f"{browser.base}/committed/index.html")
     el = "document.getElementById('main-graph')"
     for name in _published_headline(site):
         browser.evaluate(f"window.location.hash = {json.dumps(name)}; true")
-        state = browser.wait_for(
-            f"(function () {{ var s = {_PLOT_STATE % el}; "
-            f"return s && s.points > 0 && jQuery('#title').text().indexOf({json.dumps(name)}) >= 0"
-            f" ? s : null; }})()")
+        drawn = (f"(function () {{ var s = {_PLOT_STATE % el}; "
+                 f"return s && s.points > 0 && jQuery('#title').text().indexOf({json.dumps(name)})"
+                 " >= 0 ? s : null; })()")
+        state = browser.wait_for(drawn)
         assert state, f"{name}: the graph page drew no data points"
+        state = browser.wait_for(f"(function () {{ var s = {drawn}; "
+                                 "return s && s.coloured > 50 ? s : null; })()", timeout=10) or state
+        if state["coloured"] <= 50:
+            shot = tmp_path / f"{name}.png"
+            shot.write_bytes(__import__("base64").b64decode(
+                browser.call("Page.captureScreenshot", format="png")["data"]))
+            print(f"screenshot: {shot}")
         assert state["coloured"] > 50, f"{name}: the plot canvas has no coloured pixels: {state}"
         reading = browser.evaluate(_READING)
         hashes = [t for t in reading["ticks"] if t]
         assert hashes and all(len(t) == 8 and int(t, 16) >= 0 for t in hashes), (name, reading)
+        assert "lower is better" in reading["label"], (name, reading)
         if "time_ratio" in name:
-            assert "lower is better" in reading["label"], (name, reading)
             assert reading["parity"] == 1 and reading["ymin"] <= 1 <= reading["ymax"], (name, reading)
         else:
             assert reading["parity"] == 0, (name, reading)
