@@ -275,6 +275,11 @@ def finish_html(html_dir: str | os.PathLike, results_dir: str | os.PathLike) -> 
 
 # --- the latest ratios, per machine class ---------------------------------------------------------
 
+def _level_rank(level: str) -> int:
+    from . import _isa_registry
+    return _isa_registry.NAMES.index(level) if level in _isa_registry.NAMES else -1
+
+
 def latest_points(results_dir: str | os.PathLike) -> list[dict]:
     """The newest result of every machine and ISA level (by commit date), as rows: machine, cpu,
     level, commit, date, and per headline benchmark and parameters its ratios and spreads."""
@@ -287,7 +292,7 @@ def latest_points(results_dir: str | os.PathLike) -> list[dict]:
             level = data.get("env_vars", {}).get("PERFKERNELS_ISA", "default")
             if level not in newest or data.get("date", 0) > newest[level].get("date", 0):
                 newest[level] = data
-        for level, data in newest.items():
+        for level, data in sorted(newest.items(), key=lambda item: _level_rank(item[0])):
             columns = data.get("result_columns", ["result", "params"])
             values = {}
             for name, row in data.get("results", {}).items():
@@ -302,12 +307,14 @@ def latest_points(results_dir: str | os.PathLike) -> list[dict]:
             rows.append({"machine": machine.get("machine", machine_json.parent.name),
                          "cpu": machine.get("cpu", ""), "level": level,
                          "commit": data["commit_hash"], "date": data.get("date"),
+                         "measured_at": data.get("measured_at"),
                          "values": values})
     return rows
 
 
-def _ratio_table(row: dict) -> list[tuple[str, str, str, float | None, float | None, float | None]]:
-    """(class, params, graph name, ratio, ratio at 1 thread, spread) of a latest_points row."""
+def _ratio_table(row: dict) -> list[tuple]:
+    """(class, params, graph name, ratio, ratio at 1 thread, spread, spread at 1 thread) of a
+    latest_points row."""
     out = []
     for (name, combo), value in sorted(row["values"].items()):
         if not RATIO_BENCHMARK.match(name) or name.endswith("_1thread"):
@@ -316,7 +323,9 @@ def _ratio_table(row: dict) -> list[tuple[str, str, str, float | None, float | N
         base = name.rsplit(".", 1)[0]
         one = row["values"].get((name + "_1thread", combo))
         spread = row["values"].get((base + ".track_ratio_spread", combo))
-        out.append((cls, ", ".join(str(c).strip("'") for c in combo), name, value, one, spread))
+        spread1 = row["values"].get((base + ".track_ratio_spread_1thread", combo))
+        out.append((cls, ", ".join(str(c).strip("'") for c in combo), name, value, one, spread,
+                    spread1))
     return out
 
 
@@ -333,12 +342,14 @@ def summary_text(results_dir) -> str:
     lines = ["latest headline points (our time / PyTorch's: below 1 we are faster; lower is better)"]
     for row in latest_points(results_dir):
         date = time.strftime("%Y-%m-%d", time.gmtime(row["date"] / 1000)) if row["date"] else "?"
-        lines.append(f"\n{row['machine']} [{row['level']}] ({row['cpu']}) at {row['commit'][:8]} "
-                     f"({date})")
-        lines.append(f"  {'benchmark':<18} {'params':<24} {'default':>9} {'1 thread':>9} {'spread':>7}")
-        for cls, params, _, ratio, one, spread in _ratio_table(row):
-            lines.append(f"  {cls:<18} {params:<24} {_fmt(ratio):>9} {_fmt(one):>9} "
-                         f"{_fmt(spread, '.0%'):>7}")
+        where = row["commit"][:8] + (f", measured at {row['measured_at'][:8]}"
+                                     if row["measured_at"] else "")
+        lines.append(f"\n{row['machine']} [{row['level']}] ({row['cpu']}) at {where} ({date})")
+        lines.append(f"  {'benchmark':<18} {'params':<20} {'default':>9} {'1 thread':>9} "
+                     f"{'spreads':>15}")
+        for cls, params, _, ratio, one, spread, spread1 in _ratio_table(row):
+            lines.append(f"  {cls:<18} {params:<20} {_fmt(ratio):>9} {_fmt(one):>9} "
+                         f"{_fmt(spread, '.0%'):>7} {_fmt(spread1, '.0%'):>7}")
     return "\n".join(lines)
 
 
@@ -369,10 +380,12 @@ count and highest ISA level: AVX2-only and AVX-512 machines are separate lines.<
         date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(row["date"] / 1000)) if row["date"] else "?"
         parts.append(f"<h2>{html.escape(row['machine'])}, level {html.escape(row['level'])}</h2>"
                      f"<p>{html.escape(row['cpu'])}; commit <code>{row['commit'][:8]}</code> "
-                     f"({date})</p>")
+                     f"({date})" + (f", measured at <code>{row['measured_at'][:8]}</code> (a "
+                                   "side branch's commit, merged here)" if row["measured_at"]
+                                   else "") + "</p>")
         parts.append("<table><tr><th>benchmark</th><th>parameters</th><th>default</th>"
-                     "<th>1 thread</th><th>spread</th><th>graph</th></tr>")
-        for cls, params, name, ratio, one, spread in _ratio_table(row):
+                     "<th>1 thread</th><th>spread</th><th>spread, 1 thread</th><th>graph</th></tr>")
+        for cls, params, name, ratio, one, spread, spread1 in _ratio_table(row):
             link = (f"index.html#{name}?machine={row['machine']}"
                     f"&env-PERFKERNELS_ISA={row['level']}")
             cells = []
@@ -381,6 +394,7 @@ count and highest ISA level: AVX2-only and AVX-512 machines are separate lines.<
                 cells.append(f"<td{cls_}>{_fmt(v)}</td>")
             parts.append(f"<tr><td>{html.escape(cls)}</td><td>{html.escape(params)}</td>"
                          + "".join(cells) + f"<td>{_fmt(spread, '.0%')}</td>"
+                         f"<td>{_fmt(spread1, '.0%')}</td>"
                          f'<td><a href="{html.escape(link)}">graph</a></td></tr>')
         parts.append("</table>")
     parts.append("</body></html>\n")
@@ -584,7 +598,7 @@ def _result_files(results_dir: str | os.PathLike, machine: str) -> list[Path]:
 
 
 def refused_points(results_dir, machine: str, commits: list[str]) -> list[str]:
-    """``benchmark [params] @ commit (environment)`` of each headline point of ``commits`` on
+    """``benchmark [params] @ commit (environment)`` of each headline ratio of ``commits`` on
     ``machine`` that has no value (a measurement refused as unreliable, or a failure)."""
     refused = []
     for path in _result_files(results_dir, machine):
@@ -592,7 +606,7 @@ def refused_points(results_dir, machine: str, commits: list[str]) -> list[str]:
         if data.get("commit_hash") not in commits:
             continue
         for name, row in data.get("results", {}).items():
-            if not name.startswith("headline."):
+            if not RATIO_BENCHMARK.match(name):      # its times and spread fail with it
                 continue
             params = list(itertools.product(*row[1])) if len(row) > 1 and row[1] else [()]
             values = row[0] if isinstance(row[0], list) else [row[0]] * len(params)
