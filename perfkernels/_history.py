@@ -281,8 +281,9 @@ def _level_rank(level: str) -> int:
 
 
 def latest_points(results_dir: str | os.PathLike) -> list[dict]:
-    """The newest result of every machine and ISA level (by commit date), as rows: machine, cpu,
-    level, commit, date, and per headline benchmark and parameters its ratios and spreads."""
+    """The newest result of every machine and ISA level (by commit date), highest level first, as
+    rows: machine, cpu, level, commit, date, the commit measured when the result sits on a merge,
+    and per headline benchmark and parameters its value (None: refused or failed)."""
     rows = []
     for machine_json in sorted(Path(results_dir).glob("*/machine.json")):
         machine = json.loads(machine_json.read_text())
@@ -292,7 +293,8 @@ def latest_points(results_dir: str | os.PathLike) -> list[dict]:
             level = data.get("env_vars", {}).get("PERFKERNELS_ISA", "default")
             if level not in newest or data.get("date", 0) > newest[level].get("date", 0):
                 newest[level] = data
-        for level, data in sorted(newest.items(), key=lambda item: _level_rank(item[0])):
+        # the highest level first: the one a user's call dispatches to on this machine class
+        for level, data in sorted(newest.items(), key=lambda item: -_level_rank(item[0])):
             columns = data.get("result_columns", ["result", "params"])
             values = {}
             for name, row in data.get("results", {}).items():
