@@ -1,23 +1,29 @@
-"""``python -m perfkernels history``: the asv performance history of the last N commits.
+"""``python -m perfkernels history``: the asv performance history (docs/performance.md).
 
-Wraps ``asv run`` and ``asv publish`` for a checkout of the repository (run it from the directory
-holding ``asv.conf.json``).  Quick mode (the default) times the headline benchmarks
-(``benchmarks/headline.py``: the DLRM-shape embedding bags, quantized bags, conversions and the
-LSTM unit, each with its speed-up over PyTorch) at this CPU's default ISA level, one sample per
-time benchmark; ``--full`` times every benchmark under every ISA level of the matrix.
+Wraps ``asv machine``, ``asv run`` and ``asv publish`` for a checkout of the repository (run it
+from the directory holding ``asv.conf.json``).  Quick mode (the default) times the headline
+benchmarks (``benchmarks/headline.py``: the DLRM-shape embedding bags, quantized bags,
+conversions and the LSTM unit, each as our time / PyTorch's, lower is better) at every ISA level
+this CPU has, under a machine name derived from the CPU (``machine_name``: AVX2-only and AVX-512
+machines never share one); ``--current`` times HEAD only, ``--publish-only`` runs nothing;
+``--full`` times every benchmark.
 
 asv builds every commit in its own environment.  What keeps that fast here:
 
 - ccache, when installed: ``CC="ccache gcc"`` with ``CCACHE_BASEDIR`` at the checkout, so a
   commit's C sources (and Cython's C output) that did not change are not compiled again;
-- one environment per ISA level chosen (``-E``), not the whole matrix, unless asked;
 - ``--skip-existing``: commits that already have results on this machine are not run again;
 - the forkserver launch method: the benchmark suite (NumPy, PyTorch, perfkernels) is imported once
   per commit instead of once per benchmark.
 
-The published pages load jQuery/flot/bootstrap from CDNs; where Debian's copies are installed
-(libjs-jquery, libghc-js-flot-data, libjs-bootstrap, libjs-jquery-stupidtable, node-blueimp-md5)
-they are copied next to the pages instead, so the history also opens on a machine offline.
+Publishing (``publish``) stages the results so that a side branch's result sits on the merge that
+brought it in (asv graphs first-parent lines only), then finishes asv's pages (``finish_html``):
+only benchmarks with values, the headline graphs first, a line at parity on the ratio graphs,
+commit hashes on the x axis, "lower is better" on every headline graph, and ``summary.html``
+with the latest ratios per machine class.  The pages load jQuery/flot/bootstrap from CDNs; where
+Debian's copies are installed (libjs-jquery, libghc-js-flot-data, libjs-bootstrap,
+libjs-jquery-stupidtable, node-blueimp-md5) they are copied next to the pages instead, so the
+history also opens on a machine offline.
 """
 from __future__ import annotations
 
@@ -585,7 +591,7 @@ def newest_result(results_dir: str | os.PathLike, head: str = "HEAD") -> tuple[i
     return best
 
 
-def _machine_levels(config: str, isas: list[str] | None, full: bool) -> tuple[list[str], list[str]]:
+def _machine_levels(isas: list[str] | None, full: bool) -> tuple[list[str], list[str]]:
     """The ISA levels to time (asked for, or every level this CPU has) and every level it has."""
     import perfkernels
     have = list(perfkernels.available_isas())
@@ -652,7 +658,7 @@ def cmd_history(args) -> int:
 
 def _run_history(args, config: str, results_dir: str) -> int:
     """asv machine + asv run; 1 when a headline point was refused or a benchmark failed."""
-    levels, have = _machine_levels(config, args.isa, args.full)
+    levels, have = _machine_levels(args.isa, args.full)
     envs = environment_names(config, levels)
     info = machine_info(have)
     machine = args.machine or info["machine"]
@@ -726,4 +732,7 @@ def add_parser(sub) -> None:
     h.add_argument("--html-dir", help="where to publish (default: the config's html_dir)")
 
 
-__all__ = ["add_parser", "cmd_history", "localize_html", "last_commits", "environment_names"]
+__all__ = ["add_parser", "cmd_history", "localize_html", "last_commits", "environment_names",
+           "machine_name", "machine_info", "publish", "stage_results", "finish_html",
+           "order_and_prune", "latest_points", "summary_text", "summary_html", "commits_behind",
+           "newest_result", "first_parent_home", "refused_points"]
