@@ -20,8 +20,9 @@ fails, asv records no value).  Every point is measured once, in the classes' sha
 ``setup_cache`` (one process, once per asv run and environment); the ``track_`` methods report
 from it.  The embedding shapes are the DLRM benchmark's table (1,000,000 x 64, 2048 bags of 100).
 
-The history runs this suite against older builds too, so it reads the declared variants (shapes,
-conversions) through names that every recent commit's ``perfkernels.benchsuite`` has.
+asv runs this suite (the checkout's) against the build of each commit it times, so it reads the
+declared variants (shapes, conversions) from each family's ``bench`` module: commits from before
+the family folders need the suite of their own time.
 """
 import itertools
 
@@ -31,11 +32,11 @@ from .common import (Unreliable, isa_or_skip, measure,  # first: it settles PERF
 import numpy as np
 
 from perfkernels.benchsuite import zipf_indices
-from perfkernels.benchsuite.convert import CONVERSIONS, _to_torch, make_input
-from perfkernels.benchsuite.embedding import BAG_SHAPES, random_table
-from perfkernels.benchsuite.lstm import make_inputs as lstm_inputs
-from perfkernels.benchsuite.lstm import torch_forward
-from perfkernels.benchsuite.quantized import packed_table
+from perfkernels.families.convert.bench import CONVERSIONS, _to_torch, make_input
+from perfkernels.families.embedding.bench import BAG_SHAPES, random_table
+from perfkernels.families.lstm.bench import make_inputs as lstm_inputs
+from perfkernels.families.lstm.bench import torch_forward
+from perfkernels.families.quantized.bench import packed_table
 
 #: DLRM's random-data benchmark (1M x 64, 2048 bags of 100): rows, D, bags, bag length
 ROWS, DIM, BAGS, BAG_LEN = next(s[1:] for s in BAG_SHAPES if s[0].startswith("dlrm"))

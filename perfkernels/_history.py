@@ -282,8 +282,8 @@ def finish_html(html_dir: str | os.PathLike, results_dir: str | os.PathLike) -> 
 # --- the latest ratios, per machine class ---------------------------------------------------------
 
 def _level_rank(level: str) -> int:
-    from . import _isa_registry
-    return _isa_registry.NAMES.index(level) if level in _isa_registry.NAMES else -1
+    from . import _registry
+    return _registry.NAMES.index(level) if level in _registry.NAMES else -1
 
 
 def latest_points(results_dir: str | os.PathLike) -> list[dict]:
