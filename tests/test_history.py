@@ -78,6 +78,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(_history, "_run", lambda cmd, env: calls.append((cmd, env)) or 0)
     monkeypatch.setattr(_history, "finish_html", lambda html, results: calls.append(
         (["finish_html", str(html), str(results)], None)) or [])
+    monkeypatch.setattr(_history, "refused_points", lambda *a: [])   # whatever is committed
     monkeypatch.chdir(ROOT)
     return calls
 
@@ -161,69 +162,96 @@ def test_gpu_benchmarks_skip_once_without_a_gpu(monkeypatch):
     sys.modules.pop("benchmarks.bench_cuda", None)
 
 
+class _Clock:
+    """A stand-in for time.perf_counter that the timed calls advance: the measurement's logic is
+    tested exactly, whatever the load on the machine running the tests."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def spend(self, seconds):
+        self.now += seconds
+
+
 def _common(monkeypatch):
+    """benchmarks.common with its clock replaced: (module, clock)."""
     pytest.importorskip("torch", reason="the ratios are to PyTorch")
     monkeypatch.syspath_prepend(str(ROOT))
-    return importlib.import_module("benchmarks.common")
+    common = importlib.import_module("benchmarks.common")
+    clock = _Clock()
+    monkeypatch.setattr(common, "time", clock)
+    return common, clock
 
 
 def test_measure_is_our_time_over_theirs_sampled_in_turn(monkeypatch):
     """A headline point: ours / theirs (lower is better), each round timing both in turn, with
     PyTorch at its default thread count (or both at one thread) and the threads restored after."""
-    import time
     import torch
-    common = _common(monkeypatch)
+    common, clock = _common(monkeypatch)
     monkeypatch.setattr(common, "TORCH_DEFAULT_THREADS", 1)    # no oversubscription probe here
     log, seen = [], []
-    ours = lambda: (log.append("ours"), seen.append(torch.get_num_threads()), time.sleep(0.002))  # noqa: E731
-    theirs = lambda: (log.append("theirs"), time.sleep(0.006))  # noqa: E731
+    tick = 2.0 ** -9                   # ~2 ms, exact in binary: the sums below are exact
+    ours = lambda: (log.append("ours"), seen.append(torch.get_num_threads()), clock.spend(tick))  # noqa: E731
+    theirs = lambda: (log.append("theirs"), clock.spend(3 * tick))  # noqa: E731
     before = torch.get_num_threads()
-    m = common.measure(ours, theirs, one_thread=False, rounds=5, min_time=0.0, spread_limit=10)
-    assert 0.03 < m.ratio < 0.7, m     # ~1/3: theirs sleeps 3x longer (sleeps overrun under load)
-    assert m.ours < m.theirs and m.rounds == 5 and m.attempts == 1 and m.spread >= 0
+    m = common.measure(ours, theirs, one_thread=False, rounds=5, min_time=0.0)
+    assert m.ratio == pytest.approx(1 / 3) and m.spread == pytest.approx(0, abs=1e-9)
+    assert (m.ours, m.theirs) == pytest.approx((tick, 3 * tick))
+    assert m.rounds == 5 and m.attempts == 1
     assert log[4:] == ["ours", "theirs"] * 5           # after two warm-up calls each, in turn
     assert set(seen) == {1} and torch.get_num_threads() == before
     seen.clear()
-    common.measure(ours, theirs, one_thread=True, rounds=2, min_time=0.0, spread_limit=10)
+    log.clear()
+    m = common.measure(ours, theirs, one_thread=True, rounds=3, min_time=64 * tick)
+    assert log.count("ours") == 2 + 3 * 64             # samples of at least min_time: 64 calls
     assert set(seen) == {1} and torch.get_num_threads() == before
 
 
 def test_a_point_whose_rounds_disagree_is_measured_again_then_refused(monkeypatch):
-    import time
-    common = _common(monkeypatch)
+    common, clock = _common(monkeypatch)
     monkeypatch.setattr(common, "TORCH_DEFAULT_THREADS", 1)
     calls = {"theirs": 0}
 
-    def theirs():                       # alternately 1 ms and 8 ms: the rounds never agree
+    def theirs():                       # alternately 8 ms and 1 ms: the rounds never agree
         calls["theirs"] += 1
-        time.sleep(0.008 if calls["theirs"] % 2 else 0.001)
+        clock.spend(0.008 if calls["theirs"] % 2 else 0.001)
     with pytest.raises(common.Unreliable, match=r"refused after 3 attempts.*spread"):
-        common.measure(lambda: time.sleep(0.002), theirs, one_thread=True, rounds=6, min_time=0.0)
+        common.measure(lambda: clock.spend(0.002), theirs, one_thread=True, rounds=6, min_time=0.0)
     assert calls["theirs"] == 3 * (2 + 6)                 # three attempts of warm-up + 6 rounds
     steady = {"n": 0}
 
     def settles():                      # the first attempt is disturbed, the second is not
         steady["n"] += 1
-        time.sleep(0.008 if steady["n"] < 8 and steady["n"] % 2 else 0.003)
-    m = common.measure(lambda: time.sleep(0.003), settles, one_thread=True, rounds=6,
-                       min_time=0.0, spread_limit=0.5)
-    assert m.attempts == 2 and 0.5 < m.ratio < 2
+        clock.spend(0.008 if steady["n"] <= 8 and steady["n"] % 2 else 0.003)
+    m = common.measure(lambda: clock.spend(0.003), settles, one_thread=True, rounds=6,
+                       min_time=0.0)
+    assert m.attempts == 2 and m.ratio == pytest.approx(1) and m.spread == pytest.approx(0)
+    # a spread just under the limit passes at once
+    wobble = {"n": 0}
+
+    def slightly():
+        wobble["n"] += 1
+        clock.spend(0.003 * (1.05 if wobble["n"] % 2 else 0.95))
+    assert common.measure(lambda: clock.spend(0.003), slightly, one_thread=True, rounds=9,
+                          min_time=0.0).attempts == 1
 
 
 def test_pytorch_starved_of_its_threads_is_refused(monkeypatch):
     """The artefact of the old history (628x, 24x): PyTorch's threads waiting for cores that other
     processes hold, so its multi-threaded call takes many times its 1-thread time."""
-    import time
     import torch
-    common = _common(monkeypatch)
+    common, clock = _common(monkeypatch)
     monkeypatch.setattr(common, "TORCH_DEFAULT_THREADS", 2)
-    theirs = lambda: time.sleep(0.002 if torch.get_num_threads() == 1 else 0.02)  # noqa: E731
-    with pytest.raises(common.Unreliable, match="did not get the cores"):
-        common.measure(lambda: time.sleep(0.002), theirs, one_thread=False, rounds=3, min_time=0.0)
-    healthy = lambda: time.sleep(0.004 if torch.get_num_threads() == 1 else 0.003)  # noqa: E731
-    m = common.measure(lambda: time.sleep(0.002), healthy, one_thread=False, rounds=3,
-                       min_time=0.0, spread_limit=10)
-    assert m.ratio < 1
+    theirs = lambda: clock.spend(0.002 if torch.get_num_threads() == 1 else 0.02)  # noqa: E731
+    with pytest.raises(common.Unreliable, match="2 threads took 10.0x its 1-thread time"):
+        common.measure(lambda: clock.spend(0.002), theirs, one_thread=False, rounds=3, min_time=0.0)
+    healthy = lambda: clock.spend(0.004 if torch.get_num_threads() == 1 else 0.003)  # noqa: E731
+    m = common.measure(lambda: clock.spend(0.002), healthy, one_thread=False, rounds=3,
+                       min_time=0.0)
+    assert m.ratio == pytest.approx(2 / 3) and m.attempts == 1
 
 
 def test_a_branch_other_than_main_is_graphed_with_paths_kept(tmp_path, monkeypatch):
@@ -392,3 +420,22 @@ def test_summary_rows_are_the_newest_results_per_machine_and_level(planted):
     table = {(cls, params): ratio for cls, params, _, ratio, *_ in _history._ratio_table(row)}
     assert table["DLRMEmbeddingBag", "float32, uniform"] == 1.6
     assert table["LSTMUnit", ""] == 0.25
+
+
+def test_refused_points_are_the_ratios_without_a_value(tmp_path):
+    """A refused ratio (asv stores None; a whole row is None when every combination failed) is
+    listed once per combination; spreads and times failing with it are not listed again."""
+    import json
+    folder = tmp_path / "m"
+    folder.mkdir()
+    pq = [["'p'", "'q'"]]
+    (folder / "a-e.json").write_text(json.dumps({"commit_hash": "a" * 40, "env_name": "e", "results": {
+        "headline.X.track_time_ratio_vs_torch": [[0.5, None], pq],
+        "headline.X.track_time_ratio_vs_torch_1thread": [None, pq],
+        "headline.X.track_ratio_spread": [None, pq],
+        "headline.Y.track_time_ratio_vs_torch": [[0.7], []]}}))
+    got = _history.refused_points(tmp_path, "m", ["a" * 40])
+    expected = [("track_time_ratio_vs_torch", "q"), ("track_time_ratio_vs_torch_1thread", "p"),
+                ("track_time_ratio_vs_torch_1thread", "q")]
+    assert sorted(got) == sorted(f"headline.X.{name}{[repr(p)]} @ aaaaaaaa (e)" for name, p in expected)
+    assert _history.refused_points(tmp_path, "m", ["b" * 40]) == []
