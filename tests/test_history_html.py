@@ -331,13 +331,14 @@ def test_headline_graphs_render_and_say_how_to_read_them(browser, site, tmp_path
         state = browser.wait_for(drawn)
         assert state, f"{name}: the graph page drew no data points"
         state = browser.wait_for(f"(function () {{ var s = {drawn}; "
-                                 "return s && s.coloured > 50 ? s : null; })()", timeout=10) or state
-        if state["coloured"] <= 50:
+                                 "return s && s.coloured > 20 ? s : null; })()", timeout=10) or state
+        if state["coloured"] <= 20:
             shot = tmp_path / f"{name}.png"
             shot.write_bytes(__import__("base64").b64decode(
                 browser.call("Page.captureScreenshot", format="png")["data"]))
             print(f"screenshot: {shot}")
-        assert state["coloured"] > 50, f"{name}: the plot canvas has no coloured pixels: {state}"
+        # one point alone is a small circle (~50 pixels); lines draw many more
+        assert state["coloured"] > 20, f"{name}: the plot canvas has no coloured pixels: {state}"
         reading = browser.evaluate(_READING)
         hashes = [t for t in reading["ticks"] if t]
         assert hashes and all(len(t) == 8 and int(t, 16) >= 0 for t in hashes), (name, reading)
