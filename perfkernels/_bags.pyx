@@ -7,7 +7,7 @@ import numpy as np
 cimport numpy as cnp
 
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
-from perfkernels._c_bags cimport pk_bags, pk_bags_index, pk_bags_first_bad_index
+from perfkernels._c_bags cimport pk_bags, pk_bags_index
 from perfkernels._c_bags_parallel cimport pk_bags_call, pk_bags_part, pk_bags_run
 from perfkernels._arrays cimport as_input, as_float32, check_out
 from perfkernels._parallel cimport pool
@@ -307,10 +307,11 @@ cdef int raise_bags_status(const pk_bags *bags, pk_status status, int64_t bad, i
     return 0
 
 
-cdef pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args,
+cdef pk_status run_bags(pk_bags *bags, pk_bags_call call, const void *args,
                         int64_t rows, int64_t row_bytes, int64_t dim, int n_threads,
-                        bint check_first, int64_t *bad_pos) noexcept nogil:
+                        void *snapshot, int64_t *bad_pos) noexcept nogil:
     cdef pk_bags_part part
+    cdef pk_status status
     cdef int bad_part = 0
     part.bags = bags[0]
     part.call = call
@@ -318,4 +319,7 @@ cdef pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args
     part.index_cost = row_bytes + (8 if bags.index_64 else 4)
     part.bag_cost = dim * 4 + 8
     part.rows = rows
-    return pk_bags_run(pool, n_threads, &part, 1, check_first, bad_pos, &bad_part)
+    status = pk_bags_run(pool, n_threads, &part, 1, snapshot, bad_pos, &bad_part)
+    if snapshot != NULL:
+        bags.indices = snapshot
+    return status

@@ -57,8 +57,12 @@ cdef object _params(pk_lstm_params *p, Py_ssize_t n, Py_ssize_t d, object seq_le
         raise TypeError(f"t must be an integer; got {type(t).__name__}") from None
     if t_ < 0:
         raise ValueError(f"t must be >= 0; got {t_}")
+    if isinstance(forget_bias, (str, bytes)):
+        raise TypeError(f"forget_bias must be a real number; got {type(forget_bias).__name__}")
     try:
         fb = float(forget_bias)
+    except OverflowError:   # an int past double's range (10**400)
+        raise ValueError(f"forget_bias = {forget_bias} is out of float32's range") from None
     except (TypeError, ValueError):
         raise TypeError(f"forget_bias must be a real number; got {type(forget_bias).__name__}") from None
     p.n = <size_t>n

@@ -1,6 +1,7 @@
 """Row-wise quantized tables: quantize, dequantize and embedding-bag lookups."""
 from libc.stdint cimport uint8_t, uint16_t, int64_t
 from cpython.pycapsule cimport PyCapsule_New
+from cpython.pyport cimport PY_SSIZE_T_MAX
 import numpy as np
 cimport numpy as cnp
 
@@ -11,7 +12,7 @@ from perfkernels._c_quantized cimport (pk_quantized_kernels, pk_quantized_row_by
                                        pk_quantized_table)
 from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
 from perfkernels._bags cimport (BAGS_SCRATCH, TINY_BAGS, prepare_bags, bags_out_for_kernel,
-                                bags_output, check_bags_status, run_bags)
+                                bags_output, check_bags_status, index_snapshot, run_bags)
 from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads, ranges_chunks
 
 cnp.import_array()
@@ -44,10 +45,15 @@ cdef Py_ssize_t _packed_dim(Py_ssize_t width, int bits, object dim) except -1:
               f"ceil(D/{per}) bytes of {bits}-bit codes + float16 scale + float16 bias")
     if width <= trailer:
         raise ValueError(f"packed rows of {width} bytes are too short for {bits}-bit rows ({layout})")
+    if width - trailer > PY_SSIZE_T_MAX // per:   # (width - trailer) * per would overflow
+        raise ValueError(f"packed rows of {width} bytes hold more than {PY_SSIZE_T_MAX} "
+                         f"{bits}-bit values: too wide for a {bits}-bit table")
     if dim is None:
         return (width - trailer) * per
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
         raise ValueError(f"dim must be a positive integer; got {dim!r}")
+    if dim > PY_SSIZE_T_MAX:
+        raise ValueError(f"dim = {dim} is larger than any array ({PY_SSIZE_T_MAX})")
     d = <Py_ssize_t>dim
     if <Py_ssize_t>pk_quantized_row_bytes(bits, <size_t>d) != width:
         raise ValueError(f"packed rows of {width} bytes do not hold dim={d} with bits={bits} "
@@ -297,23 +303,27 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
     cdef int64_t bad = -1
     cdef cnp.ndarray dst = bags_output(
         &bags, out, None if out is None else bags_out_for_kernel(out, bags.num_bags, d, p, keep),
-        d, rows)
+        d)
+    # the kernels write the caller's out=: they run on a checked private copy of the indices
+    cdef cnp.ndarray snapshot = index_snapshot(&bags) if dst is out else None
+    cdef void *snap = NULL if snapshot is None else cnp.PyArray_DATA(snapshot)
     cdef const uint8_t *data = <const uint8_t *>cnp.PyArray_DATA(p)
     cdef const pk_quantized_kernels *k = _kernels
     cdef pk_status status
     cdef pk_quantized_bags_args args
-    cdef bint direct = dst is out   # the kernels write the caller's out=
-    if bags.num_bags * d + bags.n_indices < TINY_BAGS:
-        status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
-    else:
-        args.fn = k.embedding_bag
-        args.bits = b
-        args.packed = data
-        args.rows = rows
-        args.row_bytes = row_bytes
-        args.dim = d
+    args.fn = k.embedding_bag
+    args.bits = b
+    args.packed = data
+    args.rows = rows
+    args.row_bytes = row_bytes
+    args.dim = d
+    if bags.num_bags * d + bags.n_indices >= TINY_BAGS:
         with nogil:
-            status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, nt,
-                              direct, &bad)
+            status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, nt, snap,
+                              &bad)
+    elif snap != NULL:
+        status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, 1, snap, &bad)
+    else:
+        status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
     check_bags_status(&bags, status, bad, rows, "embedding_bag_quantized")
     return finish_out(out, dst)

@@ -17,10 +17,14 @@
  * What the wrapper does NOT establish is that indices are in range: a kernel checks every index
  * with one unsigned compare, `(uint64_t)idx >= rows` (negatives included), before its row is
  * touched, and on failure returns PK_ERR_INDEX with *bad_pos = the position j in the flattened
- * index list (out may then be partly written; the wrapper keeps a caller's out= safe).
+ * index list (out may then be partly written; the wrapper keeps a caller's out= safe: a kernel
+ * that writes a caller's out= runs on a private copy of the indices, checked before it starts,
+ * pk_bags_copy_first_bad_in).
  */
 #ifndef PERFKERNELS_BAGS_H
 #define PERFKERNELS_BAGS_H
+
+#include <string.h>
 
 #include "perfkernels/common.h"
 
@@ -111,6 +115,23 @@ static inline int64_t pk_bags_first_bad_in(const pk_bags *bags, int64_t b0, int6
     probe.n_indices = bags->offsets[b1] - begin;
     const int64_t bad = pk_bags_first_bad_index(&probe, rows);
     return bad < 0 ? -1 : begin + bad;
+}
+
+/* pk_bags_first_bad_in on a private copy: copies the index entries of bags [b0, b1) into `copy`
+ * (at the same positions: `copy` has room for the whole index list), then checks the copy.  A
+ * kernel then run on the copy (bags.indices = copy) reads indices that were checked and cannot
+ * change, whatever another thread writes into the caller's array meanwhile: each entry is read
+ * from it once. */
+static inline int64_t pk_bags_copy_first_bad_in(const pk_bags *bags, int64_t b0, int64_t b1,
+                                                int64_t rows, void *copy)
+{
+    const size_t size = bags->index_64 ? 8 : 4;
+    const int64_t begin = bags->offsets[b0];
+    const size_t at = (size_t)begin * size, bytes = (size_t)(bags->offsets[b1] - begin) * size;
+    if (bytes) memcpy((char *)copy + at, (const char *)bags->indices + at, bytes);
+    pk_bags probe = *bags;
+    probe.indices = copy;
+    return pk_bags_first_bad_in(&probe, b0, b1, rows);
 }
 
 #ifdef __cplusplus
