@@ -126,12 +126,18 @@ static inline int64_t pk_bags_copy_first_bad_in(const pk_bags *bags, int64_t b0,
                                                 int64_t rows, void *copy)
 {
     const size_t size = bags->index_64 ? 8 : 4;
-    const int64_t begin = bags->offsets[b0];
-    const size_t at = (size_t)begin * size, bytes = (size_t)(bags->offsets[b1] - begin) * size;
-    if (bytes) memcpy((char *)copy + at, (const char *)bags->indices + at, bytes);
-    pk_bags probe = *bags;
-    probe.indices = copy;
-    return pk_bags_first_bad_in(&probe, b0, b1, rows);
+    const int64_t end = bags->offsets[b1], block = 1024;   /* a block of the copy stays in L1 */
+    pk_bags copied = *bags;   /* one block of the copy at a time, as an index list of its own */
+    for (int64_t start = bags->offsets[b0]; start < end; start += block) {
+        const int64_t stop = start + block < end ? start + block : end;
+        copied.indices = (const char *)copy + (size_t)start * size;
+        copied.n_indices = stop - start;
+        memcpy((char *)copy + (size_t)start * size, (const char *)bags->indices + (size_t)start * size,
+               (size_t)(stop - start) * size);
+        const int64_t bad = pk_bags_first_bad_index(&copied, rows);
+        if (bad >= 0) return start + bad;
+    }
+    return -1;
 }
 
 #ifdef __cplusplus
