@@ -57,6 +57,10 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
 # The IndexError for the index at flattened position pos.
 cdef int raise_index_error(const pk_bags *bags, int64_t pos, int64_t rows) except -1
 
+# Whether a call that could write out= directly moves fewer bytes through a temporary copied into
+# out= on success (no checked copy of the indices needed then).
+cdef bint out_via_temporary(int64_t num_bags, int64_t dim, int64_t n_indices, int index_bytes)
+
 # The array the kernel writes for a caller's `out=`: out itself when it can be, else a temporary.
 cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, cnp.ndarray table,
                                      tuple keep)

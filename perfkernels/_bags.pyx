@@ -281,11 +281,25 @@ cdef inline bint bags_may_overlap(cnp.ndarray out, object other):
     return lo < ohi and olo < hi
 
 
+cdef bint out_via_temporary(int64_t num_bags, int64_t dim, int64_t n_indices, int index_bytes):
+    """Whether a call that could write the caller's out= directly should write a temporary and
+    copy it into out= on success instead: when that moves fewer bytes.  Writing out= directly
+    needs a checked copy of the indices first (index_snapshot: the copy's write, about 2 * n * s
+    bytes of traffic); a temporary needs no check (a failed call drops it) but a copy into out=
+    (2 * B * D * 4) and saves the check's read (n * s).  Tiny calls keep the copy of the indices:
+    np.copyto costs more than their kernel."""
+    if num_bags * dim + n_indices < TINY_BAGS:
+        return False
+    return 8 * num_bags * dim < 3 * n_indices * index_bytes
+
+
 cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, cnp.ndarray table,
                                      tuple keep):
     """The array the kernel writes: out itself on the fast path (float32, C-contiguous, aligned,
-    right shape, no overlap with an input), else check_out's validation and temporary."""
-    cdef cnp.ndarray o
+    right shape, no overlap with an input, and out_via_temporary says no), else a temporary
+    (check_out's validation and temporary off the fast path)."""
+    cdef cnp.ndarray o, ix = <cnp.ndarray>keep[0]
+    cdef cnp.npy_intp shape[2]
     if (cnp.PyArray_Check(out) and cnp.PyArray_TYPE(<cnp.ndarray>out) == cnp.NPY_FLOAT32
             and cnp.PyArray_NDIM(<cnp.ndarray>out) == 2):
         o = <cnp.ndarray>out
@@ -293,6 +307,10 @@ cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, 
                 and cnp.PyArray_ISCARRAY(o) and cnp.PyArray_ISNOTSWAPPED(o)
                 and not bags_may_overlap(o, table) and not bags_may_overlap(o, keep[0])
                 and not bags_may_overlap(o, keep[1]) and not bags_may_overlap(o, keep[2])):
+            if out_via_temporary(num_bags, dim, cnp.PyArray_SIZE(ix), cnp.PyArray_ITEMSIZE(ix)):
+                shape[0] = <cnp.npy_intp>num_bags
+                shape[1] = <cnp.npy_intp>dim
+                return cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
             return o
     return check_out(out, cnp.NPY_FLOAT32, "float32", (num_bags, dim), (table,) + keep)
 

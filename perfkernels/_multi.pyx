@@ -21,7 +21,8 @@ from perfkernels._c_bags_parallel cimport (pk_bags_part, pk_bags_run, pk_float_b
 from perfkernels._c_embedding cimport pk_embedding_kernels
 from perfkernels._c_quantized cimport pk_quantized_kernels
 from perfkernels._arrays cimport as_float32, check_out, finish_out
-from perfkernels._bags cimport as_int_array, lengths_to_offsets, normalise_offsets
+from perfkernels._bags cimport (as_int_array, lengths_to_offsets, normalise_offsets,
+                                out_via_temporary)
 from perfkernels._parallel cimport pool, resolve_threads
 
 cnp.import_array()
@@ -236,6 +237,8 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
     else:
         dst = check_out(out, cnp.NPY_FLOAT32, "float32", shape,
                         tuple(arrays) + (ix, src, w))
+        if dst is out and out_via_temporary(B, total_d, n, cnp.PyArray_ITEMSIZE(ix)):
+            dst = np.empty(shape, dtype=np.float32)   # fewer bytes than a checked index copy
 
     # one part per feature: its bags (offsets from f * B, out at its columns), kernel and costs
     cdef pk_bags_part *parts = <pk_bags_part *>malloc(F * sizeof(pk_bags_part))
