@@ -11,7 +11,7 @@
 #                         scratch, BAGS_SCRATCH)
 #     checked = None if out is None else bags_out_for_kernel(out, bags.num_bags, D, table, keep)
 #     dst = bags_output(&bags, out, checked, D)              # sets bags.out / bags.out_stride
-#     snapshot = index_snapshot(&bags) if dst is out else None
+#     if dst is out: snapshot = index_snapshot(&bags, ix_scratch, sizeof(ix_scratch), &snap)
 #     ... call the kernel (run_bags: on up to num_threads threads when the call is big enough;
 #         always run_bags, with the snapshot, when the kernel writes the caller's out=) ...
 #     check_bags_status(&bags, status, bad_pos, rows, "name")
@@ -92,10 +92,19 @@ cdef inline cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray check
 # and runs the kernel on it, so that out= is never written when an index is bad, even one another
 # thread writes during the call (a check of the caller's array followed by a second read of it
 # could pass, then see a bad index half-way through out=).  The copy costs a write of the index
-# bytes, much less than a temporary the size of out plus a copy into it.
-cdef inline cnp.ndarray index_snapshot(const pk_bags *bags):
+# bytes, much less than a temporary the size of out plus a copy into it.  *data points to the
+# room: the caller's `scratch` (stack) when the copy fits in scratch_bytes (tiny calls allocate
+# nothing), else the returned array's data (keep the array alive while the kernel runs).
+cdef inline cnp.ndarray index_snapshot(const pk_bags *bags, void *scratch, size_t scratch_bytes,
+                                       void **data):
     cdef cnp.npy_intp size = <cnp.npy_intp>(bags.n_indices * (8 if bags.index_64 else 4))
-    return cnp.PyArray_EMPTY(1, &size, cnp.NPY_UINT8, 0)
+    cdef cnp.ndarray room
+    if <size_t>size <= scratch_bytes:
+        data[0] = scratch
+        return None
+    room = cnp.PyArray_EMPTY(1, &size, cnp.NPY_UINT8, 0)
+    data[0] = cnp.PyArray_DATA(room)
+    return room
 
 
 cdef inline int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,

@@ -156,8 +156,11 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
         &bags, out, None if out is None else bags_out_for_kernel(out, bags.num_bags, dim, table, keep),
         dim)
     # the kernels write the caller's out=: they run on a checked private copy of the indices
-    cdef cnp.ndarray snapshot = index_snapshot(&bags) if dst is out else None
-    cdef void *snap = NULL if snapshot is None else cnp.PyArray_DATA(snapshot)
+    cdef int64_t ix_scratch[BAGS_SCRATCH]
+    cdef void *snap = NULL
+    cdef cnp.ndarray snapshot = None
+    if dst is out:
+        snapshot = index_snapshot(&bags, ix_scratch, sizeof(ix_scratch), &snap)
 
     cdef int t = cnp.PyArray_TYPE(table)
     cdef const pk_embedding_kernels *k = _kernels

@@ -305,8 +305,11 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
         &bags, out, None if out is None else bags_out_for_kernel(out, bags.num_bags, d, p, keep),
         d)
     # the kernels write the caller's out=: they run on a checked private copy of the indices
-    cdef cnp.ndarray snapshot = index_snapshot(&bags) if dst is out else None
-    cdef void *snap = NULL if snapshot is None else cnp.PyArray_DATA(snapshot)
+    cdef int64_t ix_scratch[BAGS_SCRATCH]
+    cdef void *snap = NULL
+    cdef cnp.ndarray snapshot = None
+    if dst is out:
+        snapshot = index_snapshot(&bags, ix_scratch, sizeof(ix_scratch), &snap)
     cdef const uint8_t *data = <const uint8_t *>cnp.PyArray_DATA(p)
     cdef const pk_quantized_kernels *k = _kernels
     cdef pk_status status
