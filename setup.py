@@ -1,8 +1,10 @@
-"""Build perfkernels: one Cython extension per kernel family.
+"""Build perfkernels: one Cython extension per kernel family, and one per shared module.
 
-Each family ``perfkernels/_<family>.pyx`` is linked with the C files of ``perfkernels/csrc/<family>/``;
-a kernel family's per-level files and dispatch table, all alike, are generated into ``build/csrc/``
-(``family_sources`` in ``perfkernels/_isa_registry.py``).  The ISA levels come from that registry:
+The families are the rows of ``perfkernels/_registry.py``: ``perfkernels/families/<family>/_<family>.pyx``
+becomes ``perfkernels.families.<family>._<family>``, linked with the C files of its folder; a kernel
+family's per-level files and dispatch table, all alike, are generated into ``build/csrc/``
+(``family_sources`` in the registry).  A shared module ``perfkernels/_<name>.pyx`` is linked with
+the C files of ``perfkernels/csrc/<name>/``.  The ISA levels come from that registry:
 a file named after a level (``avx2.c``, ``avx512.c``) gets that level's flags, and only when the
 target is the level's architecture; every other file (the dispatch tables, the scalar level, the Cython modules) is built
 with the baseline flags of the target, so a wheel built here runs on any x86-64 (and the scalar C
@@ -21,7 +23,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # by file path: importing the package would need the extensions this script builds
-REGISTRY = runpy.run_path(os.path.join(HERE, "perfkernels", "_isa_registry.py"))
+REGISTRY = runpy.run_path(os.path.join(HERE, "perfkernels", "_registry.py"))
 LEVELS = REGISTRY["LEVELS"]
 BASE_FLAGS = list(REGISTRY["BASE_FLAGS"])
 SANITIZERS = ("address", "undefined")
@@ -86,7 +88,7 @@ class BuildExt(build_ext):
 
             def _compile(obj, src, ext, cc_args, extra_postargs, pp_opts):
                 flags = list(extra_postargs)
-                if os.path.sep + "csrc" + os.path.sep in src or "/csrc/" in src:
+                if src.endswith(".c") and not os.path.basename(src).startswith("_"):  # ours, not Cython's
                     flags = [f for f in flags if f != "-std=c11"] + ["-std=c11"] + isa_flags(src, arch)
                 else:  # Cython output: C, but keep warnings from generated code quiet
                     flags = [f for f in flags if f not in ("-std=c11", "-Wall")]
@@ -98,16 +100,23 @@ class BuildExt(build_ext):
 
 def _extensions():
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
-    include = ["include", "perfkernels/csrc", np.get_include()]
+    families = REGISTRY["FAMILIES_DIR"]
+    # "simd/avx2.h" from csrc/, "embedding/body.h" from the families' folder
+    include = ["include", "perfkernels/csrc", families, np.get_include()]
     headers = sorted(glob("include/perfkernels/*.h") + glob("perfkernels/csrc/**/*.h", recursive=True)
-                     + glob("perfkernels/*.pxd"))
+                     + glob(f"{families}/*/*.h") + glob("perfkernels/*.pxd") + glob(f"{families}/*/*.pxd"))
+    shared = [os.path.basename(pyx)[1:-4] for pyx in sorted(glob("perfkernels/_*.pyx"))]
+    # (module, its .pyx, the folder of its C files)
+    modules = [(f"perfkernels._{m}", f"perfkernels/_{m}.pyx", f"perfkernels/csrc/{m}") for m in shared]
+    modules += [(f"perfkernels.families.{f.name}._{f.name}", f"{families}/{f.name}/_{f.name}.pyx",
+                 f"{families}/{f.name}") for f in REGISTRY["FAMILIES"]]
     exts = []
-    for pyx in sorted(glob("perfkernels/_*.pyx")):
-        family = os.path.basename(pyx)[1:-4]
+    for name, pyx, folder in modules:
+        family = name.rsplit("._", 1)[1]
         sources = [pyx] + [os.path.relpath(p, HERE) for p in
-                           REGISTRY["family_sources"](os.path.join(HERE, "perfkernels", "csrc"),
-                                                      family, os.path.join(HERE, GENERATED))]
-        exts.append(Extension(f"perfkernels._{family}", sources=sources, include_dirs=include,
+                           REGISTRY["family_sources"](os.path.join(HERE, folder), family,
+                                                      os.path.join(HERE, GENERATED))]
+        exts.append(Extension(name, sources=sources, include_dirs=include,
                               define_macros=macros, extra_compile_args=BASE_FLAGS + SANITIZE_COMPILE,
                               extra_link_args=SANITIZE_LINK, depends=headers))
     return exts

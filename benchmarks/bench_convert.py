@@ -4,7 +4,7 @@ from .common import isa_or_skip, torch_or_skip  # first: it settles PERFKERNELS_
 import numpy as np
 
 from perfkernels._variants import CONVERSIONS, CONVERT_SIZES
-from perfkernels.benchsuite.convert import _to_torch, make_input
+from perfkernels.families.convert.bench import _to_torch, make_input
 
 NAMES = [c.name for c in CONVERSIONS]
 BY_NAME = {c.name: c for c in CONVERSIONS}

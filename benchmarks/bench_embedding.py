@@ -4,7 +4,7 @@ One build is timed under every ISA: the level comes from the PERFKERNELS_ISA env
 (asv.conf.json's matrix.env_nobuild), read by perfkernels at import, so nothing here loops over
 ISAs.  Shapes (rows, D, bags, bag length) and dtypes are those of perfkernels._variants, shared
 with the tests and ``python -m perfkernels bench``; inputs are seeded and built by
-perfkernels.benchsuite.embedding.  ``time_torch`` is skipped (NotImplementedError in setup) when
+perfkernels.families.embedding.bench.  ``time_torch`` is skipped (NotImplementedError in setup) when
 PyTorch is not installed.
 """
 from .common import torch_or_skip  # first: it settles PERFKERNELS_ISA
@@ -13,7 +13,7 @@ import numpy as np
 
 import perfkernels as pk
 from perfkernels._variants import BAG_SHAPES, TABLE_DTYPES
-from perfkernels.benchsuite.embedding import make_inputs
+from perfkernels.families.embedding.bench import make_inputs
 
 
 class _Bags:

@@ -1,12 +1,12 @@
 """The LSTM unit, forward and backward, on the shapes of perfkernels._variants (N 256 x D 1024 and
 N 64 x D 256), beside NumPy and PyTorch eager pointwise ops (the same formulas as
-perfkernels.benchsuite.lstm)."""
+perfkernels.families.lstm.bench)."""
 from .common import isa_or_skip, torch_or_skip  # first: it settles PERFKERNELS_ISA
 
 import numpy as np
 
 from perfkernels._variants import LSTM_SHAPES
-from perfkernels.benchsuite.lstm import (make_inputs, numpy_backward, numpy_forward, torch_backward,
+from perfkernels.families.lstm.bench import (make_inputs, numpy_backward, numpy_forward, torch_backward,
                                          torch_forward)
 
 SHAPES = [f"{n}x{d}" for n, d in LSTM_SHAPES.values()]

@@ -10,7 +10,7 @@ import numpy as np
 
 import perfkernels as pk
 from perfkernels._variants import BAG_SHAPES, BENCH_BITS, BITS, QUANTIZE_SHAPE
-from perfkernels.benchsuite.quantized import packed_table
+from perfkernels.families.quantized.bench import packed_table
 
 _TORCH_LOOKUP = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit_rowwise_offsets"}
 

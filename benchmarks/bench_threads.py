@@ -2,7 +2,7 @@
 
 The cases are those of ``python -m perfkernels bench --scaling`` (the benchsuite cases marked
 ``scaling``: DLRM's 1M x 64 float32 and 8-bit lookups with uniform and Zipf indices, the 26-table
-multi-table lookup, a 16 Mi-element conversion, ...), built by perfkernels.benchsuite.  Ours runs
+multi-table lookup, a 16 Mi-element conversion, ...), built by the families' benchmark parts.  Ours runs
 with ``set_num_threads(threads)``, PyTorch with ``torch.set_num_threads(threads)``; every other asv
 module times one thread each (asv.conf.json sets PERFKERNELS_NUM_THREADS=1 and OMP_NUM_THREADS=1).
 """
@@ -14,7 +14,11 @@ except ImportError:
 import perfkernels as pk
 
 from perfkernels._variants import MULTI_SHAPE, ZIPF_BAG_SHAPE
-from perfkernels.benchsuite import convert, embedding, lstm, multi, quantized
+from perfkernels.families.convert import bench as convert
+from perfkernels.families.embedding import bench as embedding
+from perfkernels.families.lstm import bench as lstm
+from perfkernels.families.multi import bench as multi
+from perfkernels.families.quantized import bench as quantized
 
 _, ROWS, DIM, BAGS, LEN = ZIPF_BAG_SHAPE   # DLRM's 1M x 64, B 2048, L 100
 

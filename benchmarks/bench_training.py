@@ -3,7 +3,7 @@ PyTorch (nn.EmbeddingBag(sparse=True) backward + torch.optim.Adagrad step) and, 
 FBGEMM's CPU SplitTableBatchedEmbeddingBagsCodegen with EXACT_ROWWISE_ADAGRAD.
 
 The ISA level comes from PERFKERNELS_ISA (asv.conf.json's matrix); inputs are seeded and built by
-perfkernels.benchsuite.training.  Each benchmark updates its own copy of the table in place.
+perfkernels.families.training.bench.  Each benchmark updates its own copy of the table in place.
 """
 from .common import isa_or_skip, torch_or_skip
 
@@ -15,7 +15,7 @@ class TrainingStep:
     timeout = 600
 
     def setup(self, shape):
-        from perfkernels.benchsuite.training import make_inputs, step_functions
+        from perfkernels.families.training.bench import make_inputs, step_functions
         self.x = make_inputs(7, *shape)
         self.step_functions = step_functions
 
@@ -58,7 +58,7 @@ class TrainingStepFbgemm(TrainingStep):
 
     def setup(self, shape):
         torch_or_skip()
-        from perfkernels.benchsuite.training import fbgemm_or_none
+        from perfkernels.families.training.bench import fbgemm_or_none
         if fbgemm_or_none() is None:
             raise NotImplementedError("fbgemm_gpu (pip install fbgemm-gpu-cpu==1.8.0) does not import")
         super().setup(shape)

@@ -22,11 +22,11 @@ from .common import isa_or_skip, speedup, torch_or_skip  # first: it settles PER
 import numpy as np
 
 from perfkernels.benchsuite import zipf_indices
-from perfkernels.benchsuite.convert import CONVERSIONS, _to_torch, make_input
-from perfkernels.benchsuite.embedding import BAG_SHAPES, random_table
-from perfkernels.benchsuite.lstm import make_inputs as lstm_inputs
-from perfkernels.benchsuite.lstm import torch_forward
-from perfkernels.benchsuite.quantized import packed_table
+from perfkernels.families.convert.bench import CONVERSIONS, _to_torch, make_input
+from perfkernels.families.embedding.bench import BAG_SHAPES, random_table
+from perfkernels.families.lstm.bench import make_inputs as lstm_inputs
+from perfkernels.families.lstm.bench import torch_forward
+from perfkernels.families.quantized.bench import packed_table
 
 #: DLRM's random-data benchmark (1M x 64, 2048 bags of 100): rows, D, bags, bag length
 ROWS, DIM, BAGS, BAG_LEN = next(s[1:] for s in BAG_SHAPES if s[0].startswith("dlrm"))

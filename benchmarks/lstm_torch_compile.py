@@ -14,7 +14,7 @@ def main(argv=None):
 
     import perfkernels as pk
     from perfkernels.benchsuite import median_time
-    from perfkernels.benchsuite.lstm import (make_inputs, numpy_backward, numpy_forward,
+    from perfkernels.families.lstm.bench import (make_inputs, numpy_backward, numpy_forward,
                                              torch_backward, torch_forward)
 
     argv = sys.argv[1:] if argv is None else argv

@@ -24,13 +24,15 @@ _parallel._init_from_environment()
 
 from ._dispatch import active_isa, available_isas, cpu_features, show_runtime, use_isa  # noqa: E402
 from ._parallel import get_num_threads, set_num_threads  # noqa: E402
-from ._convert import bfloat16_to_float, float_to_bfloat16, float_to_half, half_to_float  # noqa: E402
-# kernel families: one import line each (keep this marker for the families still to come)
-from ._embedding import embedding_bag  # noqa: E402
-from ._quantized import dequantize_rowwise, embedding_bag_quantized, quantize_rowwise  # noqa: E402
-from ._lstm import lstm_unit, lstm_unit_backward  # noqa: E402
-from ._multi import embedding_bags_multi  # noqa: E402
-from ._training import embedding_bag_backward_update  # noqa: E402
+# kernel families (the rows of _registry.FAMILIES): one import line each
+from .families.convert._convert import (  # noqa: E402
+    bfloat16_to_float, float_to_bfloat16, float_to_half, half_to_float)
+from .families.embedding._embedding import embedding_bag  # noqa: E402
+from .families.quantized._quantized import (  # noqa: E402
+    dequantize_rowwise, embedding_bag_quantized, quantize_rowwise)
+from .families.lstm._lstm import lstm_unit, lstm_unit_backward  # noqa: E402
+from .families.multi._multi import embedding_bags_multi  # noqa: E402
+from .families.training._training import embedding_bag_backward_update  # noqa: E402
 
 __all__ = [
     "active_isa", "available_isas", "cpu_features", "show_runtime", "use_isa",

@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from . import _registry
+
 
 def _progress(done: int, total: int, label: str, start: float) -> None:
     if not sys.stderr.isatty() and done not in (0, total):
@@ -182,7 +184,8 @@ def print_scaling(rows: list[dict]) -> None:
 def print_table(rows: list[dict], copy_gbs: float | None) -> None:
     if not rows:
         return
-    levels = sorted({lv for r in rows for lv in r["ours"]}, key=lambda s: ("scalar", "avx2", "avx512", "gpu").index(s))
+    order = _registry.NAMES + ("gpu",)  # the CPU levels lowest first, then the CUDA variant
+    levels = sorted({lv for r in rows for lv in r["ours"]}, key=order.index)
     bases = sorted({b for r in rows for b in r["base"]})
     width = max(len(r["case"].name) for r in rows) + 2
     head = (f"{'case':<{width}}" + "".join(f"{lv:>9}" for lv in levels) + "".join(f"{b:>9}" for b in bases)
@@ -272,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="thread counts of the scaling view (default: 1 up to the cores this "
                         "process may use)")
     c = sub.add_parser("check", help="compare every ISA path with the NumPy references on small inputs")
-    c.add_argument("--family", action="append", help="only this family (repeatable)")
+    c.add_argument("--family", action="append", choices=_registry.FAMILY_NAMES,
+                   help="only this family (repeatable)")
     from . import _history
     _history.add_parser(sub)
     args = parser.parse_args(argv)

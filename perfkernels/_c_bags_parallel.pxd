@@ -1,11 +1,9 @@
 # C declarations of perfkernels/csrc/common/bags_parallel.h (header-only: a module that cimports
 # this gets the header's static functions compiled in).
-from libc.stdint cimport uint8_t, int64_t
+from libc.stdint cimport int64_t
 from perfkernels._c_common cimport pk_status
 from perfkernels._c_bags cimport pk_bags
 from perfkernels._c_parallel cimport pk_parallel_api
-from perfkernels._c_embedding cimport pk_embedding_bag_fn
-from perfkernels._c_quantized cimport pk_embedding_bag_quantized_fn
 
 cdef extern from "common/bags_parallel.h":
     ctypedef pk_status (*pk_bags_call)(const void *args, const pk_bags *bags,
@@ -17,19 +15,6 @@ cdef extern from "common/bags_parallel.h":
         int64_t index_cost
         int64_t bag_cost
         int64_t rows
-    ctypedef struct pk_float_bags_args:
-        pk_embedding_bag_fn fn
-        const void *table
-        int64_t rows, dim, row_stride
-    pk_status pk_float_bags_call(const void *args, const pk_bags *bags,
-                                 int64_t *bad_pos) noexcept nogil
-    ctypedef struct pk_quantized_bags_args:
-        pk_embedding_bag_quantized_fn fn
-        int bits
-        const uint8_t *packed
-        int64_t rows, row_bytes, dim
-    pk_status pk_quantized_bags_call(const void *args, const pk_bags *bags,
-                                     int64_t *bad_pos) noexcept nogil
     pk_status pk_bags_run(const pk_parallel_api *pool, int n_threads, const pk_bags_part *parts,
                           int n_parts, void *snapshot, int64_t *bad_pos,
                           int *bad_part) noexcept nogil

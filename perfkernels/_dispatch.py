@@ -7,8 +7,8 @@ kernel call then pays one pointer load and one indirect call, nothing else.
 Environment variables, read once at import and validated strictly (a bad value fails the import
 with the valid choices; it never turns into SIGILL later):
 
-``PERFKERNELS_ISA=scalar|avx2|avx512``
-    Force a level (the levels are the rows of ``_isa_registry.py``).  It must be one this build contains and this CPU can run.
+``PERFKERNELS_ISA=<level>``
+    Force a level (the levels are the rows of ``_registry.py``).  It must be one this build contains and this CPU can run.
 ``PERFKERNELS_DISABLE_CPU_FEATURES=avx512f,f16c,...``
     Treat the listed CPU features as absent (as ``NPY_DISABLE_CPU_FEATURES`` does in NumPy).
 """
@@ -19,12 +19,12 @@ import os
 import threading
 from typing import Callable, Iterator
 
-from . import _cpu, _isa_registry
+from . import _cpu, _registry
 
-ISAS: tuple[str, ...] = _isa_registry.NAMES
+ISAS: tuple[str, ...] = _registry.NAMES
 
 #: CPU features each level needs (os_ymm/os_zmm: the OS saves the wider registers).
-REQUIREMENTS: dict[str, tuple[str, ...]] = {lv.name: lv.requires for lv in _isa_registry.LEVELS}
+REQUIREMENTS: dict[str, tuple[str, ...]] = {lv.name: lv.requires for lv in _registry.LEVELS}
 
 _lock = threading.RLock()
 _setters: list[Callable[[int], None]] = []

@@ -11,11 +11,13 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from . import reference
+from . import _registry, reference
 from ._variants import BITS, CONVERSIONS, GATE_ORDERS, MODES, TABLE_DTYPES
 
-#: Families ``check`` knows, in the order it runs them.
-FAMILIES = ("convert", "embedding", "quantized", "multi", "lstm")
+#: Families ``check`` knows, in the order it runs them: every family of the registry.
+FAMILIES = _registry.FAMILY_NAMES
+#: The sparse optimizers of the training family, each with the shape of its state (None: none).
+OPTIMIZERS = {"sgd": None, "adagrad": "rows x D", "rowwise_adagrad": "rows"}
 #: A few of the awkward dimensions: below, at and above a vector width, and a long odd row.
 DIMS = (7, 64, 129)
 
@@ -28,6 +30,8 @@ class Check(NamedTuple):
     expected: Any                   # the reference's array / tuple / reference.Expected
     rtol: float | None = None
     atol: float = 0.0
+    #: checks the result itself (raises AssertionError) where a single tolerance cannot say it
+    verify: Callable[[Any], None] | None = None
 
 
 def _convert(rng) -> list[Check]:
@@ -130,8 +134,38 @@ def _lstm(rng) -> list[Check]:
     return out
 
 
+def _training(rng) -> list[Check]:
+    """One fused backward + optimizer step per optimizer, checked with the reference's float32
+    tolerance (every touched row, and untouched rows bit for bit)."""
+    import perfkernels as pk
+    out = []
+    for optimizer, state_shape in OPTIMIZERS.items():
+        for dim in DIMS:
+            weight0 = rng.standard_normal((50, dim)).astype(np.float32)
+            state0 = (None if state_shape is None else
+                      rng.random((50, dim) if state_shape == "rows x D" else 50).astype(np.float32))
+            indices, offsets, psw = _bag_inputs(rng, 50, 6)
+            grad = rng.standard_normal((offsets.size, dim)).astype(np.float32)
+            kw = dict(grad_output=grad, optimizer=optimizer, lr=0.1, eps=1e-8, weight_decay=0.01,
+                      per_sample_weights=psw)
+
+            def run(w0=weight0, h0=state0, i=indices, o=offsets, kw=kw):
+                w, h = w0.copy(), None if h0 is None else h0.copy()
+                pk.embedding_bag_backward_update(w, i, o, state=h, **kw)
+                return w, h
+
+            def verify(got, w0=weight0, h0=state0, i=indices, o=offsets, kw=kw):
+                expected = reference.embedding_bag_backward_update(w0, i, o, state=h0, **kw)
+                reference.assert_update_close(got[0], got[1], w0, h0, expected,
+                                              optimizer=kw["optimizer"], lr=kw["lr"], eps=kw["eps"],
+                                              weight_decay=kw["weight_decay"])
+
+            out.append(Check("training", f"{optimizer} D={dim}", run, None, verify=verify))
+    return out
+
+
 _BUILDERS = {"convert": _convert, "embedding": _embedding, "quantized": _quantized,
-             "multi": _multi, "lstm": _lstm}
+             "multi": _multi, "lstm": _lstm, "training": _training}
 
 
 def checks(families: list[str] | None = None) -> list[Check]:
@@ -147,6 +181,12 @@ def checks(families: list[str] | None = None) -> list[Check]:
 
 def compare(check: Check, got) -> tuple[bool, str]:
     """(passed, detail) of one result against its check's reference."""
+    if check.verify is not None:
+        try:
+            check.verify(got)
+        except AssertionError as exc:
+            return False, str(exc).splitlines()[0] if str(exc) else "outside the tolerance"
+        return True, "within the float32 tolerance"
     gots = got if isinstance(got, tuple) else (got,)
     wants = check.expected if isinstance(check.expected, tuple) and not isinstance(
         check.expected, reference.Expected) else (check.expected,)

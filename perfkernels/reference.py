@@ -2,7 +2,8 @@
 
 These are the oracles the tests (CPU and CUDA) and ``python -m perfkernels check`` compare the
 kernels with.  They are written from the kernels' documented semantics (docs/semantics.md), not
-from the kernels, and import nothing but NumPy and ml_dtypes, so they can be read, and trusted,
+from the kernels, and import nothing but NumPy, ml_dtypes and the pure-Python packed-row layout
+(``perfkernels/families/quantized/layout.py``), so they can be read, and trusted,
 on their own:
 
 - sums are taken in float64 and returned with the sum of the absolute values of their terms
@@ -28,6 +29,12 @@ from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
+
+# the packed-row layout (bytes of a row, codes per byte), shared with the kernels' frontends
+from .families.quantized.layout import codes_per_byte as _codes_per_byte
+from .families.quantized.layout import packed_row_bytes
+from .families.quantized.layout import packed_dim as _packed_dim
+from .families.quantized.layout import trailer_bytes as _trailer_bytes
 
 __all__ = [
     "Expected", "bag_bounds", "embedding_bag",
@@ -131,16 +138,6 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
 # row-wise quantized tables (the caffe2 / FBGEMM "fused rowwise" layouts)
 # ---------------------------------------------------------------------------------------------
 
-def _codes_per_byte(bits: int) -> int:
-    if bits not in (8, 4, 2):
-        raise ValueError(f"bits must be 8, 4 or 2; got {bits!r}")
-    return 8 // bits
-
-
-def packed_row_bytes(dim: int, bits: int) -> int:
-    """Bytes of one packed row: the codes, then scale and bias (2 x fp32 for 8-bit, 2 x fp16)."""
-    per = _codes_per_byte(bits)
-    return dim + 8 if bits == 8 else -(-dim // per) + 4
 
 
 def _row_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -231,9 +228,9 @@ def _unpack(packed, bits: int, dim: int | None):
     """(codes as float64 [rows, dim], scale [rows, 1], bias [rows, 1]) of a packed table."""
     per = _codes_per_byte(bits)
     p = np.ascontiguousarray(np.asarray(packed, dtype=np.uint8))
-    meta_bytes = 8 if bits == 8 else 4
+    meta_bytes = _trailer_bytes(bits)
     if dim is None:
-        dim = (p.shape[1] - meta_bytes) * per
+        dim = _packed_dim(p.shape[1], bits)
     nbytes = packed_row_bytes(dim, bits) - meta_bytes
     meta = p[:, nbytes:nbytes + meta_bytes].copy().view("<f4" if bits == 8 else "<f2")
     meta = meta.astype(np.float64)

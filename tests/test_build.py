@@ -16,21 +16,26 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "perfkernels" / "csrc"
-INCLUDES = ["-I", str(ROOT / "include"), "-I", str(CSRC)]
-HEADERS = sorted(CSRC.glob("**/*.h")) + sorted((ROOT / "include").glob("**/*.h"))
 
 # the registry setup.py reads, loaded the way setup.py loads it (by path, without the package)
-REGISTRY = runpy.run_path(str(ROOT / "perfkernels" / "_isa_registry.py"))
+REGISTRY = runpy.run_path(str(ROOT / "perfkernels" / "_registry.py"))
 LEVELS = REGISTRY["LEVELS"]
 BASE_FLAGS = list(REGISTRY["BASE_FLAGS"])
-FAMILIES = sorted(p.parent.name for p in CSRC.glob("*/body.h"))
+FAMILY_DIR = ROOT / REGISTRY["FAMILIES_DIR"]
+FAMILIES = [f.name for f in REGISTRY["FAMILIES"] if f.body]
+INCLUDES = ["-I", str(ROOT / "include"), "-I", str(CSRC), "-I", str(FAMILY_DIR)]
+HEADERS = (sorted(CSRC.glob("**/*.h")) + sorted(FAMILY_DIR.glob("*/*.h"))
+           + sorted((ROOT / "include").glob("**/*.h")))
 
 
 def build_sources(generated):
-    """Every C source setup.py compiles: each folder's own files plus the generated per-level
-    files and dispatch tables of the kernel families (written under ``generated``)."""
-    folders = sorted(p.name for p in CSRC.iterdir() if p.is_dir())
-    return [src for f in folders for src in REGISTRY["family_sources"](CSRC, f, generated)]
+    """Every C source setup.py compiles: each folder's own files (the shared csrc/<module>/ and the
+    families') plus the generated per-level files and dispatch tables of the kernel families
+    (written under ``generated``)."""
+    folders = [p for p in sorted(CSRC.iterdir()) if p.is_dir()]
+    folders += [FAMILY_DIR / f.name for f in REGISTRY["FAMILIES"]]
+    return [src for folder in folders
+            for src in REGISTRY["family_sources"](folder, folder.name, generated)]
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +43,11 @@ def sources(tmp_path_factory):
     return build_sources(tmp_path_factory.mktemp("generated"))
 
 
-SOURCES = sorted(CSRC.glob("**/*.c")) + sorted(CSRC.glob("*/body.h"))
+SOURCES = sorted(CSRC.glob("**/*.c")) + sorted(FAMILY_DIR.glob("*/[!_]*.c"))
 
 
 def level_of(src):
-    """The registry row of an ISA source file (csrc/<family>/<level>.c), or None."""
+    """The registry row of an ISA source file (the generated <family>/<level>.c), or None."""
     return next((lv for lv in LEVELS if src.stem == lv.name and lv.flags), None)
 
 
@@ -55,8 +60,8 @@ def compile_c(cc, src, out, flags):
 
 
 def test_no_march_native_anywhere():
-    for path in [ROOT / "setup.py", ROOT / "pyproject.toml", ROOT / "perfkernels" / "_isa_registry.py",
-                 *CSRC.glob("**/*.c"), *HEADERS]:
+    for path in [ROOT / "setup.py", ROOT / "pyproject.toml", ROOT / "perfkernels" / "_registry.py",
+                 *SOURCES, *HEADERS]:
         assert not re.search(r"[\"']-march=native", path.read_text()), path
 
 

@@ -146,7 +146,7 @@ def test_every_kernel_has_a_compile_check():
     """Each __global__ template in the sources appears among the instantiations compiled above."""
     import re
     for file in _runtime.SOURCES:
-        text = (_runtime.SOURCE_DIR / file).read_text()
+        text = _runtime.path(file).read_text()
         kernels = set(re.findall(r"__global__ void(?: __launch_bounds__\(\d+\))?\s+(\w+)\(", text))
         kernels |= set(re.findall(r"__global__ void __launch_bounds__\(\d+\)\n(\w+)\(", text))
         names = " ".join(_compile_check.instantiations(file))
@@ -155,7 +155,7 @@ def test_every_kernel_has_a_compile_check():
 
 
 def test_launch_config():
-    from perfkernels.cuda import _bags
+    from perfkernels.families.embedding import _cuda as _bags
     assert _bags.launch_config(_bags.F32, 128, 16) == (16, 32, 1, 1)   # a warp per bag, float4
     assert _bags.launch_config(_bags.F16, 128, 16) == (16, 16, 1, 1)   # half a warp, 8 halves
     assert _bags.launch_config(_bags.F32, 64, 16) == (16, 16, 1, 1)

@@ -20,7 +20,9 @@ import pytest
 import perfkernels
 import perfkernels.cuda as pkc
 from conftest import AWKWARD_DIMS, PACKAGE_PARENT, run_python
-from perfkernels.cuda import _bags, _quantize, _runtime
+from perfkernels.cuda import _runtime
+from perfkernels.families.embedding import _cuda as _bags
+from perfkernels.families.quantized import _cuda as _quantize
 
 import cuda_sim
 from cuda_sim import build, fake_cupy

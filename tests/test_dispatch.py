@@ -7,7 +7,7 @@ import pytest
 
 import conftest
 import perfkernels as pk
-from perfkernels import _dispatch
+from perfkernels import _dispatch, _registry
 
 
 def run_python(code, **env):
@@ -17,9 +17,9 @@ def run_python(code, **env):
 
 
 def test_python_and_c_agree_on_the_levels():
-    from perfkernels import _cpu, _isa_registry
-    assert _cpu.isa_names() == _isa_registry.NAMES == _dispatch.ISAS
-    assert tuple(_dispatch.REQUIREMENTS) == _isa_registry.NAMES
+    from perfkernels import _cpu, _registry
+    assert _cpu.isa_names() == _registry.NAMES == _dispatch.ISAS
+    assert tuple(_dispatch.REQUIREMENTS) == _registry.NAMES
 
 
 def test_scalar_is_always_available_and_best_is_default():
@@ -45,7 +45,7 @@ def test_detected_features_match_proc_cpuinfo():
         assert detected[ours] == (linux in flags), ours
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", _registry.NAMES)
 def test_forcing_each_level_in_a_subprocess(isa):
     proc = run_python("import perfkernels as pk, numpy as np;"
                       "x = np.linspace(-3, 3, 1001, dtype=np.float32);"

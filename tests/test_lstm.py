@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import perfkernels
-from perfkernels import _lstm, reference
+from perfkernels import reference
+from perfkernels.families.lstm import _lstm
 from conftest import AWKWARD_DIMS, readonly, unaligned
 
 ref_forward, ref_backward = reference.lstm_unit, reference.lstm_unit_backward

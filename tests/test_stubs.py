@@ -13,7 +13,7 @@ PKG = Path(pk.__file__).resolve().parent
 
 
 def stub_functions():
-    for pyi in sorted(PKG.glob("_*.pyi")):
+    for pyi in sorted(PKG.glob("_*.pyi")) + sorted(PKG.glob("families/*/_*.pyi")):
         for node in ast.parse(pyi.read_text()).body:
             if isinstance(node, ast.FunctionDef) and hasattr(pk, node.name):
                 yield pytest.param(pyi.name, node, id=node.name)

@@ -7,7 +7,7 @@
  * built: 1 when the target compiles the level (setup.py builds its files only there);
  * A:     passed through unchanged, so one list serves every generator below.
  *
- * The rows are those of perfkernels/_isa_registry.py, in the same order (tests/test_build.py
+ * The rows are those of perfkernels/_registry.py, in the same order (tests/test_build.py
  * compares them).  From this list come the pk_isa enum, each family's per-level declarations
  * (PK_DECLARE_FOR_EACH_ISA) and dispatch tables (PK_DEFINE_KERNEL_TABLE), and pk_isa_compiled().
  */

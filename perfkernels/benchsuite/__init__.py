@@ -1,6 +1,8 @@
 """The built-in benchmark suite behind ``python -m perfkernels bench`` (and reused by asv).
 
-Each kernel family adds one module here, ``perfkernels/benchsuite/<family>.py``, defining
+Each kernel family has one module in its folder, ``perfkernels/families/<family>/bench.py``
+(the families and their order come from ``perfkernels/_registry.py``); the parts that are not
+a family (``cuda``: the CUDA variant, ``dlrm``: the DLRM example) are modules here.  Each defines
 
     def cases(quick: bool) -> list[Case]
 
@@ -21,6 +23,8 @@ from typing import Callable
 
 import numpy as np
 
+from .. import _registry
+
 
 @dataclass
 class Case:
@@ -36,20 +40,26 @@ class Case:
 
 
 def families() -> list[str]:
-    """Names of the families that have a benchmark module, in a stable order."""
-    order = ["convert", "embedding", "quantized", "lstm"]
-    found = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
-    return [f for f in order if f in found] + sorted(f for f in found if f not in order)
+    """Names of the benchmark parts: the kernel families in registry order, then this folder's
+    own modules (``cuda``, ``dlrm``) by name."""
+    here = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return list(_registry.FAMILY_NAMES) + here
+
+
+def _module(family: str):
+    if family in _registry.FAMILY_BY_NAME:
+        return importlib.import_module(f"perfkernels.families.{family}.bench")
+    return importlib.import_module(f"{__name__}.{family}")
 
 
 def load_cases(family: str, quick: bool) -> list[Case]:
-    return importlib.import_module(f"{__name__}.{family}").cases(quick)
+    return _module(family).cases(quick)
 
 
 def load_scaling_cases(family: str, quick: bool) -> list[Case]:
     """The family's cases of the thread-scaling view: its ``scaling_cases(quick)`` when it builds
     them apart (to avoid building every input of ``cases``), else its cases marked ``scaling``."""
-    module = importlib.import_module(f"{__name__}.{family}")
+    module = _module(family)
     if hasattr(module, "scaling_cases"):
         return module.scaling_cases(quick)
     return [c for c in module.cases(quick) if c.scaling]

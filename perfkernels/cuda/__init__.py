@@ -79,7 +79,7 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
     TypeError for a wrong dtype or a host array; ValueError for bad shapes, offsets or lengths;
     IndexError naming the first out-of-range position and its value; RuntimeError without a GPU.
     """
-    from . import _bags
+    from ..families.embedding import _cuda as _bags
     table, fmt = _bags.float_table(weight)
     rows, dim = int(table.shape[0]), int(table.shape[1])
     return _bags.run(table, fmt, rows, dim, dim * table.itemsize, 0, indices, offsets, lengths,
@@ -109,7 +109,7 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
     -------
     cupy.ndarray of float32 [B, D]
     """
-    from . import _bags
+    from ..families.embedding import _cuda as _bags
     table, fmt, d, meta_off = _bags.quantized_table(packed, bits, dim)
     rows = int(table.shape[0])
     return _bags.run(table, fmt, rows, d, int(table.shape[1]), meta_off, indices, offsets,
@@ -127,7 +127,7 @@ def quantize_rowwise(weight, bits=8):
     -------
     cupy.ndarray of uint8 [rows, D + 8] (8-bit) or [rows, ceil(D * bits / 8) + 4] (4-, 2-bit)
     """
-    from . import _quantize
+    from ..families.quantized import _cuda as _quantize
     return _quantize.quantize(weight, bits)
 
 
@@ -145,7 +145,7 @@ def dequantize_rowwise(packed, bits=8, *, dim=None):
     -------
     cupy.ndarray of float32 [rows, D]
     """
-    from . import _quantize
+    from ..families.quantized import _cuda as _quantize
     return _quantize.dequantize(packed, bits, dim)
 
 
@@ -154,14 +154,14 @@ def float_to_half(x, out=None, *, clip=False):
     (round to nearest even, subnormals kept, NaN payload as NumPy); ``clip=True`` saturates to
     +-65504 (infinities included) as FBGEMM's ``do_clip``.  ``out`` (float16, x's shape) is written
     in place and returned.  Returns a cupy.ndarray of float16."""
-    from . import _convert
+    from ..families.convert import _cuda as _convert
     return _convert.narrow(x, out, _convert.FLOAT_TO_HALF, clip)
 
 
 def half_to_float(h, out=None):
     """float16 -> float32 on the GPU, exact for all 65,536 bit patterns (NaN payloads kept).
     Returns a cupy.ndarray of float32 of h's shape."""
-    from . import _convert
+    from ..families.convert import _cuda as _convert
     return _convert.widen(h, out, _convert.HALF_TO_FLOAT)
 
 
@@ -169,14 +169,14 @@ def float_to_bfloat16(x, out=None):
     """float32 -> bfloat16 on the GPU, round to nearest even, NaN -> the quiet NaN with x's sign;
     bit-exact with ``x.astype(ml_dtypes.bfloat16)``.  Returns a cupy.ndarray of
     ``ml_dtypes.bfloat16`` where CuPy supports that dtype, else of uint16 holding the bits."""
-    from . import _convert
+    from ..families.convert import _cuda as _convert
     return _convert.narrow(x, out, _convert.FLOAT_TO_BF16)
 
 
 def bfloat16_to_float(b, out=None):
     """bfloat16 -> float32 on the GPU, exactly.  ``b``: a GPU array of ``ml_dtypes.bfloat16``, a
     PyTorch bfloat16 CUDA tensor, or uint16 bits.  Returns a cupy.ndarray of float32."""
-    from . import _convert
+    from ..families.convert import _cuda as _convert
     return _convert.widen(b, out, _convert.BF16_TO_FLOAT)
 
 
@@ -193,7 +193,7 @@ def lstm_unit(h_prev, c_prev, gates, *, seq_lengths=None, t=0, forget_bias=0.0,
     -------
     (h, c) : cupy.ndarray of float32 [N, D]
     """
-    from . import _lstm
+    from ..families.lstm import _cuda as _lstm
     return _lstm.forward(h_prev, c_prev, gates, seq_lengths, t, forget_bias, drop_states, gate_order)
 
 
@@ -206,6 +206,6 @@ def lstm_unit_backward(c_prev, gates, c, dh, dc, *, seq_lengths=None, t=0, forge
     (dh_prev, dc_prev, dgates) : cupy.ndarray of float32 [N, D], [N, D], [N, 4D]
         ``dh_prev`` is zero for valid rows (h_prev's gradient flows through the gates' FC).
     """
-    from . import _lstm
+    from ..families.lstm import _cuda as _lstm
     return _lstm.backward(c_prev, gates, c, dh, dc, seq_lengths, t, forget_bias, drop_states,
                           gate_order)

@@ -20,10 +20,14 @@ from . import _runtime
 def instantiations(file: str, full: bool = False) -> list[str]:
     """The template instantiations (name expressions) of ``file`` the runtime can ask for (a
     covering subset by default: every format, load width, lane count and VPL at least once)."""
-    from . import _bags, _convert, _lstm, _quantize
-    module = {"convert.cu": _convert, "embedding_bag.cu": _bags, "quantize.cu": _quantize,
-              "lstm.cu": _lstm}[file]
-    return module.instantiations(full)
+    return host_module(file).instantiations(full)
+
+
+def host_module(file: str):
+    """The module that launches the kernels of ``file``: its family's ``_cuda.py``."""
+    import importlib
+    family = _runtime.path(file).parent.name
+    return importlib.import_module(f"perfkernels.families.{family}._cuda")
 
 
 def nvcc_path() -> str | None:
@@ -47,11 +51,12 @@ def nvcc_compile(file: str, arch: str = "sm_90", full: bool = False,
     with tempfile.TemporaryDirectory() as tmp:
         unit = Path(tmp) / f"instantiate_{Path(file).stem}.cu"
         unit.write_text(
-            f'#include "{_runtime.SOURCE_DIR / file}"\n'
+            f'#include "{_runtime.path(file)}"\n'
             "// Taking each kernel's address makes nvcc instantiate and compile it.\n"
             "void *pk_instantiated_kernels[] = {\n"
             + "".join(f"    (void *)&{n},\n" for n in names) + "};\n")
-        cmd = [nvcc, "-std=c++17", f"-arch={arch}", "-Werror", "all-warnings", "-c", str(unit),
+        cmd = [nvcc, "-std=c++17", f"-arch={arch}", "-Werror", "all-warnings", f"-I{_runtime.SOURCE_DIR}",
+               "-c", str(unit),
                "-o", str(Path(tmp) / "unit.o"), *extra]
         proc = subprocess.run(cmd, capture_output=True, text=True)
     return proc.returncode == 0, " ".join(cmd) + "\n" + proc.stdout + proc.stderr

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import _registry
+
+#: The folder of the shared CUDA headers (pk_common.cuh); each family keeps its .cu files in its own
 SOURCE_DIR = Path(__file__).resolve().parent
-#: Every kernel file; the nvcc compile test and the loader read the same list.
-SOURCES = ("convert.cu", "embedding_bag.cu", "quantize.cu", "lstm.cu")
+#: Every kernel file (from the family registry); the nvcc compile test and the loader read the same list.
+SOURCES: tuple[str, ...] = tuple(_registry.CUDA_SOURCES)
 NVRTC_OPTIONS = ("-std=c++17",)
 
 _lock = threading.RLock()
@@ -85,7 +88,12 @@ def source(name: str) -> str:
             return expand((SOURCE_DIR / header).read_text())
         return _INCLUDE.sub(sub, text)
 
-    return expand((SOURCE_DIR / name).read_text())
+    return expand(path(name).read_text())
+
+
+def path(name: str) -> Path:
+    """Where the kernel file ``name`` (one of :data:`SOURCES`) lies: in its family's folder."""
+    return SOURCE_DIR.parent / _registry.CUDA_SOURCES[name]
 
 
 def kernel(file: str, name_expression: str):

@@ -9,8 +9,7 @@ and its CuPy results come back through DLPack.
 from __future__ import annotations
 
 import contextlib
-import functools
-from typing import Any, Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -36,23 +35,6 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
     if t.dtype is torch.bfloat16:
         return t.view(torch.int16).numpy().view(_BF16)
     return t.numpy()
-
-
-def as_numpy_or_none(t: torch.Tensor | None) -> np.ndarray | None:
-    return None if t is None else as_numpy(t)
-
-
-def translate_errors(fn: Callable) -> Callable:
-    """Re-raise the kernels' IndexError as :class:`IndexOutOfRangeError` (same message)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except IndexOutOfRangeError:
-            raise
-        except IndexError as exc:
-            raise IndexOutOfRangeError(str(exc)) from None
-    return wrapper
 
 
 @contextlib.contextmanager

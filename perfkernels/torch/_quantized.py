@@ -14,6 +14,7 @@ import perfkernels as pk
 from . import _bags
 from ._bridge import IndexOutOfRangeError, TableViewCache, as_numpy
 from ._fallback import warn_once
+from ..families.quantized.layout import packed_row_bytes
 
 #: torch's quantized dtypes for each bit width (2-bit has no torch.ao module, only the ops)
 _TORCH_QDTYPES = {8: "quint8", 4: "quint4x2", 2: "quint2x4"}
@@ -27,11 +28,6 @@ def _bits_of(dtype) -> int:
             return bits
     raise ValueError(f"dtype must be torch.quint8 (8-bit), torch.quint4x2 (4-bit), "
                      f"torch.quint2x4 (2-bit) or 8/4/2; got {dtype!r}")
-
-
-def packed_row_bytes(dim: int, bits: int) -> int:
-    """Bytes of one packed row: codes, then fp32 scale + bias (8-bit) or fp16 (4/2-bit)."""
-    return dim + 8 if bits == 8 else -(-dim * bits // 8) + 4
 
 
 def packed_dim(row_bytes: int, bits: int) -> int:

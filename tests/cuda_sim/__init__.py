@@ -18,7 +18,8 @@ def kernel_names(file: str) -> list[str]:
     """The instantiations of ``file`` the runtime can launch.  For the bag kernels: the prepare
     kernels plus every (format, width, LANES, VPL) ``launch_config`` returns for any D and row
     alignment (D up to 2048 reaches every LANES and VPL); the other files: all of them."""
-    from perfkernels.cuda import _bags, _compile_check
+    from perfkernels.cuda import _compile_check
+    from perfkernels.families.embedding import _cuda as _bags
     if file != _bags.FILE:
         return _compile_check.instantiations(file, full=True)
     names = [_bags.prepare_kernel_name(i, o) for i in _bags.INDEX_TYPES for o in _bags.INDEX_TYPES]
@@ -78,7 +79,7 @@ def installed(libraries: dict[str, build.Library], *, seed: int = 0, sm_count: i
 @functools.lru_cache(maxsize=None)
 def reachable_configs() -> list[tuple[int, int, int, int]]:
     """Every (format, load width, LANES, VPL) the bag runtime can launch."""
-    from perfkernels.cuda import _bags
+    from perfkernels.families.embedding import _cuda as _bags
     return sorted({(fmt,) + _bags.launch_config(fmt, d, align)[:3]
                    for fmt in _bags.FORMATS for d in range(1, 2049) for align in (1, 2, 4, 8, 16)})
 
@@ -89,11 +90,12 @@ def layout_for(fmt: int, width: int, lanes: int, vpl: int, min_chunks: int = 1):
     table that is a column slice ``parent[:, offset:offset + row]`` of a 256-byte aligned parent and
     makes the runtime launch (width, lanes, vpl) with at least ``min_chunks`` column chunks."""
     import math
-    from perfkernels.cuda import _bags
+    from perfkernels.families.embedding import _cuda as _bags
+    from perfkernels.families.quantized.layout import packed_row_bytes
     bits = _bags.FORMATS[fmt][0]
     itemsize = {32: 4, 16: 2}.get(bits, 1)
     for d in range(1, 4097):
-        row = d if fmt <= _bags.BF16 else _bags.packed_row_bytes(d, bits)
+        row = d if fmt <= _bags.BF16 else packed_row_bytes(d, bits)
         row_bytes = row * itemsize if fmt <= _bags.BF16 else row
         for off in range(0, 16):
             parent = -(-(off + row) * itemsize // 16) * 16 // itemsize

@@ -51,7 +51,7 @@ def make_table(cp, rng, fmt, rows, d, off, parent):
 def kernels():
     import perfkernels
     import perfkernels.cuda as pkc
-    from perfkernels.cuda import _bags
+    from perfkernels.families.embedding import _cuda as _bags
     wanted = {_bags.bag_kernel_name(f, w, it, l, v) for f, w, l, v in configs()
               for it in ("int32", "int64")}
     libs = cuda_sim.prebuild(sanitize=True, bag_kernels=wanted)

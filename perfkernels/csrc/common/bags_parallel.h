@@ -21,7 +21,8 @@
  * followed by a second read of the caller's array could pass and then see a bad index.
  *
  * Header-only (static functions, baseline flags): included by the Cython modules of both bag
- * families and of the multi-table lookup.
+ * families and of the multi-table lookup.  It knows no family: each bag family's adapter (its
+ * pk_bags_call and argument struct) is in the family's folder, families/<family>/bags_call.h.
  */
 #ifndef PERFKERNELS_BAGS_PARALLEL_H
 #define PERFKERNELS_BAGS_PARALLEL_H
@@ -29,9 +30,7 @@
 #include <stdlib.h>
 
 #include "perfkernels/bags.h"
-#include "perfkernels/embedding.h"
 #include "perfkernels/parallel.h"
-#include "perfkernels/quantized.h"
 
 /* Runs one family's kernel, with its own arguments `args`, on `bags`. */
 typedef pk_status (*pk_bags_call)(const void *args, const pk_bags *bags, int64_t *bad_pos);
@@ -44,33 +43,6 @@ typedef struct pk_bags_part {
     int64_t bag_cost;    /* bytes touched per bag: the output row + its offset */
     int64_t rows;        /* rows of the part's table (for the snapshot check) */
 } pk_bags_part;
-
-/* Float tables (embedding.h). */
-typedef struct pk_float_bags_args {
-    pk_embedding_bag_fn fn;
-    const void *table;
-    int64_t rows, dim, row_stride;
-} pk_float_bags_args;
-
-static pk_status pk_float_bags_call(const void *args, const pk_bags *bags, int64_t *bad_pos)
-{
-    const pk_float_bags_args *a = (const pk_float_bags_args *)args;
-    return a->fn(bags, a->table, a->rows, a->dim, a->row_stride, bad_pos);
-}
-
-/* Row-wise quantized tables (quantized.h). */
-typedef struct pk_quantized_bags_args {
-    pk_embedding_bag_quantized_fn fn;
-    int bits;
-    const uint8_t *packed;
-    int64_t rows, row_bytes, dim;
-} pk_quantized_bags_args;
-
-static pk_status pk_quantized_bags_call(const void *args, const pk_bags *bags, int64_t *bad_pos)
-{
-    const pk_quantized_bags_args *a = (const pk_quantized_bags_args *)args;
-    return a->fn(a->bits, bags, a->packed, a->rows, a->row_bytes, a->dim, bad_pos);
-}
 
 static inline int64_t pk_bags_part_cost(const pk_bags_part *p, int64_t b)
 {

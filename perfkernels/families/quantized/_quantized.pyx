@@ -3,12 +3,14 @@ from libc.stdint cimport uint8_t, uint16_t, int64_t
 from cpython.pycapsule cimport PyCapsule_New
 from cpython.pyport cimport PY_SSIZE_T_MAX
 import numpy as np
+
+from perfkernels.families.quantized import layout
 cimport numpy as cnp
 
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_NONFINITE
 from perfkernels._c_bags cimport pk_bags
-from perfkernels._c_bags_parallel cimport pk_quantized_bags_args, pk_quantized_bags_call
-from perfkernels._c_quantized cimport (pk_quantized_kernels, pk_quantized_row_bytes,
+from perfkernels.families.quantized._c_quantized cimport (pk_quantized_bags_args, pk_quantized_bags_call,
+    pk_quantized_kernels, pk_quantized_row_bytes,
                                        pk_quantized_table)
 from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
 from perfkernels._bags cimport (BAGS_SCRATCH, TINY_BAGS, prepare_bags, bags_out_for_kernel,
@@ -25,40 +27,33 @@ register_family("quantized-table", <kernel_table_getter>pk_quantized_table, <con
 
 def _kernel_table(int level):
     """This level's kernel table (``const pk_quantized_kernels *``) as a PyCapsule, for the
-    multi-table lookup (perfkernels._multi), which has no kernels of its own."""
+    multi-table lookup (perfkernels.families.multi._multi), which has no kernels of its own."""
     return PyCapsule_New(<void *>pk_quantized_table(level), b"perfkernels.quantized_kernels", NULL)
 
 cdef tuple WEIGHT_TYPES = (cnp.NPY_FLOAT32, cnp.NPY_FLOAT16)
 cdef tuple PACKED_TYPES = (cnp.NPY_UINT8,)
 
 
+# The rules and messages are layout.py's (shared with the CUDA and torch frontends); the common
+# valid calls are answered here in C, without a Python call, and every other goes to layout.py.
+
 cdef int _check_bits(object bits) except -1:
-    if isinstance(bits, bool) or bits not in (8, 4, 2):
-        raise ValueError(f"bits must be 8, 4 or 2; got {bits!r}")
-    return <int>bits
+    if type(bits) is int and (bits == 8 or bits == 4 or bits == 2):
+        return <int>bits
+    return <int>layout.check_bits(bits)
 
 
 cdef Py_ssize_t _packed_dim(Py_ssize_t width, int bits, object dim) except -1:
     """The embedding dimension of packed rows `width` bytes wide (validated against `dim=`)."""
-    cdef Py_ssize_t per = 8 // bits, trailer = 8 if bits == 8 else 4, d
-    layout = ("D uint8 codes + float32 scale + float32 bias" if bits == 8 else
-              f"ceil(D/{per}) bytes of {bits}-bit codes + float16 scale + float16 bias")
-    if width <= trailer:
-        raise ValueError(f"packed rows of {width} bytes are too short for {bits}-bit rows ({layout})")
-    if width - trailer > PY_SSIZE_T_MAX // per:   # (width - trailer) * per would overflow
-        raise ValueError(f"packed rows of {width} bytes hold more than {PY_SSIZE_T_MAX} "
-                         f"{bits}-bit values: too wide for a {bits}-bit table")
-    if dim is None:
+    cdef Py_ssize_t trailer = <Py_ssize_t>pk_quantized_row_bytes(bits, 0)
+    cdef Py_ssize_t per = 8 // bits
+    # (width - trailer) * per must not overflow: a wider row goes to layout.packed_dim's error
+    if dim is None and trailer < width and width - trailer <= PY_SSIZE_T_MAX // per:
         return (width - trailer) * per
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-        raise ValueError(f"dim must be a positive integer; got {dim!r}")
-    if dim > PY_SSIZE_T_MAX:
-        raise ValueError(f"dim = {dim} is larger than any array ({PY_SSIZE_T_MAX})")
-    d = <Py_ssize_t>dim
-    if <Py_ssize_t>pk_quantized_row_bytes(bits, <size_t>d) != width:
-        raise ValueError(f"packed rows of {width} bytes do not hold dim={d} with bits={bits} "
-                         f"(expected {pk_quantized_row_bytes(bits, <size_t>d)} bytes: {layout})")
-    return d
+    if (type(dim) is int and 1 <= dim <= PY_SSIZE_T_MAX // 8
+            and <Py_ssize_t>pk_quantized_row_bytes(bits, <size_t>dim) == width):
+        return <Py_ssize_t>dim
+    return <Py_ssize_t>layout.packed_dim(width, bits, dim)
 
 
 cdef cnp.ndarray _as_packed(object packed):

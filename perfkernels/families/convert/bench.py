@@ -5,9 +5,9 @@ import numpy as np
 
 import perfkernels as pk
 
-from .._variants import BFLOAT16 as BF16
-from .._variants import CONVERSIONS, CONVERT_SIZES, QUICK_CONVERT_SIZES
-from . import Case, torch_or_none
+from ..._variants import BFLOAT16 as BF16
+from ..._variants import CONVERSIONS, CONVERT_SIZES, QUICK_CONVERT_SIZES
+from ...benchsuite import Case, torch_or_none
 
 
 def make_input(dtype, n: int, seed: int = 0) -> np.ndarray:

@@ -11,8 +11,8 @@ import numpy as np
 
 import perfkernels as pk
 
-from .._variants import LSTM_SHAPES, QUICK_LSTM_SHAPES
-from . import Case, torch_or_none
+from ..._variants import LSTM_SHAPES, QUICK_LSTM_SHAPES
+from ...benchsuite import Case, torch_or_none
 
 
 def make_inputs(n: int, d: int, seed: int = 0) -> dict[str, np.ndarray]:

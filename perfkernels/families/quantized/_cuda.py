@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _bags
-from . import _runtime as rt
+from ..embedding import _cuda as _bags
+from .layout import check_bits, packed_row_bytes
+from ...cuda import _runtime as rt
 
 FILE = "quantize.cu"
 
@@ -24,7 +25,7 @@ def instantiations(full: bool = True) -> list[str]:
 
 def quantize(weight, bits: int):
     cp = rt.cupy_or_raise()
-    bits = _bags.check_bits(bits)
+    bits = check_bits(bits)
     g = rt.as_gpu(weight, "weight")
     rt.check_dtype(g, "weight", ("float32", "float16"), "float32 or float16")
     a = g.a
@@ -35,7 +36,7 @@ def quantize(weight, bits: int):
     if a.shape[1] > 1 and a.strides[1] != a.itemsize or a.strides[0] < 0:
         a = rt.contiguous(a)
     rows, dim = (int(s) for s in a.shape)
-    row_bytes = _bags.packed_row_bytes(dim, bits)
+    row_bytes = packed_row_bytes(dim, bits)
     dst = cp.empty((rows, row_bytes), dtype=cp.uint8)
     if rows:
         fn = rt.kernel(FILE, quantize_name(bits, a.dtype == np.float16))

@@ -14,7 +14,7 @@ cimport numpy as cnp
 from perfkernels._c_common cimport pk_status
 from perfkernels._c_bags cimport pk_bags
 from perfkernels._c_parallel cimport pk_parallel_threads_for, PK_PARALLEL_BLOCKS_PER_THREAD
-from perfkernels._c_training cimport (pk_sparse_optim, pk_training_work, PK_OPT_SGD,
+from perfkernels.families.training._c_training cimport (pk_sparse_optim, pk_training_work, PK_OPT_SGD,
                                       PK_OPT_ADAGRAD, PK_OPT_ROWWISE_ADAGRAD,
                                       pk_training_update_fn, pk_training_kernels,
                                       pk_training_table, pk_training_group, pk_training_histogram,
@@ -23,7 +23,7 @@ from perfkernels._arrays cimport as_float32
 from perfkernels._bags cimport BAGS_SCRATCH, prepare_bags, check_bags_status
 from perfkernels._parallel cimport pool, resolve_threads
 
-from . import _dispatch
+from perfkernels import _dispatch
 
 cnp.import_array()
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _runtime as rt
+from ...cuda import _runtime as rt
 
 FILE = "convert.cu"
 FLOAT_TO_HALF, HALF_TO_FLOAT, FLOAT_TO_BF16, BF16_TO_FLOAT = range(4)

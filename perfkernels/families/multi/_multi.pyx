@@ -11,15 +11,18 @@ import operator
 import numpy as np
 cimport numpy as cnp
 
-from . import _dispatch, _embedding, _quantized
+from perfkernels import _dispatch
+from perfkernels.families.embedding import _embedding
+from perfkernels.families.quantized import _quantized
 
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
 from perfkernels._c_bags cimport pk_bags_index
-from perfkernels._c_bags_parallel cimport (pk_bags_part, pk_bags_run, pk_float_bags_args,
-                                           pk_float_bags_call, pk_quantized_bags_args,
-                                           pk_quantized_bags_call)
-from perfkernels._c_embedding cimport pk_embedding_kernels
-from perfkernels._c_quantized cimport pk_quantized_kernels
+from perfkernels._c_bags_parallel cimport pk_bags_part, pk_bags_run
+from perfkernels.families.embedding._c_embedding cimport (pk_embedding_kernels, pk_float_bags_args,
+                                                         pk_float_bags_call)
+from perfkernels.families.quantized._c_quantized cimport (pk_quantized_kernels,
+                                                         pk_quantized_bags_args,
+                                                         pk_quantized_bags_call)
 from perfkernels._arrays cimport as_float32, check_out, finish_out
 from perfkernels._bags cimport (as_int_array, lengths_to_offsets, normalise_offsets,
                                 out_via_temporary)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._variants import (BAG_SHAPES, BENCH_BITS, QUANTIZE_SHAPE, QUICK_BAG_SHAPES,
+from ..._variants import (BAG_SHAPES, BENCH_BITS, QUANTIZE_SHAPE, QUICK_BAG_SHAPES,
                          QUICK_QUANTIZE_SHAPE, QUICK_ZIPF_BAG_SHAPE, ZIPF_BAG_SHAPE)
-from . import Case, torch_or_none, zipf_indices
+from ...benchsuite import Case, torch_or_none, zipf_indices
+from .layout import packed_row_bytes
 
 _TORCH_LOOKUP = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit_rowwise_offsets",
                  2: "embedding_bag_2bit_rowwise_offsets"}
@@ -52,7 +53,7 @@ def lookup_case(rng, name, rows, dim, num_bags, bag_len, bits, dist="uniform") -
 def quantize_case(rng, rows, dim, bits=8) -> Case:
     import perfkernels as pk
     weight = rng.standard_normal((rows, dim), dtype=np.float32)
-    nbytes = weight.nbytes + rows * (dim + 8)
+    nbytes = weight.nbytes + rows * packed_row_bytes(dim, bits)
     baselines = {}
     torch = torch_or_none()
     if torch is not None:

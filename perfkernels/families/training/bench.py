@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Case, torch_or_none, zipf_indices
+from ...benchsuite import Case, torch_or_none, zipf_indices
 
 DLRM = ("dlrm 1M x 64", 1_000_000, 64, 2048, 100)
 QUICK = ("small 100k x 64", 100_000, 64, 256, 40)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._variants import MULTI_SHAPE, QUICK_MULTI_SHAPE, MultiShape
-from . import Case, torch_or_none, zipf_indices
-from .embedding import random_table
+from ..._variants import MULTI_SHAPE, QUICK_MULTI_SHAPE, MultiShape
+from ...benchsuite import Case, torch_or_none, zipf_indices
+from ..embedding.bench import random_table
 
 
 def make_inputs(seed: int, shape: MultiShape) -> dict:

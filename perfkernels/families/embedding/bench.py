@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._variants import (BAG_SHAPES, QUICK_BAG_SHAPES, QUICK_ZIPF_BAG_SHAPE, TABLE_DTYPES,
+from ..._variants import (BAG_SHAPES, QUICK_BAG_SHAPES, QUICK_ZIPF_BAG_SHAPE, TABLE_DTYPES,
                          ZIPF_BAG_SHAPE)
-from . import Case, torch_or_none, zipf_indices
+from ...benchsuite import Case, torch_or_none, zipf_indices
 
 _live: list[list] = []   # the holders filled now (one case's inputs alive at a time)
 

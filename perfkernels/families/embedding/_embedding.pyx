@@ -7,8 +7,8 @@ cimport numpy as cnp
 
 from perfkernels._c_common cimport pk_status
 from perfkernels._c_bags cimport pk_bags
-from perfkernels._c_bags_parallel cimport pk_float_bags_args, pk_float_bags_call
-from perfkernels._c_embedding cimport (pk_embedding_bag_fn, pk_embedding_kernels,
+from perfkernels.families.embedding._c_embedding cimport (pk_float_bags_args, pk_float_bags_call,
+    pk_embedding_bag_fn, pk_embedding_kernels,
                                        pk_embedding_table)
 from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
 from perfkernels._bags cimport (BAGS_SCRATCH, TINY_BAGS, prepare_bags, bags_out_for_kernel,
@@ -29,7 +29,7 @@ register_family("embedding", <kernel_table_getter>pk_embedding_table, <const voi
 
 def _kernel_table(int level):
     """This level's kernel table (``const pk_embedding_kernels *``) as a PyCapsule, for the
-    multi-table lookup (perfkernels._multi), which has no kernels of its own."""
+    multi-table lookup (perfkernels.families.multi._multi), which has no kernels of its own."""
     return PyCapsule_New(<void *>pk_embedding_table(level), b"perfkernels.embedding_kernels", NULL)
 
 

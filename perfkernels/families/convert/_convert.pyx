@@ -10,7 +10,7 @@ from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads
 
 cnp.import_array()
 
-from perfkernels._c_convert cimport pk_convert_kernels, pk_convert_table
+from perfkernels.families.convert._c_convert cimport pk_convert_kernels, pk_convert_table
 
 cdef const pk_convert_kernels *_kernels = NULL
 

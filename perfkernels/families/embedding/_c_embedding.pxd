@@ -12,3 +12,12 @@ cdef extern from "perfkernels/embedding.h":
         pk_embedding_bag_fn bag_f16
         pk_embedding_bag_fn bag_bf16
     const pk_embedding_kernels *pk_embedding_table(int isa) noexcept nogil
+
+
+cdef extern from "embedding/bags_call.h":
+    ctypedef struct pk_float_bags_args:
+        pk_embedding_bag_fn fn
+        const void *table
+        int64_t rows, dim, row_stride
+    pk_status pk_float_bags_call(const void *args, const pk_bags *bags,
+                                 int64_t *bad_pos) noexcept nogil

@@ -1,11 +1,10 @@
 """Host side of the LSTM unit kernels."""
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
-from . import _runtime as rt
+from ...cuda import _runtime as rt
+from . import checks
 
 FILE = "lstm.cu"
 GATE_ORDERS = {"ifog": 0, "ifgo": 1}
@@ -20,42 +19,21 @@ def _state(x, name: str, shape=None):
     checks and messages)."""
     g = rt.as_gpu(x, name)
     rt.check_dtype(g, name, ("float32",), "float32")
-    if shape is None:
-        if g.a.ndim != 2:
-            raise ValueError(f"{name} must be 2-D [N, D]; got shape {tuple(g.a.shape)}")
-    elif tuple(g.a.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(g.a.shape)}; expected {shape}")
+    checks.state_shape(name, tuple(g.a.shape), shape)
     return rt.contiguous(g.a)
 
 
 def _params(n: int, seq_lengths, t, forget_bias, gate_order):
     """Validate the keywords shared by forward and backward as the CPU API does; returns the
     kernel arguments (seq_lengths as int64 or a null pointer, t, forget_bias, gate order)."""
-    if not isinstance(gate_order, str) or gate_order not in GATE_ORDERS:
-        raise ValueError(f"gate_order must be 'ifog' (caffe2) or 'ifgo' (PyTorch LSTMCell); "
-                         f"got {gate_order!r}")
-    if isinstance(t, bool):
-        raise TypeError("t must be an integer; got bool")
-    try:
-        t_ = operator.index(t)
-    except TypeError:
-        raise TypeError(f"t must be an integer; got {type(t).__name__}") from None
-    if t_ < 0:
-        raise ValueError(f"t must be >= 0; got {t_}")
-    try:
-        fb = float(forget_bias)
-    except (TypeError, ValueError):
-        raise TypeError(f"forget_bias must be a real number; got {type(forget_bias).__name__}") from None
+    t_, fb = checks.keywords(t, forget_bias, gate_order)
     seq = np.uint64(0)
     if seq_lengths is not None:
         sg = rt.as_gpu(seq_lengths, "seq_lengths")
         rt.check_dtype(sg, "seq_lengths", ("int32", "int64"), "int32 or int64")
-        if sg.a.ndim != 1 or sg.a.shape[0] != n:
-            raise ValueError(f"seq_lengths must have shape ({n},) (one length per row); "
-                             f"got {tuple(sg.a.shape)}")
+        checks.seq_lengths_shape(tuple(sg.a.shape), n)
         seq = rt.contiguous(sg.a.astype(np.int64, copy=False))
-    # every int64 length is below 2**63 - 1, so clamping t keeps "t >= length" exact
-    return seq, np.int64(min(t_, (1 << 63) - 1)), np.float32(fb), np.int32(GATE_ORDERS[gate_order])
+    return seq, np.int64(t_), np.float32(fb), np.int32(GATE_ORDERS[gate_order])
 
 
 def forward(h_prev, c_prev, gates, seq_lengths, t, forget_bias, drop_states, gate_order):

@@ -18,3 +18,13 @@ cdef extern from "perfkernels/quantized.h":
                                                         const uint8_t *packed, int64_t rows,
                                                         int64_t row_bytes, int64_t dim,
                                                         int64_t *bad_pos) noexcept nogil
+
+
+cdef extern from "quantized/bags_call.h":
+    ctypedef struct pk_quantized_bags_args:
+        pk_embedding_bag_quantized_fn fn
+        int bits
+        const uint8_t *packed
+        int64_t rows, row_bytes, dim
+    pk_status pk_quantized_bags_call(const void *args, const pk_bags *bags,
+                                     int64_t *bad_pos) noexcept nogil

@@ -7,7 +7,8 @@ import operator
 
 import numpy as np
 
-from . import _runtime as rt
+from ...cuda import _runtime as rt
+from ..quantized.layout import check_bits, packed_dim
 
 FILE = "embedding_bag.cu"
 F32, F16, BF16, Q8, Q4, Q2 = range(6)
@@ -234,37 +235,6 @@ def float_table(weight):
         a = rt.contiguous(a)
     fmt = BF16 if g.bf16 else (F32 if a.dtype == np.float32 else F16)
     return a, fmt
-
-
-def packed_row_bytes(dim: int, bits: int) -> int:
-    """Bytes of a packed row: D codes + 8 (8-bit), ceil(D * bits / 8) + 4 (4-, 2-bit)."""
-    return dim + 8 if bits == 8 else -(-dim // (8 // bits)) + 4
-
-
-def check_bits(bits) -> int:
-    if isinstance(bits, bool) or bits not in (8, 4, 2):
-        raise ValueError(f"bits must be 8, 4 or 2; got {bits!r}")
-    return int(bits)
-
-
-def packed_dim(width: int, bits: int, dim) -> int:
-    """D of packed rows ``width`` bytes wide, validated against ``dim=`` (the CPU API's rules and
-    messages)."""
-    per, trailer = 8 // bits, (8 if bits == 8 else 4)
-    layout = ("D uint8 codes + float32 scale + float32 bias" if bits == 8 else
-              f"ceil(D/{per}) bytes of {bits}-bit codes + float16 scale + float16 bias")
-    if width <= trailer:
-        raise ValueError(f"packed rows of {width} bytes are too short for {bits}-bit rows ({layout})")
-    if dim is None:
-        return (width - trailer) * per
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-        raise ValueError(f"dim must be a positive integer; got {dim!r}")
-    d = int(dim)
-    expected = packed_row_bytes(d, bits)
-    if expected != width:
-        raise ValueError(f"packed rows of {width} bytes do not hold dim={d} with bits={bits} "
-                         f"(expected {expected} bytes: {layout})")
-    return d
 
 
 def quantized_table(packed, bits: int, dim):

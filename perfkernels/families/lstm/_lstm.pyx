@@ -1,7 +1,10 @@
 """The LSTM unit, forward and backward (caffe2 LSTMUnit / LSTMUnitGradient)."""
 from libc.stdint cimport int32_t, int64_t
-import operator
 import numpy as np
+
+from perfkernels.families.lstm import checks
+
+cdef object _T_MAX = checks.T_MAX
 cimport numpy as cnp
 
 from perfkernels._arrays cimport (as_input, check_out, finish_out, kernel_table_getter,
@@ -10,7 +13,7 @@ from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads
 
 cnp.import_array()
 
-from perfkernels._c_lstm cimport (pk_lstm_params, pk_lstm_kernels, pk_lstm_table, PK_LSTM_IFOG,
+from perfkernels.families.lstm._c_lstm cimport (pk_lstm_params, pk_lstm_kernels, pk_lstm_table, PK_LSTM_IFOG,
                                   PK_LSTM_IFGO, PK_MATH_EXP, PK_MATH_SIGMOID, PK_MATH_TANH)
 
 cdef const pk_lstm_kernels *_kernels = NULL
@@ -33,11 +36,9 @@ cdef inline float *_f32(cnp.ndarray a):
 cdef cnp.ndarray _state(object x, str name, object shape):
     """A float32 [N, D] input; `shape` None means this one defines N and D."""
     cdef cnp.ndarray a = as_input(x, name, F32, "float32")
-    if shape is None:
-        if a.ndim != 2:
-            raise ValueError(f"{name} must be 2-D [N, D]; got shape {(<object>a).shape}")
-    elif (<object>a).shape != shape:
-        raise ValueError(f"{name} has shape {(<object>a).shape}; expected {shape}")
+    if shape is None and a.ndim == 2 or shape is not None and (<object>a).shape == shape:
+        return a  # the common valid case, without a Python call
+    checks.state_shape(name, (<object>a).shape, shape)  # raises, with the shared message
     return a
 
 
@@ -46,38 +47,22 @@ cdef object _params(pk_lstm_params *p, Py_ssize_t n, Py_ssize_t d, object seq_le
     """Validate the keywords shared by forward and backward and fill `p`; returns the array that
     must stay alive while the kernel reads seq_lengths (or None)."""
     cdef cnp.ndarray lens = None
-    if not isinstance(gate_order, str) or gate_order not in GATE_ORDERS:
-        raise ValueError(f"gate_order must be 'ifog' (caffe2) or 'ifgo' (PyTorch LSTMCell); "
-                         f"got {gate_order!r}")
-    if isinstance(t, bool):
-        raise TypeError("t must be an integer; got bool")
-    try:
-        t_ = operator.index(t)
-    except TypeError:
-        raise TypeError(f"t must be an integer; got {type(t).__name__}") from None
-    if t_ < 0:
-        raise ValueError(f"t must be >= 0; got {t_}")
-    if isinstance(forget_bias, (str, bytes)):
-        raise TypeError(f"forget_bias must be a real number; got {type(forget_bias).__name__}")
-    try:
-        fb = float(forget_bias)
-    except OverflowError:   # an int past double's range (10**400)
-        raise ValueError(f"forget_bias = {forget_bias} is out of float32's range") from None
-    except (TypeError, ValueError):
-        raise TypeError(f"forget_bias must be a real number; got {type(forget_bias).__name__}") from None
+    if (type(t) is int and 0 <= t <= _T_MAX and type(forget_bias) is float
+            and type(gate_order) is str and (gate_order == "ifog" or gate_order == "ifgo")):
+        t_, fb = t, forget_bias  # the common valid case, without a Python call
+    else:
+        t_, fb = checks.keywords(t, forget_bias, gate_order)  # the shared rules and messages
     p.n = <size_t>n
     p.d = <size_t>d
     p.seq_lengths32 = NULL
     p.seq_lengths64 = NULL
-    p.t = min(t_, (1 << 63) - 1)
+    p.t = t_
     p.forget_bias = <float>fb
     p.drop_states = 1 if drop_states else 0
     p.gate_order = GATE_ORDERS[gate_order]
     if seq_lengths is not None:
         lens = as_input(seq_lengths, "seq_lengths", INTS, "int32 or int64")
-        if lens.ndim != 1 or lens.shape[0] != n:
-            raise ValueError(f"seq_lengths must have shape ({n},) (one length per row); "
-                             f"got {(<object>lens).shape}")
+        checks.seq_lengths_shape((<object>lens).shape, n)
         if cnp.PyArray_ITEMSIZE(lens) == 4:
             p.seq_lengths32 = <const int32_t *>cnp.PyArray_DATA(lens)
         else:

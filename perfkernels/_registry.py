@@ -1,0 +1,192 @@
+"""The one registry of perfkernels: the ISA levels it is built for and dispatches between, and its
+kernel families.  Every list of levels or families elsewhere (the build, the dispatcher, the CLI,
+the tests, ``.ci/``, the benchmark suite, the CUDA runtime) is derived from these tables, and
+``asv.conf.json``'s copy of the level names is checked against them by a test.
+
+ISA levels: one row per level, lowest first.  A row's position is its level number (the index into every family's C dispatch table).  Its name
+is the value of ``PERFKERNELS_ISA`` and of ``use_isa()``, the stem of its source file in each
+family (the generated ``build/csrc/<family>/<name>.c``), the suffix of the C symbols compiled there
+(``pk_embedding_bag_f32_<name>``) and the name of its SIMD primitive header
+(``perfkernels/csrc/simd/<name>.h``).
+
+This module imports nothing from the package, so ``setup.py`` loads it by file path (the package
+is not built yet then).  The C side lists the same levels in ``include/perfkernels/isa_list.h``
+and asv in the ``PERFKERNELS_ISA`` axis of ``asv.conf.json``; tests check both against this table.
+
+Kernel families: one row per family (:class:`Family`); all a family owns lives in its folder
+``perfkernels/families/<name>/`` (docs/architecture.md lists the files a row implies).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class IsaLevel(NamedTuple):
+    name: str
+    #: "any", or the target family that compiles it (setup.py builds other targets without it)
+    arch: str
+    #: compiler flags for the level's own source files, and for no other file
+    flags: tuple[str, ...]
+    #: CPU features (names as perfkernels.cpu_features() reports them) the level needs at run time;
+    #: os_ymm / os_zmm: the operating system saves the wider registers
+    requires: tuple[str, ...]
+
+
+#: flags of every C file (the Cython output drops -std=c11 and -Wall); a level adds its own
+BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function")
+
+_AVX2_FLAGS = ("-mavx2", "-mfma", "-mf16c")
+_AVX2_NEEDS = ("avx", "avx2", "fma", "f16c", "os_ymm")
+
+LEVELS: tuple[IsaLevel, ...] = (
+    IsaLevel("scalar", "any", (), ()),
+    IsaLevel("avx2", "x86_64", _AVX2_FLAGS, _AVX2_NEEDS),
+    IsaLevel("avx512", "x86_64",
+             _AVX2_FLAGS + ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"),
+             _AVX2_NEEDS + ("avx512f", "avx512bw", "avx512dq", "avx512vl", "os_zmm")),
+)
+
+NAMES: tuple[str, ...] = tuple(level.name for level in LEVELS)
+BY_NAME: dict[str, IsaLevel] = {level.name: level for level in LEVELS}
+
+
+# --- the kernel families ---------------------------------------------------------------------------
+
+
+class Family(NamedTuple):
+    """A kernel family: everything it owns lives in ``perfkernels/families/<name>/``."""
+    name: str
+    #: public functions, ``perfkernels.<function>`` (the NumPy frontend, ``_<name>.pyx``)
+    functions: tuple[str, ...]
+    #: its public C header ``include/perfkernels/<header>.h``, or None (a family written over others')
+    header: str | None
+    #: the kernels are ``body.h`` over the SIMD layer: the build writes one file per level and the
+    #: dispatch table (``family_sources``); False: no C of its own (it calls other families' tables)
+    body: bool
+    #: the scalar level is the plain C ``scalar.c`` rather than the body over ``simd/scalar.h``
+    scalar_c: bool
+    #: its CUDA kernels (``.cu`` files in the folder, launched by its ``_cuda.py``); () when none
+    cuda: tuple[str, ...]
+    #: the ``perfkernels.cuda`` functions of its CUDA frontend
+    cuda_functions: tuple[str, ...]
+
+
+#: Every kernel family, in the order ``check`` and ``bench`` run them.
+FAMILIES: tuple[Family, ...] = (
+    Family("convert", ("float_to_half", "half_to_float", "float_to_bfloat16", "bfloat16_to_float"),
+           "convert", True, True, ("convert.cu",),
+           ("float_to_half", "half_to_float", "float_to_bfloat16", "bfloat16_to_float")),
+    Family("embedding", ("embedding_bag",), "embedding", True, True, ("embedding_bag.cu",),
+           ("embedding_bag",)),
+    Family("quantized", ("quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized"),
+           "quantized", True, True, ("quantize.cu",),
+           ("quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized")),
+    Family("lstm", ("lstm_unit", "lstm_unit_backward"), "lstm", True, False, ("lstm.cu",),
+           ("lstm_unit", "lstm_unit_backward")),
+    Family("multi", ("embedding_bags_multi",), None, False, False, (), ()),
+    Family("training", ("embedding_bag_backward_update",), "training", True, True, (), ()),
+)
+
+FAMILY_NAMES: tuple[str, ...] = tuple(f.name for f in FAMILIES)
+FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
+#: where a family's files live, relative to the repository root
+FAMILIES_DIR = "perfkernels/families"
+#: every .cu file: its path relative to the package folder
+CUDA_SOURCES: dict[str, str] = {cu: f"families/{f.name}/{cu}" for f in FAMILIES for cu in f.cuda}
+
+
+def family_files(family: Family) -> list[str]:
+    """The files (repository paths) a family row implies, in the order docs/architecture.md lists
+    them; tests/test_registry.py checks that every family has exactly these and that the doc's
+    "add a family" list is this list."""
+    folder = f"{FAMILIES_DIR}/{family.name}"
+    files = [f"{folder}/__init__.py"]
+    if family.header:
+        files += [f"include/perfkernels/{family.header}.h", f"{folder}/_c_{family.name}.pxd"]
+    if family.body:
+        files.append(f"{folder}/body.h")
+    if family.scalar_c:
+        files.append(f"{folder}/scalar.c")
+    files += [f"{folder}/_{family.name}.pyx", f"{folder}/_{family.name}.pyi"]
+    if family.cuda:
+        files += [f"{folder}/{cu}" for cu in family.cuda] + [f"{folder}/_cuda.py"]
+    files += [f"{folder}/bench.py", f"tests/test_{family.name}.py"]
+    return files
+
+
+#: Files every new family edits (one row or line each), beside those :func:`family_files` lists.
+FAMILY_EDITS: tuple[str, ...] = ("perfkernels/_registry.py", "perfkernels/__init__.py",
+                                 "perfkernels/reference.py", "perfkernels/_selfcheck.py",
+                                 "docs/semantics.md")
+
+
+def level_files(level: IsaLevel) -> list[str]:
+    """The files a level row implies: its SIMD header (the per-level C of every family, the
+    dispatch tables and the build flags all follow from the registry)."""
+    return [f"perfkernels/csrc/simd/{level.name}.h"]
+
+
+#: Files every new level edits, beside :func:`level_files`: the C X-macro copy of the level list
+#: and asv's matrix axis (asv cannot read Python), both checked against the registry by tests.
+LEVEL_EDITS: tuple[str, ...] = ("perfkernels/_registry.py", "include/perfkernels/isa_list.h",
+                                "asv.conf.json")
+
+
+# --- the per-level sources of a kernel family ------------------------------------------------------
+#
+# A kernel family's C is a body.h (in perfkernels/families/<family>/) written once over the SIMD layer.  Its
+# file for a level is always the same two includes, so it is not kept in the repository: the build
+# writes it (family_sources below), and a folder keeps a file of its own only where a level is
+# written by hand (the portable scalar.c of most families).  The family's dispatch table
+# (pk_<family>_table, listing every level of include/perfkernels/isa_list.h) is generated the same
+# way.  Adding a level is therefore its registry row, its isa_list.h row and simd/<name>.h.
+
+def level_source(family: str, level: str) -> str:
+    """The C text of ``family``'s kernels at ``level``: its body over the level's SIMD header.
+
+    Built with the level's flags only; without them (another target) the header leaves PK_ISA
+    undefined and the file compiles to nothing."""
+    return (f"/* Generated by the build (perfkernels/_registry.py): the {family} kernels at level\n"
+            f" * {level}, {family}/body.h over simd/{level}.h.  Edit those, not this file. */\n"
+            f'#include "simd/{level}.h"\n'
+            "#ifdef PK_ISA\n"
+            f'#include "{family}/body.h"\n'
+            "#endif\n")
+
+
+def dispatch_source(family: str) -> str:
+    """The C text of ``family``'s dispatch table: ``pk_<family>_table(level)``, one row per level
+    of isa_list.h, each row the ``PK_<FAMILY>_KERNELS(level)`` initialiser of its header
+    (``include/perfkernels/<family>.h``)."""
+    return (f"/* Generated by the build (perfkernels/_registry.py): the {family} kernel table of every\n"
+            " * level this build contains.  Baseline flags only. */\n"
+            f'#include "perfkernels/{family}.h"\n\n'
+            f"PK_DEFINE_KERNEL_TABLE(pk_{family}_kernels, pk_{family}_table, "
+            f"PK_{family.upper()}_KERNELS)\n")
+
+
+def family_sources(folder, family: str, generated) -> list:
+    """Every C source of one extension for the build: the .c files of ``folder`` (a family's folder,
+    or csrc/<module>/ of a shared module), plus, for a kernel family (a folder with body.h), a
+    generated file for each level and the dispatch table where the
+    folder has none of its own, written under ``generated``/<family>/ (rewritten only when its text
+    changes, so rebuilds stay incremental).  Paths as ``pathlib.Path``."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    # a family folder also holds the Cython output _<family>.c, which is not ours
+    sources = sorted(p for p in folder.glob("*.c") if not p.name.startswith("_"))
+    if not (folder / "body.h").exists():
+        return sources
+    out = Path(generated) / family
+    wanted = {f"{lv.name}.c": level_source(family, lv.name) for lv in LEVELS}
+    wanted["dispatch.c"] = dispatch_source(family)
+    for name, text in wanted.items():
+        if (folder / name).exists():
+            continue
+        path = out / name
+        if not path.exists() or path.read_text() != text:
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        sources.append(path)
+    return sorted(sources, key=lambda p: (p.name, str(p)))

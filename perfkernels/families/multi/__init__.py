@@ -1,0 +1,1 @@
+"""The multi kernel family (see perfkernels/families/__init__.py for what a family folder holds)."""

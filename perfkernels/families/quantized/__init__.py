@@ -1,0 +1,1 @@
+"""The quantized kernel family (see perfkernels/families/__init__.py for what a family folder holds)."""

@@ -1,0 +1,1 @@
+"""The training kernel family (see perfkernels/families/__init__.py for what a family folder holds)."""
