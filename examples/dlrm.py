@@ -353,8 +353,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "--fused-optimizer)")
     p.add_argument("--pred-tol", type=float, default=1e-4)
     p.add_argument("--plot", metavar="PATH", help="save the time breakdown as an image")
+    p.add_argument("--distributed", action="store_true",
+                   help="shard the tables over the ranks of a torchrun world instead "
+                        "(examples/dlrm_distributed.py; --batch is per rank)")
+    if "--distributed" in (sys.argv[1:] if argv is None else argv):
+        from dlrm_distributed import add_arguments   # beside this file
+        add_arguments(p)
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
-    run(parse_args())
+    arguments = parse_args()
+    if arguments.distributed:
+        from dlrm_distributed import run_distributed
+        run_distributed(arguments, [(min(n, arguments.max_rows), arguments.dim,
+                                     arguments.bag_size) for n in CRITEO_KAGGLE_ROWS])
+    else:
+        run(arguments)

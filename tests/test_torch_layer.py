@@ -91,8 +91,9 @@ def test_embedding_bag_forward_backward_matches_torch(isa, dtype, sparse, opts):
     _assert_grads_equal(ref.weight.grad, ours.weight.grad, TOL[dtype])
     if weighted:
         torch.testing.assert_close(psw2.grad, psw.grad, **TOL[dtype])
-    with torch.no_grad():   # the no-grad fast path agrees with the autograd path
-        torch.testing.assert_close(ours(ix, off, psw2), out.detach(), rtol=0, atol=0)
+    with torch.no_grad():   # the no-grad fast path agrees with the autograd path (which may
+        # be torch's kernel: float rounding apart)
+        torch.testing.assert_close(ours(ix, off, psw2), out.detach(), **TOL[dtype])
 
 
 @pytest.mark.parametrize("dim", AWKWARD_DIMS)
@@ -191,12 +192,13 @@ def test_out_of_range_index_raises_index_and_runtime_error(grad):
     with torch.set_grad_enabled(grad):
         for bad in (10, -1, 1_000_000):
             with pytest.raises(pt.IndexOutOfRangeError,
-                               match=rf"indices\[2\] = {bad} is out of range for a table of 10"):
+                               match=rf"Index 2 of input takes value {bad} which is not in the "
+                                     rf"valid range \[0, 10\)"):
                 m(torch.tensor([1, 2, bad, 3]), torch.tensor([0, 2]))
     assert issubclass(pt.IndexOutOfRangeError, IndexError)
     assert issubclass(pt.IndexOutOfRangeError, RuntimeError)
     q = pt.QuantizedEmbeddingBag(10, 4)
-    with pytest.raises(RuntimeError, match=r"indices\[0\] = 12"):
+    with pytest.raises(RuntimeError, match=r"Index 0 is out of bounds: 12, range 0 to 10"):
         q(torch.tensor([12]), torch.tensor([0]))
 
 

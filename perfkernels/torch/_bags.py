@@ -24,6 +24,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
+from . import _compat
 from ._bridge import IndexOutOfRangeError, as_numpy, cuda_call
 from ._double_backward import refuse_double_backward
 
@@ -87,8 +88,10 @@ def entry_scales(indices: Tensor, bag: Tensor, num_bags: int, mode: str,
     if padding_idx is not None:
         scale = (indices.reshape(-1) != padding_idx % rows).float()
     if mode == "mean":
-        counted = scale if scale is not None else torch.ones(bag.shape[0], device=bag.device)
-        count = torch.zeros(num_bags, device=bag.device).index_add_(0, bag, counted)
+        counted = (scale if scale is not None
+                   else torch.ones(bag.shape[0], dtype=torch.float32, device=bag.device))
+        count = torch.zeros(num_bags, dtype=torch.float32, device=bag.device).index_add_(
+            0, bag, counted)
         inv = (1.0 / count.clamp(min=1.0)).index_select(0, bag)
         scale = inv if scale is None else scale * inv
     return scale
@@ -185,6 +188,10 @@ class BagSpec(NamedTuple):
     padding_idx: Optional[int]
     sparse: bool = False
     weight_backward: Optional[WeightBackward] = None
+    #: our opt-in: per_sample_weights with mode "mean" (torch refuses them)
+    weighted_mean: bool = False
+    #: our opt-in: the NumPy API's stricter bag checks and its exceptions, not torch's
+    strict_offsets: bool = False
 
 
 class BagFunction(torch.autograd.Function):
@@ -295,16 +302,74 @@ def _embedding_bag_quantized_fake(packed, indices, offsets, per_sample_weights, 
 def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
                 per_sample_weights: Optional[Tensor], spec: BagSpec,
                 output_dtype: Optional[torch.dtype] = None) -> Tensor:
-    """A float-table lookup by the cheapest route that keeps autograd and tracing right."""
+    """A float-table lookup by the cheapest route that keeps autograd and tracing right, with
+    torch's answer wherever the NumPy API would answer differently (see ``_compat``)."""
+    dtype = output_dtype or weight.dtype
+    if ((per_sample_weights is not None and _compat.weights_refused(
+            input, per_sample_weights, spec.mode, dtype, spec.weighted_mean))
+            or _compat.input_refused(input)
+            or weight.device.type not in ("cpu", "cuda")):       # meta tensors, other devices
+        return torch_answer(input, weight, offsets, per_sample_weights, spec, dtype)
     if torch.compiler.is_compiling():
         out = torch.ops.perfkernels.embedding_bag(weight, input, offsets, per_sample_weights,
                                                   spec.mode, spec.include_last_offset,
                                                   spec.padding_idx)
-    elif torch.is_grad_enabled() and (weight.requires_grad or (
-            per_sample_weights is not None and per_sample_weights.requires_grad)):
-        out = BagFunction.apply(weight, per_sample_weights, input, offsets, spec)
-    else:
-        out = lookup(weight, input, offsets, per_sample_weights, spec.mode,
-                     spec.include_last_offset, spec.padding_idx)
-    dtype = output_dtype or weight.dtype
+        return out if dtype is torch.float32 else out.to(dtype)
+    try:
+        if torch.is_grad_enabled() and (weight.requires_grad or (
+                per_sample_weights is not None and per_sample_weights.requires_grad)):
+            out = BagFunction.apply(weight, per_sample_weights, input, offsets, spec)
+        else:
+            out = lookup(weight, input, offsets, per_sample_weights, spec.mode,
+                         spec.include_last_offset, spec.padding_idx)
+    except IndexError:
+        raise
+    except (ValueError, TypeError):
+        if spec.strict_offsets:
+            raise
+        out = torch_answer(input, weight, offsets, per_sample_weights, spec, dtype)
+        if spec.weight_backward is not None and out.requires_grad:
+            raise ValueError("a custom weight backward (a fused optimizer) needs offsets where "
+                             "every bag ends at the next offset, the last at the end of the "
+                             "input") from None
+        return out
     return out if dtype is torch.float32 else out.to(dtype)
+
+
+#: below this many gathered values (indices x D), torch's dense-gradient embedding bag (forward
+#: and backward) takes less time than ours, whose backward is a chain of torch ops run from
+#: Python (measured on one thread; benchmarks/torch_small.py)
+DENSE_GRAD_MIN_VALUES = 1 << 17
+
+
+def torch_autograd_is_faster(weight: Tensor, input: Tensor, sparse: bool,
+                             needs_ours: bool) -> bool:
+    """Whether a lookup with a gradient is better left to torch's own kernel and autograd:
+    a sparse gradient (torch builds it in one C++ pass, ours in several torch ops: slower at every
+    size measured), or a small one (the Python of our backward costs more than the work), unless
+    the lookup ``needs_ours`` (a custom weight backward such as a fused optimizer, or weights in
+    mode "mean", which torch refuses), the table is on CUDA, or it is float16 / bfloat16 (torch's
+    kernel rounds partial results to the table's dtype, and may overflow where ours, accumulating
+    in float32, does not). A table of zero columns keeps ours too (torch's kernel raises
+    "Expected i < index_size" on any non-empty input there)."""
+    dim = weight.shape[1]
+    if needs_ours or weight.device.type != "cpu" or weight.dtype is not torch.float32 or not dim:
+        return False
+    return sparse or input.numel() * dim < DENSE_GRAD_MIN_VALUES
+
+
+def needs_ours(weight_backward: Optional[WeightBackward], weighted_mean: bool, mode: str,
+               per_sample_weights: Optional[Tensor]) -> bool:
+    """Whether a lookup with a gradient needs our autograd: a custom weight backward (a fused
+    optimizer), or weights in mode "mean" (our opt-in; torch refuses them)."""
+    return weight_backward is not None or (
+        weighted_mean and mode == "mean" and per_sample_weights is not None)
+
+
+def torch_answer(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
+                 per_sample_weights: Optional[Tensor], spec: BagSpec,
+                 dtype: torch.dtype) -> Tensor:
+    """torch's result or exception for a lookup (see :func:`_compat.torch_verdict`)."""
+    return _compat.torch_verdict(input, weight, offsets, per_sample_weights, spec.mode,
+                                 spec.sparse, spec.include_last_offset, spec.padding_idx, dtype,
+                                 spec.weighted_mean)

@@ -9,6 +9,7 @@ and its CuPy results come back through DLPack.
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any
 
 import ml_dtypes
@@ -18,14 +19,32 @@ import torch
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
+#: The NumPy API's wording of a bad index, and torch's wording of the same mistake.
+_NUMPY_INDEX_MESSAGE = re.compile(
+    r"indices\[(\d+)\] = (-?\d+) is out of range for a table of (\d+) rows")
+_TORCH_INDEX_MESSAGE = r"Index \1 of input takes value \2 which is not in the valid range [0, \3)"
+
+
 class IndexOutOfRangeError(IndexError, RuntimeError):
     """An index outside ``[0, rows)`` reached an embedding lookup.
 
     It is both an :class:`IndexError` (what perfkernels' NumPy API raises) and a
     :class:`RuntimeError` (what PyTorch raises for the same mistake), so code written for either
-    catches it.  The message names the position and the value, e.g.
-    ``indices[17] = 1000000 is out of range for a table of 1000 rows``; nothing was written.
+    catches it.  The message is torch's, with the flattened position and the value, e.g.
+    ``Index 17 of input takes value 1000000 which is not in the valid range [0, 1000)`` (a
+    NumPy-API message given to the constructor is reworded so); nothing was written.
     """
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(_NUMPY_INDEX_MESSAGE.sub(_TORCH_INDEX_MESSAGE, str(message)))
+
+
+def quantized_index_error(exc: IndexError) -> IndexOutOfRangeError:
+    """The NumPy API's IndexError in the wording of torch's quantized embedding-bag ops."""
+    message = _NUMPY_INDEX_MESSAGE.sub(_TORCH_INDEX_MESSAGE, str(exc))
+    return IndexOutOfRangeError(re.sub(
+        r"Index (\d+) of input takes value (-?\d+) which is not in the valid range \[0, (\d+)\)",
+        r"Index \1 is out of bounds: \2, range 0 to \3", message))
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
@@ -63,18 +82,22 @@ def cuda_call(fn_name: str, *args: Any, **kwargs: Any) -> torch.Tensor:
 
 class TableViewCache:
     """Mixin for modules holding one table: a NumPy view of it, re-made only when the tensor
-    object, its memory or its shape changes (``tensor.numpy()`` costs about a microsecond a call,
-    as much as a tiny lookup).  The view is never pickled or deep-copied."""
+    object, its memory, its shape, its strides or its dtype change (``tensor.numpy()`` costs about
+    a microsecond a call, as much as a tiny lookup).  In-place changes of the layout keep the
+    tensor object and its memory (``weight.data = weight.data.t()``, ``weight.t_()``, a float16
+    table re-viewed as bfloat16), hence the strides and the dtype in the key.  The view is never
+    pickled or deep-copied."""
 
     _np_view: tuple | None = None
 
     def _table_array(self, t: torch.Tensor) -> np.ndarray | None:
         """The view of ``t`` (None when ``t`` is not on the CPU)."""
         view = self._np_view
-        if view is None or view[0] is not t or view[1] != t.data_ptr() or view[2] != t.shape:
-            view = self._np_view = (t, t.data_ptr(), t.shape,
+        if (view is None or view[0] is not t or view[1] != t.data_ptr() or view[2] != t.stride()
+                or view[3] is not t.dtype or view[4] != t.shape):
+            view = self._np_view = (t, t.data_ptr(), t.stride(), t.dtype, t.shape,
                                     as_numpy(t) if t.device.type == "cpu" else None)
-        return view[3]
+        return view[5]
 
     def __getstate__(self):
         state = dict(super().__getstate__())

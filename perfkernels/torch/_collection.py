@@ -327,7 +327,9 @@ class EmbeddingBagCollection(torch.nn.Module):
         else:
             seg, offs = torch.cat(seg_values), torch.cat(seg_offsets)
             w = torch.cat(seg_weights) if weights is not None else None
-        return _bags.bag_forward(bag.weight, seg, offs, w, bag._spec(), torch.float32)
+        # TorchRec (FBGEMM) pools weighted features in mode mean too
+        return _bags.bag_forward(bag.weight, seg, offs, w,
+                                 bag._spec()._replace(weighted_mean=True), torch.float32)
 
 
 # --------------------------------------------------------------------------- the registered op

@@ -1,11 +1,10 @@
 """convert(model): swap torch's embedding bags for ours; route F.embedding_bag to us."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -188,31 +187,63 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor] = Non
                   max_norm: Optional[float] = None, norm_type: float = 2.0,
                   scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
                   per_sample_weights: Optional[Tensor] = None, include_last_offset: bool = False,
-                  padding_idx: Optional[int] = None) -> Tensor:
-    """``torch.nn.functional.embedding_bag`` on perfkernels' kernels (same signature and
-    result; what they don't do runs torch's function with a one-time warning)."""
+                  padding_idx: Optional[int] = None, *, weighted_mean: bool = False,
+                  strict_offsets: bool = False) -> Tensor:
+    """``torch.nn.functional.embedding_bag`` on perfkernels' kernels: the same signature, and
+    torch's result or exception for every input (what the kernels don't do runs torch's
+    function, with a one-time warning for options such as ``mode="max"``).
+
+    Our opt-ins, keyword-only: ``weighted_mean=True`` accepts ``per_sample_weights`` with
+    ``mode="mean"``; ``strict_offsets=True`` applies the NumPy API's stricter bag checks and
+    exceptions (see :class:`~perfkernels.torch.EmbeddingBag`)."""
     reason = unsupported_reason(mode=mode, max_norm=max_norm,
                                 scale_grad_by_freq=scale_grad_by_freq, dtype=weight.dtype)
     if reason is not None:
-        warn_once(reason)
+        if mode in ("sum", "mean", "max"):
+            warn_once(reason)
         return _TORCH_EMBEDDING_BAG(input, weight, offsets, max_norm, norm_type,
                                     scale_grad_by_freq, mode, sparse, per_sample_weights,
                                     include_last_offset, padding_idx)
-    if padding_idx is not None and padding_idx < 0:
-        padding_idx += weight.shape[0]
-    spec = _bags.BagSpec(mode, include_last_offset, padding_idx, sparse)
+    spec = _bags.BagSpec(mode, include_last_offset, padding_idx, sparse, None, weighted_mean,
+                         strict_offsets)
+    if (not torch.compiler.is_compiling() and torch.is_grad_enabled()
+            and (weight.requires_grad or (per_sample_weights is not None
+                                          and per_sample_weights.requires_grad))
+            and _bags.torch_autograd_is_faster(weight, input, sparse,
+                                               _bags.needs_ours(None, weighted_mean, mode,
+                                                                per_sample_weights))):
+        return _bags.torch_answer(input, weight, offsets, per_sample_weights, spec, weight.dtype)
     return _bags.bag_forward(weight, input, offsets, per_sample_weights, spec)
 
 
-@contextlib.contextmanager
-def route_functional() -> Iterator[None]:
-    """Inside this block ``torch.nn.functional.embedding_bag`` runs perfkernels'
-    :func:`embedding_bag` (for code that calls the function itself, such as DLRM's
-    ``QREmbeddingBag``).  Not thread-safe: it patches the module attribute for the whole process
-    while active."""
-    saved = F.embedding_bag
-    F.embedding_bag = embedding_bag
-    try:
-        yield
-    finally:
-        F.embedding_bag = saved
+class route_functional:
+    """Route the functions code calls itself to perfkernels: ``torch.nn.functional.embedding_bag``
+    (DLRM's ``QREmbeddingBag`` ...) and ``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}
+    _rowwise_offsets`` (DLRM's ``--quantize-emb-with-bit`` path, which prepacks its tables with
+    ``torch.ops.quantized.embedding_bag_*_prepack``: their layout is already ours, so the packed
+    tables are read in place and the prepack ops need no routing).
+
+    As a context manager (``with route_functional(): ...``) it restores torch's functions on
+    exit; called plainly (``route_functional()``) it routes for the rest of the process.  Not
+    thread-safe: it patches module attributes for the whole process while active.  What it
+    cannot reach: calls bound before routing (``from torch.nn.functional import embedding_bag``,
+    ``op = torch.ops.quantized.embedding_bag_byte_rowwise_offsets`` kept in a variable), calls
+    from C++ or TorchScript, and ``torch.embedding_bag`` / ``torch.ops.aten`` used directly.
+    """
+
+    def __init__(self) -> None:
+        from ._quantized import OP_ALIASES
+        self._saved = (F.embedding_bag,
+                       {name: getattr(torch.ops.quantized, name) for name in OP_ALIASES})
+        F.embedding_bag = embedding_bag
+        for name, fn in OP_ALIASES.items():
+            setattr(torch.ops.quantized, name, fn)
+
+    def __enter__(self) -> "route_functional":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        function, ops = self._saved
+        F.embedding_bag = function
+        for name, op in ops.items():
+            setattr(torch.ops.quantized, name, op)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _fused
+from . import _bags, _compat, _fused
 from ._bridge import IndexOutOfRangeError, TableViewCache
 from ._fallback import unsupported_reason, warn_once
 
@@ -32,15 +32,21 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     ``mode="max"``, ``max_norm`` and ``scale_grad_by_freq`` (and other weight dtypes) run torch's
     implementation instead, with a one-time warning saying why.
 
-    Differences from torch, both on purpose:
+    Every input gets torch's answer: the same result, or the same exception class with torch's
+    message (whatever perfkernels' NumPy API refuses is put to torch's own function, which
+    raises, or computes what it accepts, e.g. ``include_last_offset=True`` with a last offset
+    short of the input's end; tensors on the ``meta`` device also run torch's function).  An
+    out-of-range index raises :class:`IndexOutOfRangeError` (both ``IndexError`` and
+    ``RuntimeError``) with torch's message.  What perfkernels does beyond torch is opt-in:
 
-    * the output is float32 when :attr:`output_dtype` says so (``convert(model, dtype=...)``
-      stores float16/bfloat16 tables but keeps the model's float32 activations); by default it
-      has the weight's dtype, as in torch;
-    * ``per_sample_weights`` is accepted with ``mode="mean"`` too (torch refuses it).
-
-    An out-of-range index raises :class:`IndexOutOfRangeError` (both ``IndexError`` and
-    ``RuntimeError``) naming the position and value.
+    * ``weighted_mean=True``: ``per_sample_weights`` with ``mode="mean"`` (the weighted sum
+      divided by the count of non-padding entries; torch refuses weights in mode "mean");
+    * ``strict_offsets=True``: the NumPy API's checks and exceptions for the bag arguments
+      (``ValueError`` for offsets that do not start at 0, decrease, or with
+      ``include_last_offset`` do not end at the input's end);
+    * :attr:`output_dtype`: the output's dtype (``convert(model, dtype=...)`` stores
+      float16/bfloat16 tables but keeps the model's float32 activations, and its
+      ``per_sample_weights``); by default the weight's dtype, as in torch.
 
     :attr:`weight_backward` replaces the weight-gradient computation when set: a callable taking
     a :class:`~perfkernels.torch._bags.BagBackward` and returning the gradient, or None when it
@@ -60,12 +66,28 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     weight_backward: Optional[_bags.WeightBackward] = None
     #: the optimizer that updates the table during backward, if any (see the class docstring)
     fused_optimizer: Optional[_fused.FusedOptimizer] = None
+    #: our opt-in: accept ``per_sample_weights`` with ``mode="mean"`` (torch refuses them)
+    weighted_mean: bool = False
+    #: our opt-in: the NumPy API's stricter bag checks and exceptions instead of torch's
+    strict_offsets: bool = False
 
     def __init__(self, *args, fused_optimizer: Optional[_fused.FusedOptimizerSpec] = None,
-                 **kwargs) -> None:
+                 weighted_mean: bool = False, strict_offsets: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if weighted_mean:
+            self.weighted_mean = True
+        if strict_offsets:
+            self.strict_offsets = True
         if fused_optimizer is not None:
             self.set_fused_optimizer(fused_optimizer)
+
+    @classmethod
+    def from_pretrained(cls, embeddings: Tensor, *args, weighted_mean: bool = False,
+                        strict_offsets: bool = False, **kwargs) -> "EmbeddingBag":
+        """:meth:`torch.nn.EmbeddingBag.from_pretrained`, with our opt-ins."""
+        new = super().from_pretrained(embeddings, *args, **kwargs)
+        new.weighted_mean, new.strict_offsets = weighted_mean, strict_offsets
+        return new
 
     def set_fused_optimizer(self, spec: Optional[_fused.FusedOptimizerSpec]) -> None:
         """Update the table during backward with ``spec`` = ``(name, {"lr": ..., ...})`` (see
@@ -79,38 +101,66 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
 
     def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
                 per_sample_weights: Optional[Tensor] = None) -> Tensor:
-        """Pooled rows per bag, as :meth:`torch.nn.EmbeddingBag.forward`."""
+        """Pooled rows per bag, as :meth:`torch.nn.EmbeddingBag.forward` (torch's result or
+        exception for every input)."""
         w = self._parameters.get("weight")
         if w is None:                       # a plain tensor assigned in place of the Parameter
             w = self.weight
         if (self.max_norm is not None or self.scale_grad_by_freq
                 or (self.mode != "sum" and self.mode != "mean") or w.dtype not in _KERNEL_DTYPES):
             return self._torch_forward(input, offsets, per_sample_weights)
-        if ((not torch.is_grad_enabled() or not (w.requires_grad or (
-                per_sample_weights is not None and per_sample_weights.requires_grad)))
-                and not torch.compiler.is_compiling()):
-            table = self._table_array(w)
-            if table is not None:
-                # Inference on CPU, the cheapest path (a tiny lookup costs about as much as the
-                # Python around it): straight to the kernel on a cached view of the weight.
-                if per_sample_weights is not None:
-                    per_sample_weights = per_sample_weights.float().numpy()
-                try:
-                    out = torch.from_numpy(pk.embedding_bag(
-                        table, input.numpy(), None if offsets is None else offsets.numpy(),
-                        per_sample_weights=per_sample_weights, mode=self.mode,
-                        include_last_offset=self.include_last_offset,
-                        padding_idx=self.padding_idx))
-                except IndexError as exc:
-                    raise IndexOutOfRangeError(str(exc)) from None
-                dtype = self.output_dtype or w.dtype
-                return out if dtype is torch.float32 else out.to(dtype)
+        if torch.compiler.is_compiling():
+            return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
+                                     self.output_dtype)
+        if torch.is_grad_enabled() and (w.requires_grad or (
+                per_sample_weights is not None and per_sample_weights.requires_grad)):
+            if _bags.torch_autograd_is_faster(w, input, self.sparse, _bags.needs_ours(
+                    self.weight_backward, self.weighted_mean, self.mode, per_sample_weights)):
+                return _compat.torch_verdict(input, w, offsets, per_sample_weights, self.mode,
+                                             self.sparse, self.include_last_offset,
+                                             self.padding_idx, self.output_dtype or w.dtype)
+            return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
+                                     self.output_dtype)
+        # Inference, the cheapest path (a tiny lookup costs about as much as the Python around
+        # it): straight to the kernel on the cached NumPy view of a CPU weight (the check of
+        # TableViewCache._table_array, inlined).
+        view = self._np_view
+        if (view is None or view[0] is not w or view[1] != w.data_ptr()
+                or view[2] != w.stride() or view[3] is not w.dtype or view[4] != w.shape):
+            self._table_array(w)
+            view = self._np_view
+        table = view[5]
+        if table is not None:
+            dtype = self.output_dtype or w.dtype
+            psw = per_sample_weights
+            if psw is not None:
+                if _compat.weights_refused(input, psw, self.mode, dtype, self.weighted_mean):
+                    return self._torch_answer(input, w, offsets, psw, dtype)
+                psw = psw.detach().float().numpy()
+            if _compat.input_refused(input):
+                return self._torch_answer(input, w, offsets, per_sample_weights, dtype)
+            try:
+                out = torch.from_numpy(pk.embedding_bag(
+                    table, input.numpy(), None if offsets is None else offsets.numpy(),
+                    per_sample_weights=psw, mode=self.mode,
+                    include_last_offset=self.include_last_offset,
+                    padding_idx=self.padding_idx))
+            except IndexError as exc:
+                raise IndexOutOfRangeError(str(exc)) from None
+            except (ValueError, TypeError):
+                if self.strict_offsets:
+                    raise
+                return self._torch_answer(input, w, offsets, per_sample_weights, dtype)
+            return out if dtype is torch.float32 else out.to(dtype)
         return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
                                  self.output_dtype)
 
+    def _torch_answer(self, input, w, offsets, per_sample_weights, dtype):
+        return _bags.torch_answer(input, w, offsets, per_sample_weights, self._spec(), dtype)
+
     def _spec(self) -> _bags.BagSpec:
         return _bags.BagSpec(self.mode, self.include_last_offset, self.padding_idx, self.sparse,
-                             self.weight_backward)
+                             self.weight_backward, self.weighted_mean, self.strict_offsets)
 
     def _torch_forward(self, input, offsets, per_sample_weights):
         warn_once(unsupported_reason(mode=self.mode, max_norm=self.max_norm,

@@ -12,8 +12,7 @@ from torch import Tensor
 import perfkernels as pk
 
 from . import _bags
-from ._bridge import IndexOutOfRangeError, TableViewCache, as_numpy
-from ._fallback import warn_once
+from ._bridge import TableViewCache, as_numpy, quantized_index_error
 from ..families.quantized.layout import packed_row_bytes
 
 #: torch's quantized dtypes for each bit width (2-bit has no torch.ao module, only the ops)
@@ -60,14 +59,19 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
     ``state_dict`` saved by torch's module loads into this one (its quantized weight is converted
     bit for bit); ours saves ``packed_weight``.
 
-    Differences from torch's module, on purpose: ``mode="mean"`` averages (torch's module and
-    ops sum whatever the mode), and ``padding_idx`` is supported.  Lookups only: no gradient.
+    Like torch's module and ops, it sums whatever ``mode`` says (torch.ao's module calls its
+    op with mode 0).  Our opt-in ``average_mean=True`` makes ``mode="mean"`` divide by the
+    count of non-padding entries; :func:`~perfkernels.torch.convert` with ``bits=`` and
+    :meth:`from_float` with ``bits=`` set it for a float module in mode "mean", so the quantized
+    module computes what the float one did.  ``padding_idx`` (None by default; torch's module has
+    none) is ours too.  Lookups only: no gradient.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, max_norm: Optional[float] = None,
                  norm_type: float = 2.0, scale_grad_by_freq: bool = False, mode: str = "sum",
                  sparse: bool = False, _weight: Optional[Tensor] = None,
-                 include_last_offset: bool = False, dtype=torch.quint8) -> None:
+                 include_last_offset: bool = False, dtype=torch.quint8, *,
+                 average_mean: bool = False) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
             raise ValueError(f"mode must be 'sum' or 'mean' for a quantized table; got {mode!r}")
@@ -82,6 +86,7 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
         self.bits = _bits_of(dtype)
         self.dtype = dtype
         self.padding_idx: Optional[int] = None
+        self.average_mean = average_mean
         if _weight is None:
             packed = torch.from_numpy(pk.quantize_rowwise(
                 np.zeros((num_embeddings, embedding_dim), np.float32), self.bits))
@@ -105,10 +110,12 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
         """Float32 bags ``[num_bags, embedding_dim]`` (``compressed_indices_mapping`` is ignored,
         as torch's module ignores it for unpruned tables)."""
         packed = self.packed_weight
-        args = (packed, indices, offsets, per_sample_weights, self.mode,
+        mode = self.mode if self.average_mean else "sum"
+        args = (packed, indices, offsets, per_sample_weights, mode,
                 self.include_last_offset, self.padding_idx, self.bits, self.embedding_dim)
         if torch.compiler.is_compiling():
             return torch.ops.perfkernels.embedding_bag_quantized(*args)
+        check_weights_dtype(per_sample_weights, self.bits)
         if packed.device.type != "cpu":
             return _bags.lookup(*args)
         if per_sample_weights is not None:
@@ -117,10 +124,12 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
             out = pk.embedding_bag_quantized(
                 self._table_array(packed), indices.numpy(),
                 None if offsets is None else offsets.numpy(), bits=self.bits,
-                dim=self.embedding_dim, per_sample_weights=per_sample_weights, mode=self.mode,
+                dim=self.embedding_dim, per_sample_weights=per_sample_weights, mode=mode,
                 include_last_offset=self.include_last_offset, padding_idx=self.padding_idx)
         except IndexError as exc:
-            raise IndexOutOfRangeError(str(exc)) from None
+            raise quantized_index_error(exc) from None
+        except (ValueError, TypeError) as exc:
+            raise RuntimeError(str(exc)) from None    # torch's ops raise RuntimeError
         return torch.from_numpy(out)
 
     def dequantize(self) -> Tensor:
@@ -130,6 +139,8 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}, bits={self.bits}, mode={self.mode!r}"
+        if self.average_mean:
+            s += ", average_mean=True"
         if self.include_last_offset:
             s += ", include_last_offset=True"
         if self.padding_idx is not None:
@@ -166,35 +177,48 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
                              f"{tuple(packed.shape)}")
         dim = packed_dim(packed.shape[1], bits) if dim is None else dim
         new = cls(packed.shape[0], dim, mode=mode, include_last_offset=include_last_offset,
-                  dtype=bits, _weight=packed)
+                  dtype=bits, _weight=packed, average_mean=True)
         new.padding_idx = padding_idx
         return new
 
     @classmethod
     def from_float(cls, mod: torch.nn.Module, use_precomputed_fake_quant: bool = False, *,
                    bits: Optional[int] = None) -> "QuantizedEmbeddingBag":
-        """Quantize a float ``torch.nn.EmbeddingBag`` row-wise (bit-exact with torch's
-        ``embedding_bag_*_prepack``).  ``bits`` defaults to the module's ``qconfig`` weight
-        dtype when it has one, else 8."""
-        if bits is None:
-            qconfig = getattr(mod, "qconfig", None)
-            bits = _bits_of(qconfig.weight().dtype) if qconfig is not None else 8
-        bits = _bits_of(bits)
-        weight = mod.weight.detach()
-        if weight.dtype not in (torch.float32, torch.float16):
-            weight = weight.float()
-        packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(weight.cpu()), bits))
-        new = cls(mod.num_embeddings, mod.embedding_dim, max_norm=mod.max_norm,
-                  norm_type=mod.norm_type, scale_grad_by_freq=mod.scale_grad_by_freq,
-                  mode=mod.mode, sparse=mod.sparse, _weight=packed.to(mod.weight.device),
-                  include_last_offset=mod.include_last_offset, dtype=bits)
-        new.padding_idx = getattr(mod, "padding_idx", None)
+        """Quantize a float ``torch.nn.EmbeddingBag`` row-wise.
+
+        * ``bits`` given (8, 4 or 2): our quantizer, bit-exact with torch's
+          ``embedding_bag_*_prepack``; ``mode="mean"`` keeps averaging (``average_mean``).
+        * otherwise, as ``torch.ao.nn.quantized.EmbeddingBag.from_float``: the module's torch.ao
+          observer (``weight_fake_quant``, else ``qconfig.weight()``, else
+          ``float_qparams_weight_only_qconfig``'s) and torch.ao's own quantization, so the codes,
+          scales and biases (and the sums whatever the mode) are torch.ao's, bit for bit.
+        """
+        if bits is not None:
+            bits = _bits_of(bits)
+            weight = mod.weight.detach()
+            if weight.dtype not in (torch.float32, torch.float16):
+                weight = weight.float()
+            packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(weight.cpu()), bits))
+            new = cls(mod.num_embeddings, mod.embedding_dim, max_norm=mod.max_norm,
+                      norm_type=mod.norm_type, scale_grad_by_freq=mod.scale_grad_by_freq,
+                      mode=mod.mode, sparse=mod.sparse, _weight=packed.to(mod.weight.device),
+                      include_last_offset=mod.include_last_offset, dtype=bits,
+                      average_mean=True)
+            new.padding_idx = getattr(mod, "padding_idx", None)
+        else:
+            qweight, bits = _torch_ao_quantized_weight(mod)
+            new = cls(mod.num_embeddings, mod.embedding_dim, max_norm=mod.max_norm,
+                      norm_type=mod.norm_type, scale_grad_by_freq=mod.scale_grad_by_freq,
+                      mode=mod.mode, sparse=mod.sparse,
+                      _weight=_from_quantized_tensor(qweight, bits),
+                      include_last_offset=mod.include_last_offset, dtype=bits)
         new.train(mod.training)
         return new
 
     @classmethod
     def from_torch_ao(cls, mod: torch.nn.Module) -> "QuantizedEmbeddingBag":
-        """From a ``torch.ao.nn.quantized.EmbeddingBag``: its packed rows, bit for bit."""
+        """From a ``torch.ao.nn.quantized.EmbeddingBag``: its packed rows, bit for bit, and its
+        sums (torch.ao's module sums whatever its mode)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # torch's deprecation notice for quantized tensors
             qweight = mod.weight()
@@ -206,33 +230,92 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
         return new
 
 
+def _torch_ao_quantized_weight(mod: torch.nn.Module) -> tuple[Tensor, int]:
+    """The float module's weight quantized as ``torch.ao.nn.quantized.EmbeddingBag.from_float``
+    quantizes it (its observer, its ``_quantize_weight``), and the bit width."""
+    from torch.ao.nn.quantized.modules.utils import _quantize_weight
+    from torch.ao.quantization.qconfig import float_qparams_weight_only_qconfig
+    observer = getattr(mod, "weight_fake_quant", None)
+    if observer is None:
+        qconfig = getattr(mod, "qconfig", None)
+        if qconfig is not None and qconfig.weight is not None:
+            observer = qconfig.weight()
+        else:
+            observer = float_qparams_weight_only_qconfig.weight()
+    if observer.qscheme != torch.per_channel_affine_float_qparams:
+        raise ValueError("EmbeddingBag quantization is only supported with "
+                         "float_qparams_weight_only_qconfig (per_channel_affine_float_qparams); "
+                         f"got {observer.qscheme}")
+    if observer.dtype not in (torch.quint8, torch.quint4x2):
+        raise ValueError(f"torch.ao quantizes embedding bags to torch.quint8 or torch.quint4x2; "
+                         f"the qconfig asks for {observer.dtype} (give bits= for our quantizer)")
+    weight = mod.weight.detach().float().cpu()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # torch's deprecation notice for quantized tensors
+        observer(weight)
+        return _quantize_weight(weight, observer), _bits_of(observer.dtype)
+
+
 # --------------------------------------------------------------------------- torch.ops aliases
 
+#: torch's own ops, kept so that routing (and our fallbacks) never call ourselves
+TORCH_OPS = {name: getattr(torch.ops.quantized, name) for name in (
+    "embedding_bag_byte_rowwise_offsets", "embedding_bag_4bit_rowwise_offsets",
+    "embedding_bag_2bit_rowwise_offsets")}
+
+
+_TORCH_TYPE_NAMES = {torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+                     torch.int64: "Long", torch.int32: "Int"}
+
+
+def check_weights_dtype(per_sample_weights: Optional[Tensor], bits: int) -> None:
+    """torch's quantized ops take float32 ``per_sample_weights`` (4/2-bit: float16 too)."""
+    if per_sample_weights is not None and per_sample_weights.dtype is not torch.float32 and (
+            bits == 8 or per_sample_weights.dtype is not torch.float16):
+        found = _TORCH_TYPE_NAMES.get(per_sample_weights.dtype, str(per_sample_weights.dtype))
+        raise RuntimeError(f"expected scalar type Float but found {found}" if bits == 8 else
+                           f"Expect fp32 or fp16 weights, but found{found} instead")
+
+
 def _rowwise_offsets(bits: int, torch_name: str):
+    torch_op = TORCH_OPS[torch_name]
+
     def op(weight: Tensor, indices: Tensor, offsets: Optional[Tensor] = None,
            scale_grad_by_freq: bool = False, mode: int = 0, pruned_weights: bool = False,
            per_sample_weights: Optional[Tensor] = None,
            compressed_indices_mapping: Optional[Tensor] = None,
            include_last_offset: bool = False) -> Tensor:
-        if pruned_weights or mode not in (0, 1):
-            warn_once("pruned_weights=True" if pruned_weights else f"mode={mode}"
-                      f" in quantized.{torch_name}")
-            return getattr(torch.ops.quantized, torch_name)(
-                weight, indices, offsets, scale_grad_by_freq, mode, pruned_weights,
-                per_sample_weights, compressed_indices_mapping, include_last_offset)
+        if pruned_weights or weight.device.type not in ("cpu", "cuda"):
+            return torch_op(weight, indices, offsets, scale_grad_by_freq, mode, pruned_weights,
+                            per_sample_weights, compressed_indices_mapping, include_last_offset)
+        check_weights_dtype(per_sample_weights, bits)
+        if offsets is None and indices.dim() == 1:
+            raise RuntimeError(f"{torch_name} expects offsets to be set for 1D indices.")
         dim = packed_dim(weight.shape[1], bits)
-        args = (weight, indices, offsets, per_sample_weights, ("sum", "mean")[mode],
-                include_last_offset, None, bits, dim)
+        args = (weight, indices, offsets, per_sample_weights, "sum", include_last_offset, None,
+                bits, dim)
         if torch.compiler.is_compiling():
             return torch.ops.perfkernels.embedding_bag_quantized(*args)
-        return _bags.lookup(*args)
+        try:
+            return _bags.lookup(*args)
+        except IndexError as exc:
+            raise quantized_index_error(exc) from None
+        except (ValueError, TypeError) as exc:
+            raise RuntimeError(str(exc)) from None    # torch's ops raise RuntimeError
     op.__name__ = op.__qualname__ = torch_name
     op.__doc__ = (f"``torch.ops.quantized.{torch_name}`` with the same signature, on perfkernels' "
-                  f"{bits}-bit kernels.  ``mode`` 0 sums and 1 averages (torch's op sums for "
-                  "both); ``pruned_weights=True`` runs torch's op.")
+                  f"{bits}-bit kernels.  Like torch's op it sums whatever ``mode`` says; "
+                  "``pruned_weights=True`` runs torch's op.  Bad input raises ``RuntimeError`` "
+                  "(an index out of range: :class:`IndexOutOfRangeError`, with torch's "
+                  "message) where torch's op may read past its arrays.")
     return op
 
 
 embedding_bag_byte_rowwise_offsets = _rowwise_offsets(8, "embedding_bag_byte_rowwise_offsets")
 embedding_bag_4bit_rowwise_offsets = _rowwise_offsets(4, "embedding_bag_4bit_rowwise_offsets")
 embedding_bag_2bit_rowwise_offsets = _rowwise_offsets(2, "embedding_bag_2bit_rowwise_offsets")
+
+#: what :func:`~perfkernels.torch.route_functional` puts in ``torch.ops.quantized``
+OP_ALIASES = {"embedding_bag_byte_rowwise_offsets": embedding_bag_byte_rowwise_offsets,
+              "embedding_bag_4bit_rowwise_offsets": embedding_bag_4bit_rowwise_offsets,
+              "embedding_bag_2bit_rowwise_offsets": embedding_bag_2bit_rowwise_offsets}

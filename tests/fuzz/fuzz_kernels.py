@@ -453,8 +453,7 @@ def fuzz_lstm(d: Draw):
 def fuzz_torch_embedding_bag(d: Draw):
     """perfkernels.torch.embedding_bag (torch.nn.functional.embedding_bag's signature) on CPU
     tensors: same float64 reference; the result keeps the table's dtype, as torch's does."""
-    import torch
-    import perfkernels.torch as pkt
+    torch, pkt = _torch()
     rows, dim = d.int(0, 30), d.pick(DIMS)
     dtype = d.pick((np.float32, np.float16, BF16))
     table = d.floats(rows * dim).astype(dtype).reshape(rows, dim)
@@ -472,6 +471,8 @@ def fuzz_torch_embedding_bag(d: Draw):
     offsets = np.cumsum([0] + lens[:-1]).astype(np.int64) if nbags else np.zeros(0, np.int64)
     if nbags and len(set(lens)) == 1 and d.chance(2):
         indices, offs = values.reshape(nbags, lens[0]), None
+        if lens[0] == 0:
+            d.errors.add(RuntimeError)   # torch refuses 2-D input without columns
     else:
         indices, offs = values, offsets
         if d.chance(2):
@@ -481,9 +482,10 @@ def fuzz_torch_embedding_bag(d: Draw):
     mode = d.pick(("sum", "mean"))
     kw["mode"] = ref_kw["mode"] = mode
     if mode == "sum" and d.chance(3):
-        w = d.floats(n).reshape(indices.shape)
-        kw["per_sample_weights"] = torch.from_numpy(w)
-        ref_kw["per_sample_weights"] = w
+        # torch takes weights of the table's dtype only
+        w_t = torch.from_numpy(d.floats(n).reshape(indices.shape)).to(TORCH_DTYPES[dtype])
+        kw["per_sample_weights"] = w_t
+        ref_kw["per_sample_weights"] = w_t.float().numpy()
     if rows and d.chance(4):
         pad = d.int(-rows, rows - 1)
         kw["padding_idx"] = ref_kw["padding_idx"] = pad
@@ -810,6 +812,8 @@ def fuzz_backward_update(d: Draw):
 
 
 _TORCH = []
+#: the torch dtype of each float table dtype (filled on the first _torch() call)
+TORCH_DTYPES: dict = {}
 
 
 def _torch():
@@ -818,6 +822,8 @@ def _torch():
         import torch
         import perfkernels.torch as pkt
         _TORCH.extend((torch, pkt))
+        TORCH_DTYPES.update({np.float32: torch.float32, np.float16: torch.float16,
+                             BF16: torch.bfloat16})
     return _TORCH
 
 
@@ -873,6 +879,7 @@ def fuzz_torch_quantized(d: Draw):
         op = getattr(pkt, f"embedding_bag_{name}_rowwise_offsets")
         args = (torch.from_numpy(packed), ix_t, offs_t)
         kw = dict(mode=("sum", "mean").index(mode), per_sample_weights=psw_t, include_last_offset=last)
+        ref_kw["mode"] = "sum"          # as torch's ops, whatever the mode
     else:
         if rows and d.chance(3):
             ref_kw["padding_idx"] = d.int(-rows, rows - 1)
@@ -894,8 +901,14 @@ def fuzz_torch_module(d: Draw):
     dtype = d.pick((np.float32, np.float16, BF16))
     table = d.floats(rows * dim).astype(dtype).reshape(rows, dim)
     indices, ix_t, offs_t, ref_kw = torch_bags(d, rows, weights=False)
+    if indices.ndim == 2 and indices.shape[1] == 0:
+        d.errors.add(RuntimeError)       # torch refuses 2-D input without columns
+    psw = None
     if ref_kw["mode"] == "sum" and d.chance(3):
-        ref_kw["per_sample_weights"] = d.floats(indices.size).reshape(indices.shape)
+        # torch takes weights of the table's dtype only
+        psw = torch.from_numpy(d.floats(indices.size).reshape(indices.shape)).to(
+            TORCH_DTYPES[dtype])
+        ref_kw["per_sample_weights"] = psw.float().numpy()
     if rows and d.chance(3):
         ref_kw["padding_idx"] = d.int(-rows, rows - 1)
     weight = torch.from_numpy(table.view(np.uint16)).view(torch.bfloat16) if dtype == BF16 else \
@@ -903,8 +916,7 @@ def fuzz_torch_module(d: Draw):
     module = pkt.EmbeddingBag.from_pretrained(
         weight, freeze=d.chance(2), mode=ref_kw["mode"],
         include_last_offset=ref_kw.get("include_last_offset", False), padding_idx=ref_kw.get("padding_idx"))
-    psw = ref_kw.get("per_sample_weights")
-    args = (ix_t, offs_t, None if psw is None else torch.from_numpy(psw))
+    args = (ix_t, offs_t, psw)
     forward = _named(lambda *a: module(*a).detach(), "EmbeddingBag.forward")
     return (forward, args, {}, None,
             lambda: (ref.embedding_bag(table, indices, **ref_kw), np.dtype(dtype)), "torch")

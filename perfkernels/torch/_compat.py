@@ -1,0 +1,92 @@
+"""torch's answer on every input the NumPy API would answer differently.
+
+perfkernels' NumPy API checks its arguments more strictly than ``torch.nn.functional.embedding_bag``
+and says so in its own words (``ValueError`` for malformed offsets, ``TypeError`` for a dtype).
+The torch layer promises torch's behaviour instead: the same accepted inputs, the same exception
+classes, torch's wording.  It gets there without re-checking anything on the fast path:
+
+* the few things the NumPy API accepts and torch refuses are checked before the kernel runs
+  (:func:`weights_refused`: ``per_sample_weights`` with ``mode="mean"``, or of another dtype than
+  the table, or of another shape than the input);
+* whatever the NumPy API refuses goes to torch's own function (:func:`torch_verdict`) on the same
+  arguments: where torch refuses too, its exception is raised as torch raised it; where torch
+  accepts (``include_last_offset=True`` with a last offset short of the input's end, tensors on
+  the ``meta`` device ...), torch's result is the answer, gradient included.
+
+An index out of range is the one refusal the two share; it becomes
+:class:`~perfkernels.torch.IndexOutOfRangeError` (an ``IndexError`` and a ``RuntimeError``) with
+torch's message.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._bridge import IndexOutOfRangeError
+
+#: torch's own function, kept so that routing (and our fallbacks) never call ourselves
+TORCH_EMBEDDING_BAG = F.embedding_bag
+
+
+def weights_refused(input: Tensor, per_sample_weights: Tensor, mode: str, dtype: torch.dtype,
+                    weighted_mean: bool) -> bool:
+    """Whether torch refuses these ``per_sample_weights`` where the NumPy API would take them:
+    another shape than ``input``, a mode other than "sum" (unless ``weighted_mean``, our
+    opt-in), or a dtype other than ``dtype`` (the table's dtype as the model sees it)."""
+    return (per_sample_weights.dtype is not dtype
+            or (mode != "sum" and not weighted_mean)
+            or per_sample_weights.shape != input.shape)
+
+
+def input_refused(input: Tensor) -> bool:
+    """Whether torch refuses this input where the NumPy API takes it: 2-D input with no columns
+    (torch's ``arange(0, numel, 0)`` raises "step must be nonzero")."""
+    return input.dim() == 2 and input.shape[1] == 0
+
+
+def _first_bad_index(input: Tensor, rows: int) -> Optional[tuple[int, int]]:
+    """(flattened position, value) of the first index outside [0, rows), or None."""
+    if input.dtype not in (torch.int32, torch.int64) or input.device.type == "meta":
+        return None
+    flat = input.reshape(-1)
+    bad = ((flat < 0) | (flat >= rows)).nonzero()
+    return None if bad.numel() == 0 else (int(bad[0]), int(flat[bad[0]]))
+
+
+def torch_verdict(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
+                  per_sample_weights: Optional[Tensor], mode: str, sparse: bool,
+                  include_last_offset: bool, padding_idx: Optional[int],
+                  dtype: torch.dtype, weighted_mean: bool = False) -> Tensor:
+    """What ``torch.nn.functional.embedding_bag`` does with these arguments: raises its
+    exception, or returns its result (with autograd when grad mode and the inputs ask for it).
+
+    ``weight`` may be stored in a narrower dtype than the model's (``dtype``, what
+    ``convert(model, dtype=...)`` keeps as the output dtype): ``per_sample_weights`` of the
+    model's dtype are then given in the table's, and the result comes back in ``dtype``.
+    With ``weighted_mean`` (our opt-in), weights in mode "mean" are not refused: torch cannot
+    run them, so the question is put to it in mode "sum" (the same checks otherwise).
+    """
+    psw = per_sample_weights
+    if psw is not None and psw.dtype is dtype and dtype is not weight.dtype:
+        psw = psw.to(weight.dtype)
+    weighted_mean = weighted_mean and psw is not None and mode == "mean"
+    try:
+        out = TORCH_EMBEDDING_BAG(input, weight, offsets, None, 2.0, False,
+                                  "sum" if weighted_mean else mode, sparse, psw,
+                                  include_last_offset, padding_idx)
+    except RuntimeError as exc:
+        bad = _first_bad_index(input, weight.shape[0]) if weight.dim() == 2 else None
+        if bad is not None:   # torch's wording of a bad index varies; ours is always the same
+            raise IndexOutOfRangeError(f"Index {bad[0]} of input takes value {bad[1]} which is "
+                                       f"not in the valid range [0, {weight.shape[0]})") from None
+        raise exc.with_traceback(None) from None
+    except Exception as exc:
+        raise exc.with_traceback(None) from None
+    if weighted_mean:
+        raise NotImplementedError("per_sample_weights with mode='mean' (weighted_mean=True) "
+                                  "need offsets where every bag ends at the next offset, the "
+                                  "last at the end of the input")
+    return out if out.dtype is dtype else out.to(dtype)
