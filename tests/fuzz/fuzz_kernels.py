@@ -1062,6 +1062,10 @@ def fuzz_torch_stateful(d: Draw):
     table = d.floats(rows * dim).astype(d.pick(dtypes)).reshape(rows, dim)
     table = np.where(np.isfinite(table.astype(np.float32)), table, 0).astype(table.dtype)
     indices, ix_t, offs_t, ref_kw = torch_bags(d, rows, weights=False)
+    if indices.ndim == 2 and indices.shape[1] == 0:   # torch refuses 2-D input without columns
+        ref_kw["offsets"] = np.zeros(indices.shape[0], np.int64)
+        offs_t = torch.zeros(indices.shape[0], dtype=ix_t.dtype)
+        indices, ix_t = indices.reshape(-1), ix_t.reshape(-1)
     holder = torch.nn.Module()
     holder.a = torch.nn.EmbeddingBag(rows, dim, mode=ref_kw["mode"],
                                      include_last_offset=ref_kw.get("include_last_offset", False),
