@@ -4,13 +4,15 @@ asv runs one build under every PERFKERNELS_ISA in the matrix.  On a CPU that lac
 `import perfkernels` refuses it (by design); here that refusal becomes a skip of the perfkernels
 benchmarks instead of a broken benchmark module, so one asv.conf.json serves every machine.
 
-It also records PyTorch's default thread count before any benchmark changes it, and measures the
-speed-up over PyTorch the way the project states its claims: ours and theirs sampled in turn, in
-one process, on the same inputs, the median of the per-round ratios.
+It also records PyTorch's default thread count before any benchmark changes it, and measures our
+time relative to PyTorch's the way the project states its claims (``measure``): ours and theirs
+sampled in turn, in one process, on the same inputs, the median of the per-round ratios, with
+their spread; a measurement that does not settle is refused (``Unreliable``), never published.
 """
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -66,28 +68,93 @@ def thread_counts(one_thread: bool):
             pk_set(pk_before)
 
 
-def speedup(ours, theirs, *, one_thread: bool, rounds: int = 9, min_time: float = 0.02) -> float:
-    """How many times faster ``ours()`` is than ``theirs()``: the median over ``rounds`` rounds of
-    theirs' time / ours', each round timing one sample of each in turn (>= ``min_time`` a sample),
-    so a machine that speeds up or slows down moves both alike.  PyTorch and perfkernels run at
-    their default thread counts, or both at one thread with ``one_thread``."""
+#: The most a headline point's per-round ratios may spread: (q75 - q25) / median.  A point whose
+#: rounds disagree more than this is measured again, and refused when it never settles.  At 9
+#: rounds the median's standard error is about a third of this spread (~5%), half the 10% step
+#: asv.conf.json's regression detection flags.
+SPREAD_LIMIT = 0.15
+#: PyTorch at its default threads may be at most this much slower than on one thread: slower than
+#: that, its threads did not get the cores (see ``measure``) and the point measures the scheduler.
+OVERSUBSCRIBED = 1.5
+
+
+class Unreliable(RuntimeError):
+    """A measurement that did not settle: published as a failed point, never as a value."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One headline point: ``ratio`` = ours' time / PyTorch's (below 1 we are faster), the median
+    of the per-round ratios, with their ``spread`` ((q75 - q25) / median) and the median seconds
+    per call of each side."""
+    ratio: float
+    spread: float
+    ours: float
+    theirs: float
+    rounds: int
+    attempts: int
+
+
+def _calls_per_sample(fn, min_time: float) -> int:
+    fn()                                       # warm-up: page faults, lazy init, caches
+    t0 = time.perf_counter()
+    fn()
+    return max(1, int(min_time / max(time.perf_counter() - t0, 1e-9)))
+
+
+def _sample(fn, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def _attempt(ours, theirs, one_thread: bool, rounds: int, min_time: float) -> Measurement:
+    """Interleaved rounds: each round times a sample of ours, then one of theirs (and, at the
+    default threads, one of theirs on a single thread, the oversubscription probe)."""
+    probe = not one_thread and TORCH_DEFAULT_THREADS > 1
+    with thread_counts(one_thread):
+        n_ours, n_theirs = (_calls_per_sample(fn, min_time) for fn in (ours, theirs))
+        times = []
+        for _ in range(rounds):
+            row = [_sample(ours, n_ours), _sample(theirs, n_theirs)]
+            if probe:
+                torch.set_num_threads(1)
+                row.append(_sample(theirs, n_theirs))
+                torch.set_num_threads(TORCH_DEFAULT_THREADS)
+            times.append(row)
+    times = np.array(times)
+    ratios = times[:, 0] / times[:, 1]
+    q25, median, q75 = np.percentile(ratios, [25, 50, 75])
+    if probe:
+        slowdown = float(np.median(times[:, 1]) / np.median(times[:, 2]))
+        if slowdown > OVERSUBSCRIBED:
+            raise Unreliable(f"PyTorch at {TORCH_DEFAULT_THREADS} threads took {slowdown:.1f}x its "
+                             "1-thread time: its threads did not get the cores (machine busy)")
+    return Measurement(float(median), float((q75 - q25) / median), float(np.median(times[:, 0])),
+                       float(np.median(times[:, 1])), rounds, 1)
+
+
+def measure(ours, theirs, *, one_thread: bool, rounds: int = 9, attempts: int = 3,
+            min_time: float = 0.1, spread_limit: float = SPREAD_LIMIT) -> Measurement:
+    """Time ``ours()`` against ``theirs()`` the way the project states speed claims: in one process,
+    on the same inputs, in ``rounds`` interleaved rounds (each sample >= ``min_time`` s), the
+    median of the per-round ratios ours / theirs, with their spread.
+
+    PyTorch and perfkernels run at their default thread counts, or both at one thread with
+    ``one_thread``.  A measurement whose spread exceeds ``spread_limit``, or (default threads)
+    whose PyTorch ran more than ``OVERSUBSCRIBED`` times slower than on one thread, is taken again,
+    up to ``attempts`` times in all; then it raises :class:`Unreliable` with the reasons."""
     if torch is None:
         raise NotImplementedError("PyTorch is not installed")
-    fns = (ours, theirs)
-    with thread_counts(one_thread):
-        number = []
-        for fn in fns:
-            fn()                                   # warm-up: page faults, lazy init, caches
-            t0 = time.perf_counter()
-            fn()
-            number.append(max(1, int(min_time / max(time.perf_counter() - t0, 1e-9))))
-        ratios = []
-        for _ in range(rounds):
-            times = []
-            for fn, n in zip(fns, number):
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                times.append((time.perf_counter() - t0) / n)
-            ratios.append(times[1] / times[0])
-    return float(np.median(ratios))
+    reasons = []
+    for attempt in range(1, attempts + 1):
+        try:
+            m = _attempt(ours, theirs, one_thread, rounds, min_time)
+        except Unreliable as exc:
+            reasons.append(str(exc))
+            continue
+        if m.spread <= spread_limit:
+            return replace(m, attempts=attempt)
+        reasons.append(f"ratio {m.ratio:.3g}, spread {m.spread:.0%} > {spread_limit:.0%}")
+    raise Unreliable(f"refused after {attempts} attempts: " + "; ".join(reasons))

@@ -1,23 +1,33 @@
 """The headline benchmarks: the subset `python -m perfkernels history` times by default.
 
-One module, so that ``asv run --bench "^headline\\."`` selects it.  Every class times our call at
-the shape that matters to users (``time_perfkernels``) and tracks how many times faster than
-PyTorch 2.13 CPU it is (PyTorch's embedding bags and quantized lookups are FBGEMM's kernels):
+One module, so that ``asv run --bench "^headline\\."`` selects it.  Every class compares our call
+with PyTorch 2.13 CPU's at the shape that matters to users (PyTorch's embedding bags and quantized
+lookups are FBGEMM's kernels).  Every number reads the way asv reads all numbers, lower is better:
 
-- ``track_speedup_vs_torch``: PyTorch at its default thread count (all cores) against ours at
-  ours, as a user runs them;
-- ``track_speedup_vs_torch_1thread``: one thread each, kernel against kernel.
+- ``track_time_ratio_vs_torch``: our time / PyTorch's, PyTorch at its default thread count (all
+  cores) and ours at ours, as a user runs them; below 1 we are faster (0.5: twice as fast);
+- ``track_time_ratio_vs_torch_1thread``: the same with one thread each, kernel against kernel;
+- ``track_seconds_perfkernels`` / ``track_seconds_torch``: the two times per call behind the first
+  ratio (medians of the same rounds);
+- ``track_ratio_spread`` / ``track_ratio_spread_1thread``: how far the per-round ratios spread,
+  (q75 - q25) / median: the measurement's own quality (asv.conf.json excludes them from the
+  regression list).
 
-Both are measured side by side in one process (``common.speedup``), so the published graphs show
-the ratio over the project's history, not only our absolute time.  The embedding shapes are the
-DLRM benchmark's table (1,000,000 x 64, 2048 bags of 100 indices).  Its tables are built once per
-asv run in ``setup_cache`` and saved as .npy files that each benchmark process loads, instead of
-being generated again for every benchmark and parameter.
+A point is one measurement (``common.measure``): interleaved rounds in one process, the median of
+the per-round ratios; one whose rounds spread more than ``common.SPREAD_LIMIT``, or whose PyTorch
+did not get the cores it asked for, is measured again and, failing that, refused (the benchmark
+fails, asv records no value).  Every point is measured once, in the classes' shared
+``setup_cache`` (one process, once per asv run and environment); the ``track_`` methods report
+from it.  The embedding shapes are the DLRM benchmark's table (1,000,000 x 64, 2048 bags of 100).
 
-The history runs this suite against older builds too, so it reads the declared variants (shapes,
-conversions) through names that every recent commit's ``perfkernels.benchsuite`` has.
+asv runs this suite (the checkout's) against the build of each commit it times, so it reads the
+declared variants (shapes, conversions) from each family's ``bench`` module: commits from before
+the family folders need the suite of their own time.
 """
-from .common import isa_or_skip, speedup, torch_or_skip  # first: it settles PERFKERNELS_ISA
+import itertools
+
+from .common import (Unreliable, isa_or_skip, measure,  # first: it settles PERFKERNELS_ISA
+                     torch_or_skip)
 
 import numpy as np
 
@@ -35,127 +45,149 @@ INDICES = ["uniform", "zipf"]
 BITS = [8, 4]                                # the quantized formats PyTorch has lookups for
 LSTM_SHAPE = (256, 1024)                     # N, D: the larger LSTM shape
 
-SPEEDUP_UNIT = "x faster than PyTorch"
+#: The unit of the ratio graphs: the y axis label on the published pages.
+RATIO_UNIT = "x PyTorch's time (lower is better)"
+SPREAD_UNIT = "spread of the per-round ratios (lower is better)"
+MODES = {"": False, "_1thread": True}       # benchmark name suffix: one_thread
 
 
-class _Ratios:
-    """time_perfkernels and the two speed-ups, from ``ours()`` and ``theirs()`` of a subclass."""
-    timeout = 300
+class _Headline:
+    """The measurement of every headline point (``setup_cache``) and the ``track_`` methods
+    reporting a class's points from it.  A subclass builds its inputs in ``inputs()`` and returns
+    the two calls of one parameter combination from ``calls(pk, torch, inputs, *params)``.
 
-    def ours(self):
+    asv keys a setup_cache by where its code is, so the classes share this one: it measures the
+    points of every class (``CLASSES``) in one process, once per run and environment."""
+    timeout = 1800
+    params = ()
+
+    def inputs(self):
+        return None
+
+    def calls(self, pk, torch, inputs, *params):
         raise NotImplementedError
-
-    def theirs(self):
-        raise NotImplementedError
-
-    def time_perfkernels(self, *params):
-        self.ours()
-
-    def track_speedup_vs_torch(self, *params):
-        return speedup(self.ours, self.theirs, one_thread=False)
-    track_speedup_vs_torch.unit = SPEEDUP_UNIT
-
-    def track_speedup_vs_torch_1thread(self, *params):
-        return speedup(self.ours, self.theirs, one_thread=True)
-    track_speedup_vs_torch_1thread.unit = SPEEDUP_UNIT
-
-
-class _DLRMTables(_Ratios):
-    """Shares one ``setup_cache`` (one key) among the DLRM classes: tables and indices as files."""
 
     def setup_cache(self):
-        rng = np.random.default_rng(2026)
-        table = random_table(rng, ROWS, DIM, np.float32)
-        np.save("table_float32.npy", table)
-        np.save("table_float16.npy", table.astype(np.float16))
-        for bits in BITS:
-            np.save(f"table_{bits}bit.npy", packed_table(rng, ROWS, DIM, bits))
-        np.save("indices_uniform.npy", rng.integers(0, ROWS, BAGS * BAG_LEN, dtype=np.int64))
-        np.save("indices_zipf.npy", zipf_indices(rng, ROWS, BAGS * BAG_LEN))
+        pk, torch = isa_or_skip(), torch_or_skip()
+        points = {}
+        for cls in CLASSES:
+            bench = cls()
+            inputs = bench.inputs()
+            for combo in itertools.product(*cls.params):
+                ours, theirs = bench.calls(pk, torch, inputs, *combo)
+                for suffix, one_thread in MODES.items():
+                    try:
+                        points[cls.__name__, combo, suffix] = measure(ours, theirs,
+                                                                       one_thread=one_thread)
+                    except Unreliable as exc:
+                        points[cls.__name__, combo, suffix] = str(exc)
+            del inputs, ours, theirs
+        return points
 
-    def load(self, table: str, indices: str):
-        torch = torch_or_skip()
-        self.weight = np.load(f"table_{table}.npy")
-        self.indices = np.load(f"indices_{indices}.npy")
-        self.offsets = np.arange(BAGS, dtype=np.int64) * BAG_LEN
-        self.out = np.empty((BAGS, DIM), np.float32)
-        return torch, [torch.from_numpy(a) for a in (self.weight, self.indices, self.offsets)]
+    def _point(self, points, params, suffix):
+        point = points[type(self).__name__, tuple(params), suffix]
+        if isinstance(point, str):
+            raise Unreliable(point)
+        return point
+
+    def track_time_ratio_vs_torch(self, points, *params):
+        return self._point(points, params, "").ratio
+    track_time_ratio_vs_torch.unit = RATIO_UNIT
+
+    def track_time_ratio_vs_torch_1thread(self, points, *params):
+        return self._point(points, params, "_1thread").ratio
+    track_time_ratio_vs_torch_1thread.unit = RATIO_UNIT
+
+    def track_seconds_perfkernels(self, points, *params):
+        return self._point(points, params, "").ours
+    track_seconds_perfkernels.unit = "seconds"
+
+    def track_seconds_torch(self, points, *params):
+        return self._point(points, params, "").theirs
+    track_seconds_torch.unit = "seconds"
+
+    def track_ratio_spread(self, points, *params):
+        return self._point(points, params, "").spread
+    track_ratio_spread.unit = SPREAD_UNIT
+
+    def track_ratio_spread_1thread(self, points, *params):
+        return self._point(points, params, "_1thread").spread
+    track_ratio_spread_1thread.unit = SPREAD_UNIT
 
 
-class DLRMEmbeddingBag(_DLRMTables):
+def _dlrm_inputs(*tables):
+    """The DLRM table in the formats asked for (float32, float16, 8bit, 4bit) and both index
+    streams, as NumPy arrays and their PyTorch views."""
+    torch = torch_or_skip()
+    rng = np.random.default_rng(2026)
+    weight = random_table(rng, ROWS, DIM, np.float32)
+    formats = {"float32": weight, "float16": weight.astype(np.float16)}
+    formats.update({f"{bits}bit": packed_table(rng, ROWS, DIM, bits) for bits in BITS})
+    indices = {"uniform": rng.integers(0, ROWS, BAGS * BAG_LEN, dtype=np.int64),
+               "zipf": zipf_indices(rng, ROWS, BAGS * BAG_LEN)}
+    arrays = {**{t: formats[t] for t in tables}, **indices,
+              "offsets": np.arange(BAGS, dtype=np.int64) * BAG_LEN}
+    return {k: (v, torch.from_numpy(v)) for k, v in arrays.items()}
+
+
+class DLRMEmbeddingBag(_Headline):
     """embedding_bag (sum) on the DLRM table; PyTorch: ``torch.nn.functional.embedding_bag``."""
     params = (TABLE_DTYPES, INDICES)
     param_names = ["table", "indices"]
 
-    def setup(self, table, indices):
-        self.pk = isa_or_skip()
-        torch, (self.tw, self.ti, self.to) = self.load(table, indices)
-        self.bag = torch.nn.functional.embedding_bag
+    def inputs(self):
+        return _dlrm_inputs(*TABLE_DTYPES)
 
-    def ours(self):
-        self.pk.embedding_bag(self.weight, self.indices, self.offsets, out=self.out)
+    def calls(self, pk, torch, x, table, indices):
+        (w, tw), (i, ti), (o, to) = x[table], x[indices], x["offsets"]
+        out = np.empty((BAGS, DIM), np.float32)
+        bag = torch.nn.functional.embedding_bag
+        return (lambda: pk.embedding_bag(w, i, o, out=out),
+                lambda: bag(ti, tw, to, mode="sum"))
 
-    def theirs(self):
-        self.bag(self.ti, self.tw, self.to, mode="sum")
 
-
-class DLRMQuantizedBag(_DLRMTables):
+class DLRMQuantizedBag(_Headline):
     """embedding_bag_quantized on the DLRM table packed row-wise (uniform indices); PyTorch:
     ``torch.ops.quantized.embedding_bag_{byte,4bit}_rowwise_offsets``."""
     params = (BITS,)
     param_names = ["bits"]
 
-    def setup(self, bits):
-        self.pk = isa_or_skip()
-        torch, (self.tw, self.ti, self.to) = self.load(f"{bits}bit", "uniform")
-        self.bits = bits
-        self.op = getattr(torch.ops.quantized, {8: "embedding_bag_byte_rowwise_offsets",
-                                                4: "embedding_bag_4bit_rowwise_offsets"}[bits])
+    def inputs(self):
+        return _dlrm_inputs(*(f"{bits}bit" for bits in BITS))
 
-    def ours(self):
-        self.pk.embedding_bag_quantized(self.weight, self.indices, self.offsets, bits=self.bits,
-                                        out=self.out)
-
-    def theirs(self):
-        self.op(self.tw, self.ti, self.to, mode=0, include_last_offset=False)
+    def calls(self, pk, torch, x, bits):
+        (w, tw), (i, ti), (o, to) = x[f"{bits}bit"], x["uniform"], x["offsets"]
+        out = np.empty((BAGS, DIM), np.float32)
+        op = getattr(torch.ops.quantized, {8: "embedding_bag_byte_rowwise_offsets",
+                                           4: "embedding_bag_4bit_rowwise_offsets"}[bits])
+        return (lambda: pk.embedding_bag_quantized(w, i, o, bits=bits, out=out),
+                lambda: op(tw, ti, to, mode=0, include_last_offset=False))
 
 
-class Conversion(_Ratios):
+class Conversion(_Headline):
     """fp16/bf16 conversion of 16 Mi elements (streams from DRAM); PyTorch: ``Tensor.half()`` etc."""
     params = ([c[0] for c in CONVERSIONS],)
     param_names = ["conversion"]
 
-    def setup(self, name):
-        self.pk = isa_or_skip()
-        torch = torch_or_skip()
+    def calls(self, pk, torch, _, name):
         _, src, dst, method = next(c for c in CONVERSIONS if c[0] == name)
-        self.fn = getattr(self.pk, name)
-        self.x = make_input(src, 16 << 20)
-        self.out = np.empty(self.x.size, dtype=dst)
-        self.t = _to_torch(torch, self.x)
-        self.method = method
-
-    def ours(self):
-        self.fn(self.x, out=self.out)
-
-    def theirs(self):
-        getattr(self.t, self.method)()
+        fn = getattr(pk, name)
+        x = make_input(src, 16 << 20)
+        out = np.empty(x.size, dtype=dst)
+        t = getattr(_to_torch(torch, x), method)
+        return lambda: fn(x, out=out), t
 
 
-class LSTMUnit(_Ratios):
+class LSTMUnit(_Headline):
     """The LSTM unit forward, N 256 x D 1024; PyTorch: the same pointwise math in eager ops."""
 
-    def setup(self):
-        self.pk = isa_or_skip()
-        self.torch = torch_or_skip()
-        self.x = lstm_inputs(*LSTM_SHAPE)
-        self.t = {k: self.torch.from_numpy(v) for k, v in self.x.items()}
-        self.out = (np.empty_like(self.x["h_prev"]), np.empty_like(self.x["c_prev"]))
+    def calls(self, pk, torch, _):
+        x = lstm_inputs(*LSTM_SHAPE)
+        t = {k: torch.from_numpy(v) for k, v in x.items()}
+        out = (np.empty_like(x["h_prev"]), np.empty_like(x["c_prev"]))
+        return (lambda: pk.lstm_unit(x["h_prev"], x["c_prev"], x["gates"], out=out),
+                lambda: torch_forward(torch, t["c_prev"], t["gates"]))
 
-    def ours(self):
-        x = self.x
-        self.pk.lstm_unit(x["h_prev"], x["c_prev"], x["gates"], out=self.out)
 
-    def theirs(self):
-        torch_forward(self.torch, self.t["c_prev"], self.t["gates"])
-
+#: Every headline class, in the order setup_cache measures them.
+CLASSES = (DLRMEmbeddingBag, DLRMQuantizedBag, Conversion, LSTMUnit)

@@ -8,7 +8,8 @@ bench  time every kernel family on its default workload, for every ISA level thi
        ``--scaling``: the thread-scaling view instead (ours at 1, 2, ... threads, PyTorch at 1
        thread and at its default)
 check  run small inputs of every kernel on every ISA level and compare with perfkernels.reference
-history  asv performance history of the last N commits (asv run + asv publish), from a checkout
+history  asv performance history: time HEAD (--current) or the last N commits at every ISA level of
+         this CPU, or publish the committed results (--publish-only); from a checkout
 """
 from __future__ import annotations
 
