@@ -434,7 +434,7 @@ def test_decreasing_offsets_refused_whatever_torch_threads():
                 with pytest.raises(RuntimeError, match=r"Expected i < index_size to be true"):
                     pt.embedding_bag(IX, torch.randn(ROWS, DIM), L([0, 3, 1]), mode=mode)
                 module = pt.EmbeddingBag.from_pretrained(torch.randn(ROWS, DIM), mode=mode)
-                with pytest.raises(RuntimeError, match=r"offsets must be non-decreasing"):
+                with pytest.raises(RuntimeError, match=r"Expected i < index_size to be true"):
                     module(IX, L([0, 3, 1]))
     finally:
         torch.set_num_threads(threads)
