@@ -35,8 +35,11 @@ def sanitizer_flags(value: str) -> tuple[list[str], list[str]]:
 
     Applied to every C source and Cython module.  UBSan stops at the first report
     (``-fno-sanitize-recover``) so that any report fails the test that triggered it; frame pointers
-    and -O1 keep ASan's stack traces readable.  An empty value gives no flags; an unknown name is an
-    error, so a typo never silently builds an uninstrumented extension.
+    and -O1 keep ASan's stack traces readable.  ``-fno-wrapv`` undoes the ``-fwrapv`` that Python's
+    own CFLAGS put on every extension: with it, signed overflow is defined (it wraps) and UBSan
+    does not report it, so an overflow in a Cython module (a size computation) would go unseen.  An
+    empty value gives no flags; an unknown name is an error, so a typo never silently builds an
+    uninstrumented extension.
     """
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in SANITIZERS]
@@ -48,7 +51,7 @@ def sanitizer_flags(value: str) -> tuple[list[str], list[str]]:
     sanitize = "-fsanitize=" + ",".join(names)
     compile_flags = [sanitize, "-fno-omit-frame-pointer", "-O1", "-g"]
     if "undefined" in names:
-        compile_flags.append("-fno-sanitize-recover=undefined")
+        compile_flags += ["-fno-sanitize-recover=undefined", "-fno-wrapv"]
     return compile_flags, [sanitize]
 
 

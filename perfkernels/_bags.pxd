@@ -10,8 +10,10 @@
 #                         include_last_offset, padding_idx, positional_weights, rows,
 #                         scratch, BAGS_SCRATCH)
 #     checked = None if out is None else bags_out_for_kernel(out, bags.num_bags, D, table, keep)
-#     dst = bags_output(&bags, out, checked, D, rows)       # sets bags.out / bags.out_stride
-#     ... call the kernel (run_bags: on up to num_threads threads when the call is big enough) ...
+#     dst = bags_output(&bags, out, checked, D)              # sets bags.out / bags.out_stride
+#     if dst is out: snapshot = index_snapshot(&bags, ix_scratch, sizeof(ix_scratch), &snap)
+#     ... call the kernel (run_bags: on up to num_threads threads when the call is big enough;
+#         always run_bags, with the snapshot, when the kernel writes the caller's out=) ...
 #     check_bags_status(&bags, status, bad_pos, rows, "name")
 #
 # `keep` holds the arrays the pointers in `bags` point into: keep it alive until the kernel
@@ -23,7 +25,7 @@ from libc.stdint cimport int64_t
 cimport numpy as cnp
 
 from perfkernels._c_common cimport pk_status, PK_OK
-from perfkernels._c_bags cimport pk_bags, pk_bags_first_bad_index
+from perfkernels._c_bags cimport pk_bags
 from perfkernels._c_bags_parallel cimport pk_bags_call
 
 cdef enum:
@@ -55,6 +57,10 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
 # The IndexError for the index at flattened position pos.
 cdef int raise_index_error(const pk_bags *bags, int64_t pos, int64_t rows) except -1
 
+# Whether a call that could write out= directly moves fewer bytes through a temporary copied into
+# out= on success (no checked copy of the indices needed then).
+cdef bint out_via_temporary(int64_t num_bags, int64_t dim, int64_t n_indices, int index_bytes)
+
 # The array the kernel writes for a caller's `out=`: out itself when it can be, else a temporary.
 cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, cnp.ndarray table,
                                      tuple keep)
@@ -65,31 +71,40 @@ cdef int raise_bags_status(const pk_bags *bags, pk_status status, int64_t bad, i
 
 # bags_output and check_bags_status run on every call, the tiny ones included: inline, so such a
 # call pays no call into this module for them.
-cdef inline cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int64_t dim,
-                                    int64_t rows):
+cdef inline cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray checked, int64_t dim):
     """The array the kernel writes, num_bags x dim float32, pointed to by bags.out: a new one when
-    out is None, else `checked` (out as checked by the caller, or the temporary it needs).  A
-    tiny call that writes the caller's out= directly has its indices checked here; a larger one
-    by run_bags(check_first=True), on the threads that run it."""
+    out is None, else `checked` (out as checked by the caller, or the temporary it needs)."""
     cdef cnp.npy_intp shape[2]
     cdef cnp.ndarray dst
-    cdef int64_t bad
     if out is None:
         shape[0] = <cnp.npy_intp>bags.num_bags
         shape[1] = <cnp.npy_intp>dim
         dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
     else:
         dst = checked
-        if dst is out and bags.num_bags * dim + bags.n_indices < TINY_BAGS:
-            # The kernel writes out= directly, so a bad index must be found before it starts:
-            # this pre-scan reads only the index array (n * 4 or 8 bytes, vectorised, then warm in
-            # cache for the kernel), much less than a temporary the size of out plus a copy.
-            bad = pk_bags_first_bad_index(bags, rows)
-            if bad >= 0:
-                raise_index_error(bags, bad, rows)
     bags.out = <float *>cnp.PyArray_DATA(dst)
     bags.out_stride = dim
     return dst
+
+
+# Room for a private copy of the bags' index list (uint8, n * 4 or 8 bytes), for a call whose
+# kernel writes the caller's out= directly: run_bags copies the indices into it, checks the copy
+# and runs the kernel on it, so that out= is never written when an index is bad, even one another
+# thread writes during the call (a check of the caller's array followed by a second read of it
+# could pass, then see a bad index half-way through out=).  The copy costs a write of the index
+# bytes, much less than a temporary the size of out plus a copy into it.  *data points to the
+# room: the caller's `scratch` (stack) when the copy fits in scratch_bytes (tiny calls allocate
+# nothing), else the returned array's data (keep the array alive while the kernel runs).
+cdef inline cnp.ndarray index_snapshot(const pk_bags *bags, void *scratch, size_t scratch_bytes,
+                                       void **data):
+    cdef cnp.npy_intp size = <cnp.npy_intp>(bags.n_indices * (8 if bags.index_64 else 4))
+    cdef cnp.ndarray room
+    if <size_t>size <= scratch_bytes:
+        data[0] = scratch
+        return None
+    room = cnp.PyArray_EMPTY(1, &size, cnp.NPY_UINT8, 0)
+    data[0] = cnp.PyArray_DATA(room)
+    return room
 
 
 cdef inline int check_bags_status(const pk_bags *bags, pk_status status, int64_t bad, int64_t rows,
@@ -100,8 +115,11 @@ cdef inline int check_bags_status(const pk_bags *bags, pk_status status, int64_t
     return 0
 
 
-# One table's bags on up to n_threads threads (csrc/common/bags_parallel.h), GIL released by the
-# caller.  check_first: the kernels write the caller's out=, so every index is checked first.
-cdef pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args,
+# One table's bags on up to n_threads threads (csrc/common/bags_parallel.h), with the GIL
+# released by the caller unless the call is tiny.  snapshot: NULL, or index_snapshot's buffer (the
+# kernels write the caller's out=): the indices are copied there and checked before any kernel
+# runs, the kernels read the copy, and bags.indices points to it afterwards (so an IndexError
+# names the value that was checked).
+cdef pk_status run_bags(pk_bags *bags, pk_bags_call call, const void *args,
                         int64_t rows, int64_t row_bytes, int64_t dim, int n_threads,
-                        bint check_first, int64_t *bad_pos) noexcept nogil
+                        void *snapshot, int64_t *bad_pos) noexcept nogil

@@ -7,7 +7,7 @@ import numpy as np
 cimport numpy as cnp
 
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
-from perfkernels._c_bags cimport pk_bags, pk_bags_index, pk_bags_first_bad_index
+from perfkernels._c_bags cimport pk_bags, pk_bags_index
 from perfkernels._c_bags_parallel cimport pk_bags_call, pk_bags_part, pk_bags_run
 from perfkernels._arrays cimport as_input, as_float32, check_out
 from perfkernels._parallel cimport pool
@@ -281,11 +281,25 @@ cdef inline bint bags_may_overlap(cnp.ndarray out, object other):
     return lo < ohi and olo < hi
 
 
+cdef bint out_via_temporary(int64_t num_bags, int64_t dim, int64_t n_indices, int index_bytes):
+    """Whether a call that could write the caller's out= directly should write a temporary and
+    copy it into out= on success instead: when that moves fewer bytes.  Writing out= directly
+    needs a checked copy of the indices first (index_snapshot: the copy's write, about 2 * n * s
+    bytes of traffic); a temporary needs no check (a failed call drops it) but a copy into out=
+    (2 * B * D * 4) and saves the check's read (n * s).  Tiny calls keep the copy of the indices:
+    np.copyto costs more than their kernel."""
+    if num_bags * dim + n_indices < TINY_BAGS:
+        return False
+    return 8 * num_bags * dim < 3 * n_indices * index_bytes
+
+
 cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, cnp.ndarray table,
                                      tuple keep):
     """The array the kernel writes: out itself on the fast path (float32, C-contiguous, aligned,
-    right shape, no overlap with an input), else check_out's validation and temporary."""
-    cdef cnp.ndarray o
+    right shape, no overlap with an input, and out_via_temporary says no), else a temporary
+    (check_out's validation and temporary off the fast path)."""
+    cdef cnp.ndarray o, ix = <cnp.ndarray>keep[0]
+    cdef cnp.npy_intp shape[2]
     if (cnp.PyArray_Check(out) and cnp.PyArray_TYPE(<cnp.ndarray>out) == cnp.NPY_FLOAT32
             and cnp.PyArray_NDIM(<cnp.ndarray>out) == 2):
         o = <cnp.ndarray>out
@@ -293,6 +307,10 @@ cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, 
                 and cnp.PyArray_ISCARRAY(o) and cnp.PyArray_ISNOTSWAPPED(o)
                 and not bags_may_overlap(o, table) and not bags_may_overlap(o, keep[0])
                 and not bags_may_overlap(o, keep[1]) and not bags_may_overlap(o, keep[2])):
+            if out_via_temporary(num_bags, dim, cnp.PyArray_SIZE(ix), cnp.PyArray_ITEMSIZE(ix)):
+                shape[0] = <cnp.npy_intp>num_bags
+                shape[1] = <cnp.npy_intp>dim
+                return cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
             return o
     return check_out(out, cnp.NPY_FLOAT32, "float32", (num_bags, dim), (table,) + keep)
 
@@ -307,10 +325,11 @@ cdef int raise_bags_status(const pk_bags *bags, pk_status status, int64_t bad, i
     return 0
 
 
-cdef pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args,
+cdef pk_status run_bags(pk_bags *bags, pk_bags_call call, const void *args,
                         int64_t rows, int64_t row_bytes, int64_t dim, int n_threads,
-                        bint check_first, int64_t *bad_pos) noexcept nogil:
+                        void *snapshot, int64_t *bad_pos) noexcept nogil:
     cdef pk_bags_part part
+    cdef pk_status status
     cdef int bad_part = 0
     part.bags = bags[0]
     part.call = call
@@ -318,4 +337,7 @@ cdef pk_status run_bags(const pk_bags *bags, pk_bags_call call, const void *args
     part.index_cost = row_bytes + (8 if bags.index_64 else 4)
     part.bag_cost = dim * 4 + 8
     part.rows = rows
-    return pk_bags_run(pool, n_threads, &part, 1, check_first, bad_pos, &bad_part)
+    status = pk_bags_run(pool, n_threads, &part, 1, snapshot, bad_pos, &bad_part)
+    if snapshot != NULL:
+        bags.indices = snapshot
+    return status

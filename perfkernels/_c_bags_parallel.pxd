@@ -16,5 +16,5 @@ cdef extern from "common/bags_parallel.h":
         int64_t bag_cost
         int64_t rows
     pk_status pk_bags_run(const pk_parallel_api *pool, int n_threads, const pk_bags_part *parts,
-                          int n_parts, int check_first, int64_t *bad_pos,
+                          int n_parts, void *snapshot, int64_t *bad_pos,
                           int *bad_part) noexcept nogil

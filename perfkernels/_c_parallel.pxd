@@ -14,7 +14,7 @@ cdef extern from "perfkernels/parallel.h":
         int (*get_num_threads)() noexcept nogil
         void (*set_num_threads)(int n) noexcept nogil
         int (*num_workers)() noexcept nogil
-        void (*use_openmp)(void *gomp_parallel) noexcept nogil
+        void (*use_openmp)(void *gomp_parallel, void *max_threads, int thread_limit) noexcept nogil
         void *(*openmp_in_use)() noexcept nogil
     const pk_parallel_api *pk_parallel_get_api() noexcept nogil
     int pk_parallel_threads_for(int64_t bytes, int n_threads) noexcept nogil

@@ -32,6 +32,8 @@ _detected: dict[str, bool] = _cpu.detect()
 _disabled: tuple[str, ...] = ()
 _features: dict[str, bool] = dict(_detected)
 _active: int = 0
+_base: int = 0                             # the level outside every use_isa block
+_overrides: list[tuple[object, int]] = []  # the open use_isa blocks, oldest first
 _chosen_by: str = "default (best available)"
 
 
@@ -102,9 +104,11 @@ def register(setter: Callable[[int], None]) -> None:
 def use_isa(isa: str) -> Iterator[str]:
     """Run the body with every kernel forced to ``isa`` (``"scalar"``, ``"avx2"``, ``"avx512"``, ...).
 
-    Meant for tests and benchmarks.  The setting is process-wide (not per thread); the previous
-    level is restored on exit.  Raises ``ValueError`` for an unknown name and ``RuntimeError`` for a
-    level this CPU or build cannot run.
+    Meant for tests and benchmarks.  The setting is process-wide, not per thread (every kernel
+    call of every thread uses the one active level).  Blocks may nest and may overlap in several
+    threads: the level is that of the most recently entered block still open, and when the last
+    open block exits, whatever the order, the level from before the first one is back.  Raises
+    ``ValueError`` for an unknown name and ``RuntimeError`` for a level this CPU or build cannot run.
 
     >>> import perfkernels
     >>> with perfkernels.use_isa("scalar"):
@@ -112,17 +116,20 @@ def use_isa(isa: str) -> Iterator[str]:
     'scalar'
     """
     level = _check_runnable(isa, "use_isa(isa)")
+    token = object()
     with _lock:
-        previous = _active
+        _overrides.append((token, level))
         _apply(level)
     try:
         yield ISAS[level]
     finally:
-        _apply(previous)
+        with _lock:
+            _overrides[:] = [entry for entry in _overrides if entry[0] is not token]
+            _apply(_overrides[-1][1] if _overrides else _base)
 
 
 def _init_from_environment() -> None:
-    global _disabled, _features, _chosen_by
+    global _disabled, _features, _chosen_by, _base
     _disabled = _parse_disabled(os.environ.get("PERFKERNELS_DISABLE_CPU_FEATURES", ""))
     _features = {name: (ok and name not in _disabled) for name, ok in _detected.items()}
     forced = os.environ.get("PERFKERNELS_ISA", "").strip()
@@ -131,6 +138,7 @@ def _init_from_environment() -> None:
         _chosen_by = "PERFKERNELS_ISA"
     else:
         level = ISAS.index(available_isas()[-1])
+    _base = level
     _apply(level)
 
 

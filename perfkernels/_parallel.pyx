@@ -118,12 +118,18 @@ cdef void ranges_task(void *vctx, int64_t t0, int64_t t1) noexcept nogil:
             r.fn(r.ctx, lo, hi, c)
 
 
-def _use_openmp(address) -> None:
+def _use_openmp(address, max_threads=None, thread_limit=None) -> None:
     """Run parallel jobs on the team of the OpenMP runtime whose ``GOMP_parallel`` entry point is
     at ``address`` (an int), or on the pool's own workers again when ``address`` is 0 or None.
-    ``perfkernels.torch`` calls this with PyTorch's libgomp; see ``docs/threads.md``."""
+    ``max_threads``: the address of its ``omp_get_max_threads`` (None: unknown); ``thread_limit``:
+    its ``omp_get_thread_limit()`` (None: none).  A job asking for more threads than either runs
+    on the own workers (see ``include/perfkernels/parallel.h``).  ``perfkernels.torch`` calls this
+    with PyTorch's libgomp; see ``docs/threads.md``."""
     cdef size_t a = 0 if address is None else operator.index(address)
-    pool.use_openmp(<void *>a)
+    cdef size_t m = 0 if max_threads is None else operator.index(max_threads)
+    cdef int limit = PK_PARALLEL_MAX_THREADS if thread_limit is None else min(
+        max(operator.index(thread_limit), 1), PK_PARALLEL_MAX_THREADS)
+    pool.use_openmp(<void *>a, <void *>m, limit)
 
 
 def _openmp_in_use() -> int:

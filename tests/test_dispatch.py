@@ -99,6 +99,46 @@ def test_use_isa_switches_and_restores():
     assert pk.active_isa() == before
 
 
+def test_use_isa_blocks_overlapping_in_two_threads_restore_the_level():
+    """Thread A enters, thread B enters, A exits, B exits (not nested): inside B the level stays
+    B's, and afterwards the level from before is back (it used to stay at scalar for good)."""
+    import threading
+
+    before = pk.active_isa()
+    others = [isa for isa in pk.available_isas() if isa != before] or [before]
+    a_entered, b_entered, a_exited = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def thread_a():
+        with pk.use_isa("scalar"):
+            a_entered.set()
+            b_entered.wait(10)
+        a_exited.set()
+
+    def thread_b():
+        a_entered.wait(10)
+        with pk.use_isa(others[0]):
+            b_entered.set()
+            a_exited.wait(10)
+            seen["inside b after a exited"] = pk.active_isa()
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen["inside b after a exited"] == others[0]
+    assert pk.active_isa() == before
+    # the same overlap with both blocks "scalar", driven by hand
+    a, b = pk.use_isa("scalar"), pk.use_isa("scalar")
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    assert pk.active_isa() == "scalar"
+    b.__exit__(None, None, None)
+    assert pk.active_isa() == before
+
+
 def test_use_isa_rejects_bad_names():
     with pytest.raises(ValueError, match="not an ISA level; valid choices: scalar, avx2, avx512"):
         with pk.use_isa("sse"):

@@ -192,6 +192,17 @@ ACCEPTED = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _torch_on_two_threads():
+    """torch checks offsets in its multi-threaded kernel only: on one thread (another test module
+    may have called ``torch.set_num_threads(1)``) it takes decreasing offsets and returns
+    uninitialised memory.  The oracle is torch's checked answer, so torch runs on two threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    yield
+    torch.set_num_threads(threads)
+
+
 def _outcome(fn):
     try:
         return fn(), None
@@ -410,3 +421,20 @@ def test_route_functional_reaches_the_quantized_ops(name, bits):
         routing.__exit__(None, None, None)
     assert F.embedding_bag is TORCH_EMBEDDING_BAG
     assert getattr(torch.ops.quantized, op_name) is torch_op
+
+
+def test_decreasing_offsets_refused_whatever_torch_threads():
+    """On one thread torch's kernel takes decreasing offsets and returns uninitialised memory;
+    the torch layer refuses them as torch's multi-threaded kernel does, on any thread count."""
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for mode in ("sum", "mean"):
+                with pytest.raises(RuntimeError, match=r"Expected i < index_size to be true"):
+                    pt.embedding_bag(IX, torch.randn(ROWS, DIM), L([0, 3, 1]), mode=mode)
+                module = pt.EmbeddingBag.from_pretrained(torch.randn(ROWS, DIM), mode=mode)
+                with pytest.raises(RuntimeError, match=r"Expected i < index_size to be true"):
+                    module(IX, L([0, 3, 1]))
+    finally:
+        torch.set_num_threads(threads)

@@ -17,10 +17,14 @@
  * What the wrapper does NOT establish is that indices are in range: a kernel checks every index
  * with one unsigned compare, `(uint64_t)idx >= rows` (negatives included), before its row is
  * touched, and on failure returns PK_ERR_INDEX with *bad_pos = the position j in the flattened
- * index list (out may then be partly written; the wrapper keeps a caller's out= safe).
+ * index list (out may then be partly written; the wrapper keeps a caller's out= safe: a kernel
+ * that writes a caller's out= runs on a private copy of the indices, checked before it starts,
+ * pk_bags_copy_first_bad_in).
  */
 #ifndef PERFKERNELS_BAGS_H
 #define PERFKERNELS_BAGS_H
+
+#include <string.h>
 
 #include "perfkernels/common.h"
 
@@ -111,6 +115,29 @@ static inline int64_t pk_bags_first_bad_in(const pk_bags *bags, int64_t b0, int6
     probe.n_indices = bags->offsets[b1] - begin;
     const int64_t bad = pk_bags_first_bad_index(&probe, rows);
     return bad < 0 ? -1 : begin + bad;
+}
+
+/* pk_bags_first_bad_in on a private copy: copies the index entries of bags [b0, b1) into `copy`
+ * (at the same positions: `copy` has room for the whole index list), then checks the copy.  A
+ * kernel then run on the copy (bags.indices = copy) reads indices that were checked and cannot
+ * change, whatever another thread writes into the caller's array meanwhile: each entry is read
+ * from it once. */
+static inline int64_t pk_bags_copy_first_bad_in(const pk_bags *bags, int64_t b0, int64_t b1,
+                                                int64_t rows, void *copy)
+{
+    const size_t size = bags->index_64 ? 8 : 4;
+    const int64_t end = bags->offsets[b1], block = 1024;   /* a block of the copy stays in L1 */
+    pk_bags copied = *bags;   /* one block of the copy at a time, as an index list of its own */
+    for (int64_t start = bags->offsets[b0]; start < end; start += block) {
+        const int64_t stop = start + block < end ? start + block : end;
+        copied.indices = (const char *)copy + (size_t)start * size;
+        copied.n_indices = stop - start;
+        memcpy((char *)copy + (size_t)start * size, (const char *)bags->indices + (size_t)start * size,
+               (size_t)(stop - start) * size);
+        const int64_t bad = pk_bags_first_bad_index(&copied, rows);
+        if (bad >= 0) return start + bad;
+    }
+    return -1;
 }
 
 #ifdef __cplusplus

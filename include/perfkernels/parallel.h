@@ -59,7 +59,7 @@ extern "C" {
 typedef void (*pk_parallel_fn)(void *ctx, int64_t begin, int64_t end);
 
 typedef struct pk_parallel_api {
-    int abi_version;  /* 2 */
+    int abi_version;  /* 3 */
     /* Run fn over [0, n_tasks) on up to min(n_tasks, n_threads) threads (see above).  Returns the
      * number of threads allowed to take part (1: it all ran on the caller's thread). */
     int (*parallel_for)(int64_t n_tasks, int n_threads, pk_parallel_fn fn, void *ctx);
@@ -71,8 +71,13 @@ typedef struct pk_parallel_api {
     /* Run jobs on the team of an OpenMP runtime already loaded in the process instead of the
      * pool's own workers: `gomp_parallel` is that runtime's GOMP_parallel entry point (libgomp's
      * ABI, what `#pragma omp parallel` compiles to); NULL goes back to the own workers.  A forked
-     * child always goes back to the own workers. */
-    void (*use_openmp)(void *gomp_parallel);
+     * child always goes back to the own workers.  `max_threads` is that runtime's
+     * omp_get_max_threads (NULL: unknown) and `thread_limit` its omp_get_thread_limit(): a job asking
+     * for more threads than either (the team the host itself runs, and the threads it may
+     * create) runs on the own workers, because libgomp ends the process ("Thread creation
+     * failed", exit(1)) when it cannot create a team's threads (an address-space limit), where the
+     * own pool runs the job on the threads it could start. */
+    void (*use_openmp)(void *gomp_parallel, void *max_threads, int thread_limit);
     /* The GOMP_parallel entry point in use, or NULL. */
     void *(*openmp_in_use)(void);
 } pk_parallel_api;

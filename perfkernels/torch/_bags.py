@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -26,6 +26,7 @@ import perfkernels as pk
 
 from . import _compat
 from ._bridge import IndexOutOfRangeError, as_numpy, cuda_call
+from ._double_backward import refuse_double_backward
 
 MODES = ("sum", "mean")
 
@@ -111,6 +112,7 @@ class BagBackward:
     padding_idx: Optional[int]
     rows: int
     dtype: torch.dtype             # the table's dtype
+    weight_node: Any = None        # the autograd node taking the table's gradient (if known)
 
     @functools.cached_property
     def entry_grads(self) -> Tensor:
@@ -168,7 +170,7 @@ def per_sample_weights_grad(grad_output: Tensor, weight: Tensor, indices: Tensor
     scale = entry_scales(indices, bag, num_bags, mode, padding_idx, rows)
     if scale is not None:
         dots = dots * scale
-    return dots.reshape(indices.shape).to(dtype)
+    return refuse_double_backward(dots.reshape(indices.shape).to(dtype), weight)
 
 
 # --------------------------------------------------------------------------- eager autograd
@@ -219,7 +221,8 @@ class BagFunction(torch.autograd.Function):
                                                psw.dtype)
         if ctx.needs_input_grad[0]:
             b = BagBackward(grad_output, indices, offsets, psw, spec.mode,
-                            spec.include_last_offset, spec.padding_idx, ctx.rows, ctx.dtype)
+                            spec.include_last_offset, spec.padding_idx, ctx.rows, ctx.dtype,
+                            ctx.next_functions[0][0])
             if spec.weight_backward is not None:
                 grad_weight = spec.weight_backward(b)
             elif spec.sparse:

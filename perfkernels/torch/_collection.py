@@ -130,6 +130,32 @@ class KeyedTensor:
         return self._values[:, start:start + self._length_per_key[i]]
 
 
+def _check_jagged(values: Tensor, offsets: Tensor, weights: Optional[Tensor], num_keys: int
+                  ) -> None:
+    """The checks the multi-table kernel makes on a KJT, with its messages, for the routes that
+    slice the KJT per feature (autograd, CUDA): F * B + 1 offsets (so F * B lengths), the first
+    0, non-decreasing, the last ``len(values)``, one weight per value."""
+    count, n = offsets.numel(), values.numel()
+    if offsets.dim() != 1 or count == 0 or (count - 1) % max(num_keys, 1):
+        raise ValueError(f"offsets has {count} entries; it needs F * B + 1 for the {num_keys} "
+                         f"tables")
+    first = int(offsets[0])
+    if first != 0:
+        raise ValueError(f"offsets[0] = {first}: the first offset must be 0")
+    down = torch.nonzero(offsets[1:] < offsets[:-1])
+    if down.numel():
+        i = int(down[0, 0]) + 1
+        raise ValueError(f"offsets[{i}] = {int(offsets[i])} < offsets[{i - 1}] = "
+                         f"{int(offsets[i - 1])}: offsets must be non-decreasing")
+    last = int(offsets[-1])
+    if last != n:
+        raise ValueError(f"offsets[{count - 1}] = {last} != len(indices) = {n}: the last offset "
+                         "must equal the number of values")
+    if weights is not None and tuple(weights.shape) != (n,):
+        raise ValueError(f"per_sample_weights has shape {tuple(weights.shape)}; it needs one "
+                         f"weight per value, shape ({n},)")
+
+
 class EmbeddingBagCollection(torch.nn.Module):
     """TorchRec-style collection of pooled embedding tables on perfkernels' kernels.
 
@@ -210,6 +236,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         features of a table shared by several are looked up together, as one batch of bags, so a
         fused optimizer updates the table once per step from all of them (FBGEMM's exact
         optimizers do the same), not once per feature."""
+        _check_jagged(values, offsets, weights, len(keys))
         position = {k: i for i, k in enumerate(keys)}
         by_table: dict[str, list[int]] = {}
         for feature, table, _ in self._feature_table:

@@ -56,6 +56,23 @@ def _first_bad_index(input: Tensor, rows: int) -> Optional[tuple[int, int]]:
     return None if bad.numel() == 0 else (int(bad[0]), int(flat[bad[0]]))
 
 
+def _first_decrease(offsets: Optional[Tensor]) -> Optional[int]:
+    """Position of the first offset smaller than the one before it, where every offset is
+    non-negative; None otherwise."""
+    if (offsets is None or offsets.dim() != 1 or offsets.numel() < 2
+            or offsets.dtype not in (torch.int32, torch.int64) or offsets.device.type == "meta"):
+        return None
+    if bool((offsets < 0).any()):
+        return None     # torch's own checks answer negative offsets
+    bad = (offsets[1:] < offsets[:-1]).nonzero()
+    return None if bad.numel() == 0 else int(bad[0]) + 1
+
+
+#: torch's message for decreasing offsets (its multi-threaded kernel's check)
+DECREASING_OFFSETS = ("Expected i < index_size to be true, but got false.  (Could this error message "
+                      "be improved?  If so, please report an enhancement request to PyTorch.)")
+
+
 def torch_verdict(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
                   per_sample_weights: Optional[Tensor], mode: str, sparse: bool,
                   include_last_offset: bool, padding_idx: Optional[int],
@@ -85,6 +102,14 @@ def torch_verdict(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
         raise exc.with_traceback(None) from None
     except Exception as exc:
         raise exc.with_traceback(None) from None
+    drop = _first_decrease(offsets)
+    if drop is not None:
+        # torch refuses these when it runs on several threads; on one thread its kernel takes them
+        # and returns uninitialised memory for the bags after the drop (undefined behaviour), so
+        # the only answer that does not depend on torch's thread count is the refusal
+        raise RuntimeError(f"{DECREASING_OFFSETS} offsets[{drop}] = {int(offsets[drop])} is "
+                           f"smaller than offsets[{drop - 1}] = {int(offsets[drop - 1])}: "
+                           "offsets must be non-decreasing")
     if weighted_mean:
         raise NotImplementedError("per_sample_weights with mode='mean' (weighted_mean=True) "
                                   "need offsets where every bag ends at the next offset, the "

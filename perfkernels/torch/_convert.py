@@ -44,6 +44,34 @@ def _torch_ao_embedding_bag():
     return QEmbeddingBag
 
 
+class _Swapper:
+    """Swaps modules for ours, once each: a module reachable under several names (one table used
+    in two places) gets one replacement, and tables that share one weight Parameter keep sharing
+    one converted Parameter, so tied tables stay tied (one parameter, trained once)."""
+
+    def __init__(self, dtype: Optional[torch.dtype], bits: Optional[int],
+                 report: ConversionReport, placement: str = "auto") -> None:
+        self.dtype, self.bits, self.report, self.placement = dtype, bits, report, placement
+        self.modules: dict[int, Optional[torch.nn.Module]] = {}   # id(old) -> new (None: kept)
+        self.weights: dict[int, torch.nn.Parameter] = {}          # id(old weight) -> new weight
+        self.keep: list = []   # the old objects, so that their ids stay theirs during convert
+
+    def __call__(self, name: str, module: torch.nn.Module) -> Optional[torch.nn.Module]:
+        if id(module) in self.modules:
+            return self.modules[id(module)]
+        new = _swap_one(name, module, self.dtype, self.bits, self.report, self.placement)
+        if isinstance(new, EmbeddingBag) and new.weight is not module.weight:
+            old = module.weight
+            if id(old) in self.weights:     # a table tied to one converted before
+                new.weight = self.weights[id(old)]
+            else:
+                self.weights[id(old)] = new.weight
+            self.keep.append(old)
+        self.modules[id(module)] = new
+        self.keep.append(module)
+        return new
+
+
 def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
               bits: Optional[int], report: ConversionReport, placement: str = "auto"
               ) -> Optional[torch.nn.Module]:
@@ -132,14 +160,19 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
         memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
         model = copy.deepcopy(model, memo)
     report = ConversionReport()
-    top = _swap_one("", model, dtype, bits, report, placement)
+    swap = _Swapper(dtype, bits, report, placement)
+    top = swap("", model)
     if top is not None:
         model = top
     else:
+        # every name of every module (named_children() would list a module held twice by one
+        # parent once, leaving its second name on torch's module)
         for name, parent in list(model.named_modules()):
-            for child_name, child in list(parent.named_children()):
+            for child_name, child in list(parent._modules.items()):
+                if child is None:
+                    continue
                 full = f"{name}.{child_name}" if name else child_name
-                new = _swap_one(full, child, dtype, bits, report, placement)
+                new = swap(full, child)
                 if new is not None:
                     setattr(parent, child_name, new)
     for entry in report.swapped:

@@ -32,6 +32,27 @@ _OPTIONS = {"lr", "eps", "weight_decay", "stochastic_rounding", "initial_accumul
 FusedOptimizerSpec = Union[Tuple[str, Mapping[str, Any]], "FusedOptimizer"]
 
 
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _float32_option(options: Mapping[str, Any], key: str, default: Optional[float]) -> float:
+    """``options[key]`` (or ``default``) checked as the kernels need it: a real number (TypeError
+    for a bool or a string), finite, >= 0 and finite in float32, the precision the update runs
+    in (ValueError), so a bad value fails here and not inside a later backward."""
+    value = options.get(key, default)
+    if isinstance(value, (bool, str, bytes)) or not hasattr(type(value), "__float__"):
+        raise TypeError(f"fused optimizer option {key} must be a real number; got "
+                        f"{type(value).__name__}")
+    try:
+        v = float(value)
+    except OverflowError:
+        v = math.inf
+    if not (math.isfinite(v) and 0 <= v <= _FLOAT32_MAX):
+        raise ValueError(f"fused optimizer option {key} = {value} must be finite, >= 0 and at "
+                         f"most {_FLOAT32_MAX:.7g} (float32)")
+    return v
+
+
 class FusedOptimizer:
     """A sparse optimizer applied to an embedding table during backward.
 
@@ -55,15 +76,11 @@ class FusedOptimizer:
             raise ValueError(f"fused optimizer {name!r} needs a learning rate: "
                              f"({name!r}, {{'lr': ...}})")
         self.name = name
-        self.lr = float(options["lr"])
-        self.eps = float(options.get("eps", 1e-8))
-        self.weight_decay = float(options.get("weight_decay", 0.0))
+        self.lr = _float32_option(options, "lr", None)
+        self.eps = _float32_option(options, "eps", 1e-8)
+        self.weight_decay = _float32_option(options, "weight_decay", 0.0)
         self.stochastic_rounding = bool(options.get("stochastic_rounding", False))
-        self.initial_accumulator_value = float(options.get("initial_accumulator_value", 0.0))
-        for key in ("lr", "eps", "weight_decay", "initial_accumulator_value"):
-            value = getattr(self, key)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"fused optimizer option {key} = {value} must be finite and >= 0")
+        self.initial_accumulator_value = _float32_option(options, "initial_accumulator_value", 0.0)
         self._step = 0
 
     @classmethod
@@ -98,10 +115,23 @@ class FusedOptimizer:
                           device=weight.device)
 
     def update(self, weight: Tensor, state: Optional[Tensor], b) -> None:
-        """Apply one step to ``weight`` (and ``state``) in place for the lookup ``b``
-        (a :class:`~perfkernels.torch._bags.BagBackward`)."""
+        """Step ``weight`` (and ``state``) in place for the lookup ``b`` (a
+        :class:`~perfkernels.torch._bags.BagBackward`), called from the lookup's backward.
+
+        The step is deferred to the end of the backward pass (an autograd engine callback), so
+        every gradient of the pass, that of ``per_sample_weights`` of each use of a module used
+        several times included, is computed from the table the forward read.  A pass that does
+        not deliver the table's gradient (``torch.autograd.grad(loss, [per_sample_weights])``,
+        ``loss.backward(inputs=[...])`` without the table) leaves table and state untouched."""
         if weight.device.type != "cpu":
             raise NotImplementedError("fused optimizers run on CPU tables only")
+        if torch._C._current_graph_task_id() < 0:     # called outside a backward pass
+            self._step_now(weight, state, b)
+        elif _delivers_gradient(getattr(b, "weight_node", None)):
+            torch.autograd.Variable._execution_engine.queue_callback(
+                lambda: self._step_now(weight, state, b))
+
+    def _step_now(self, weight: Tensor, state: Optional[Tensor], b) -> None:
         self._step += 1
         grad = b.grad_output
         if grad.dtype is not torch.float32:
@@ -122,6 +152,19 @@ class FusedOptimizer:
                 seed=self._step)   # reproducible runs; a new seed every step
         except IndexError as exc:
             raise IndexOutOfRangeError(str(exc)) from None
+
+
+def _delivers_gradient(node: Any) -> bool:
+    """Whether the running backward pass delivers a gradient through ``node`` (the autograd node
+    taking the table's gradient; None: unknown, assumed yes)."""
+    if node is None:
+        return True
+    try:
+        return bool(torch._C._will_engine_execute_node(node))
+    except RuntimeError:
+        # torch.autograd.grad(): it returns the gradients of its inputs and never accumulates
+        # into a leaf such as the table, so it asks for no table step
+        return False
 
 
 def enable(module: torch.nn.Module, spec: Optional[FusedOptimizerSpec]) -> None:

@@ -65,11 +65,16 @@ def use_torch_threads(enable: bool = True) -> bool:
     try:
         lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0))   # the loaded copy, never a new one
         entry = ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
+        max_threads = ctypes.cast(lib.omp_get_max_threads, ctypes.c_void_p).value
+        thread_limit = int(lib.omp_get_thread_limit())
     except (OSError, AttributeError):
         _parallel._use_openmp(None)
         return False
     _libgomp = lib
-    _parallel._use_openmp(entry)
+    # a job asking for more threads than PyTorch's team (omp_get_max_threads of the calling
+    # thread, torch.set_num_threads) runs on the own pool: libgomp ends the process when it
+    # cannot create a team's threads, the own pool runs on those it could start
+    _parallel._use_openmp(entry, max_threads, thread_limit)
     return True
 
 

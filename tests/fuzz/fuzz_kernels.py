@@ -1033,10 +1033,350 @@ def _pooling(pooling) -> str:
     return str(getattr(pooling, "name", pooling)).lower()
 
 
+# --- state between calls, autograd, concurrency, resource limits ---------------------------------
+
+def _as_torch_table(table: np.ndarray):
+    torch, _ = _torch()
+    if table.dtype == BF16:
+        return torch.from_numpy(table.view(np.uint16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(table.copy())
+
+
+def _check_forward(got, table: np.ndarray, indices, ref_kw: dict, out_dtype) -> None:
+    """A module's forward against the float64 reference of the table it should have read."""
+    _check_result("torch", got.detach(), (ref.embedding_bag(table, indices, **ref_kw),
+                                          np.dtype(out_dtype)), None)
+
+
+def fuzz_torch_stateful(d: Draw):
+    """perfkernels.torch.EmbeddingBag through a sequence of state changes between forwards, each
+    forward (with autograd, or without: the cached-view inference route) checked against the
+    table the module holds then: the weight reassigned (another dtype too), replaced by a
+    column-major tensor, transposed (a square table), re-viewed float16 <-> bfloat16, loaded with
+    load_state_dict, scaled in place, the module converted again (convert twice), a module shared
+    by two names of a parent."""
+    torch, pkt = _torch()
+    dim = d.pick(DIMS[1:12])
+    rows = dim if d.chance(3) else d.int(1, 12)    # square tables can be transposed in place
+    dtypes = (np.float32, np.float16, BF16)
+    table = d.floats(rows * dim).astype(d.pick(dtypes)).reshape(rows, dim)
+    table = np.where(np.isfinite(table.astype(np.float32)), table, 0).astype(table.dtype)
+    indices, ix_t, offs_t, ref_kw = torch_bags(d, rows, weights=False)
+    if indices.ndim == 2 and indices.shape[1] == 0:   # torch refuses 2-D input without columns
+        ref_kw["offsets"] = np.zeros(indices.shape[0], np.int64)
+        offs_t = torch.zeros(indices.shape[0], dtype=ix_t.dtype)
+        indices, ix_t = indices.reshape(-1), ix_t.reshape(-1)
+    holder = torch.nn.Module()
+    holder.a = torch.nn.EmbeddingBag(rows, dim, mode=ref_kw["mode"],
+                                     include_last_offset=ref_kw.get("include_last_offset", False),
+                                     dtype=torch.float32)
+    holder.b = holder.a
+    with torch.no_grad():
+        holder.a.weight.data = _as_torch_table(table)
+    steps = [d.int(0, 6) for _ in range(d.int(1, 4))]
+    inference = [d.chance(2) for _ in steps]
+    converts = [d.pick((None, torch.float16, torch.bfloat16)) for _ in steps]
+    news = [d.floats(rows * dim).astype(d.pick(dtypes)).reshape(rows, dim) for _ in steps]
+    news = [np.where(np.isfinite(t.astype(np.float32)), t, 0).astype(t.dtype) for t in news]
+
+    def run():
+        model, current = pkt.convert(holder), table
+        out_dtype = {torch.float32: np.float32, torch.float16: np.float16,
+                     torch.bfloat16: BF16}
+        for step, dtype, new, no_grad in zip(steps, converts, news, inference):
+            m = model.a
+            if step == 0:                              # reassign, any dtype
+                m.weight.data = _as_torch_table(new)
+                current = new
+            elif step == 1:                            # the same values, column-major
+                m.weight.data = _as_torch_table(new).t().contiguous().t()
+                current = new
+            elif step == 2 and current.dtype in (np.float16, BF16):   # re-view the 16-bit words
+                other = BF16 if current.dtype == np.float16 else np.dtype(np.float16)
+                m.weight.data = m.weight.data.view(torch.bfloat16 if other == BF16 else torch.float16)
+                current = current.view(other)
+                current = np.where(np.isfinite(current.astype(np.float32)), current, 0).astype(other)
+                with torch.no_grad():
+                    m.weight.copy_(_as_torch_table(current))
+            elif step == 3:                            # load_state_dict (cast to the held dtype)
+                loaded = _as_torch_table(new).float()
+                model.load_state_dict({"a.weight": loaded, "b.weight": loaded})
+                held = m.weight.dtype
+                current = new.astype(np.float32).astype({torch.float32: np.float32,
+                                                         torch.float16: np.float16,
+                                                         torch.bfloat16: BF16}[held])
+            elif step == 4:                            # scaled in place
+                with torch.no_grad():
+                    m.weight.mul_(2)
+                current = (current.astype(np.float32) * 2).astype(current.dtype)
+            elif step == 5:                            # convert again (ours stay as they are)
+                model = pkt.convert(model, dtype=dtype)
+            elif step == 6 and rows == dim:            # transposed: the same shape, other strides
+                m.weight.data = m.weight.data.t()
+                current = np.ascontiguousarray(current.T)
+            assert model.b is model.a, "a module shared by two names was split"
+            m = model.a
+            current = current.astype(np.float32).astype(out_dtype[m.weight.dtype])
+            finite = np.where(np.isfinite(current.astype(np.float32)), current, 0).astype(current.dtype)
+            if finite.tobytes() != current.tobytes():   # keep the sums finite
+                current = finite
+                with torch.no_grad():
+                    m.weight.copy_(_as_torch_table(current))
+            with torch.set_grad_enabled(not no_grad):
+                got = m(ix_t, offs_t)
+            _check_forward(got, current, indices, ref_kw, out_dtype[m.output_dtype or m.weight.dtype])
+
+    return _named(run, "EmbeddingBag (state between calls)"), (), {}, None, lambda: None, "checked"
+
+
+def fuzz_torch_autograd(d: Draw):
+    """Gradients beyond one backward, against torch.nn.EmbeddingBag: autograd.grad on a subset
+    (the weight, per_sample_weights or both), a module used twice in one graph, retain_graph
+    and a second backward, double backward through per_sample_weights (torch's RuntimeError);
+    with a fused sgd optimizer, the table's step and that autograd.grad does not step it."""
+    torch, pkt = _torch()
+    rows, dim = d.int(1, 10), d.pick(DIMS[1:9])
+    table = moderate(d, rows * dim).reshape(rows, dim)
+    uses = []
+    for _ in range(d.int(1, 2)):
+        ix, _, offs_t, _ = torch_bags(d, rows, weights=False)
+        if ix.ndim == 2 and ix.shape[1] == 0:     # torch's 2-D path fails on [B, 0] ("step must
+            offs_t = torch.zeros(ix.shape[0], dtype=torch.int64)   # be nonzero"): 1-D instead
+            ix = ix.reshape(-1)
+        uses.append((np.mod(ix, rows), offs_t))   # valid rows: the cases here are about autograd
+    d.errors.clear()
+    fused = d.chance(3)
+    how = d.pick(("backward", "grad_weight", "grad_psw", "grad_both", "retain", "double"))
+    lr = 0.25
+    ours = pkt.EmbeddingBag(rows, dim, mode="sum",
+                            fused_optimizer=("sgd", {"lr": lr}) if fused else None)
+    theirs = torch.nn.EmbeddingBag(rows, dim, mode="sum")
+    with torch.no_grad():
+        ours.weight.copy_(torch.from_numpy(table))
+        theirs.weight.copy_(torch.from_numpy(table))
+    psws = [moderate(d, ix.size).reshape(ix.shape) for ix, _ in uses]
+    coef_seeds = [d.int(0, 2 ** 32 - 1) for _ in uses]
+
+    def graph(module):
+        psw = [torch.from_numpy(p.copy()).requires_grad_() for p in psws]
+        total = 0
+        for (ix, offs_t), p, seed in zip(uses, psw, coef_seeds):
+            # torch's 2-D input takes no offsets; ours follows it
+            out = module(torch.from_numpy(ix), None if offs_t is None else offs_t.long(), p)
+            coef = np.random.default_rng(seed).uniform(-4, 4, tuple(out.shape)).astype(np.float32)
+            total = total + (out * torch.from_numpy(coef)).sum()   # gradients: sums of terms <= 16
+        return total, psw
+
+    def grads(module):
+        loss, psw = graph(module)
+        w = module.weight
+        if how == "backward":
+            loss.backward()
+            return [w.grad] + [p.grad for p in psw]
+        if how == "retain":
+            loss.backward(retain_graph=True)
+            loss.backward()
+            return [w.grad] + [p.grad for p in psw]
+        if how == "double":
+            g = torch.autograd.grad(loss, psw, create_graph=True)
+            try:
+                sum((x ** 2).sum() for x in g).backward()
+            except RuntimeError as exc:
+                return [str(exc)]
+            return ["no error"]
+        inputs = {"grad_weight": [w], "grad_psw": psw, "grad_both": [w] + psw}[how]
+        return list(torch.autograd.grad(loss, inputs, allow_unused=fused))
+
+    def outcome(module):
+        try:
+            return grads(module), None
+        except RuntimeError as exc:            # e.g. a per_sample_weights unused by the graph
+            return None, str(exc).split(".")[0]
+
+    # a gradient element is a float32 sum of at most K terms of at most 16 (coefficients, table
+    # and weights in [-4, 4]; K: the entries of both uses, or D), summed in another order than
+    # torch's: each partial sum is within 16 K, so the two differ by at most 2 K * 16 K * 2**-24
+    terms = max(dim, sum(ix.size for ix, _ in uses), 1)
+    atol = 2 * terms * 16 * terms * 2.0 ** -24
+
+    def close(got, want):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=atol)
+
+    def run():
+        want, want_error = outcome(theirs)
+        before = ours.weight.detach().clone()
+        got, got_error = outcome(ours)
+        assert got_error == want_error, f"{how}: {got_error!r}, torch: {want_error!r}"
+        if want_error is not None:
+            return
+        if how == "double":
+            assert got == want, f"double backward: {got} != torch's {want}"
+            return
+        weight_grad = how in ("backward", "retain", "grad_weight", "grad_both")
+        start = 1 if weight_grad else 0
+        # (a fused table's second backward with retain_graph reads the table the first stepped)
+        for g, w in zip(got[start:], want[start:] if not (fused and how == "retain") else []):
+            close(g, w)
+        if not fused:
+            if weight_grad:
+                close(got[0], want[0])
+            return
+        assert ours.weight.grad is None
+        if how in ("backward", "retain"):       # stepped once per backward: sgd, lr * the gradient
+            close(ours.weight.detach(), before - lr * want[0])
+        else:                                   # autograd.grad: no step
+            assert torch.equal(ours.weight.detach(), before), f"autograd.grad ({how}) stepped the table"
+
+    return _named(run, "EmbeddingBag (autograd)"), (), {}, None, lambda: None, "checked"
+
+
+def fuzz_concurrent_inputs(d: Draw):
+    """One thread rewrites the index array (an entry flips between a valid row and a bad value)
+    while this one calls a lookup with out=: each call returns the result of the valid indices,
+    or raises IndexError with out= untouched (docs/reliability.md)."""
+    import threading
+    kind = d.pick(("embedding_bag", "embedding_bag_quantized", "embedding_bags_multi"))
+    rows, dim = d.int(1, 40), d.pick((1, 4, 16, 33))
+    n = d.pick((300, 5000, 40000))
+    rng = np.random.default_rng(d.int(0, 2 ** 32 - 1))
+    table = rng.standard_normal((rows, dim)).astype(np.float32)
+    packed = pk.quantize_rowwise(table, bits=8)
+    ix = rng.integers(0, rows, n).astype(d.pick((np.int32, np.int64)))
+    num_bags = max(2, n // d.pick((1, 7, 50)))
+    num_bags -= num_bags % 2
+    off = np.sort(rng.integers(0, n + 1, num_bags)).astype(np.int64)
+    off[0] = 0
+    positions = rng.choice(n, d.int(1, 4), replace=False)
+    good = ix[positions].copy()
+    bad = np.array([d.pick(HUGE_INDICES[:5] + (rows, -rows - 1)) for _ in positions]).astype(ix.dtype)
+    threads = d.pick((None, 1, 2, 3))
+
+    def call(out):
+        if kind == "embedding_bag":
+            return pk.embedding_bag(table, ix, off, out=out, num_threads=threads)
+        if kind == "embedding_bag_quantized":
+            return pk.embedding_bag_quantized(packed, ix, off, bits=8, out=out, num_threads=threads)
+        half = num_bags // 2
+        got = pk.embedding_bags_multi([table, table], ix, offsets=np.append(off, n),
+                                      out=None if out is None else out.reshape(half, 2 * dim),
+                                      num_threads=threads)
+        return np.concatenate([got[:, :dim], got[:, dim:]])
+
+    def run():
+        expected = call(None)
+        stop = threading.Event()
+
+        def mutate():
+            while not stop.is_set():
+                ix[positions] = bad
+                ix[positions] = good
+
+        worker = threading.Thread(target=mutate)
+        worker.start()
+        out = np.empty((num_bags, dim), np.float32)
+        try:
+            for _ in range(4):
+                out.fill(-7.0)
+                try:
+                    call(out)
+                except IndexError:
+                    assert np.all(out == -7.0), f"{kind}: IndexError with out= changed"
+                else:
+                    got = out if kind != "embedding_bags_multi" else np.concatenate(
+                        [out.reshape(num_bags // 2, 2 * dim)[:, :dim],
+                         out.reshape(num_bags // 2, 2 * dim)[:, dim:]])
+                    assert got.tobytes() == expected.tobytes(), f"{kind}: a mixed result"
+        finally:
+            stop.set()
+            worker.join()
+        ix[positions] = good
+
+    return _named(run, f"{kind} (indices rewritten during the call)"), (), {}, None, \
+        lambda: None, "checked"
+
+
+_LIMITED = []   # the helper process running under the resource limits, started once
+
+_LIMITED_SERVER = r"""
+import json, os, resource, sys
+import numpy as np
+import perfkernels as pk
+try:
+    import perfkernels.torch   # jobs on PyTorch's libgomp team
+except ImportError:
+    pass
+rng = np.random.default_rng(0)
+table = rng.standard_normal((64, 64)).astype(np.float32)
+# the inputs are made before the limits: the threads a call starts keep their stacks and use up
+# the headroom, after which only a clean MemoryError (perfkernels' own allocations) is expected
+values = rng.integers(0, 64, 2 * 400_000)
+starts = np.arange(0, 2 * 400_000 + 1, 8)
+with open("/proc/self/statm") as f:
+    vm = int(f.read().split()[0]) * resource.getpagesize()
+if os.environ.get("PK_FUZZ_RLIMIT_AS", "1") == "1":     # (ASan cannot run under RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20),) * 2)
+nproc = len(os.listdir("/proc/self/task")) + 16
+resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+print("ready", flush=True)
+for line in sys.stdin:
+    n, threads, kind = json.loads(line)
+    ix, off = values[:n], starts[:n // 8]
+    try:
+        if kind == "multi":
+            args = ([table, table], values[:2 * n])
+            kw = dict(offsets=starts[:2 * n // 8 + 1])
+            fn = pk.embedding_bags_multi
+        else:
+            args, kw, fn = (table, ix, off), {}, pk.embedding_bag
+        got = fn(*args, **kw, num_threads=threads)
+        same = got.tobytes() == fn(*args, **kw, num_threads=1).tobytes()
+        print("ok" if same else "differs", flush=True)
+    except MemoryError:
+        print("ok", flush=True)   # an allocation refused under the limit is a clean failure
+"""
+
+
+def fuzz_resource_limits(d: Draw):
+    """Large thread counts in a process under RLIMIT_AS (an address space a few hundred MB above
+    what it uses: a memory-capped container) and RLIMIT_NPROC: every call returns the bits of
+    num_threads=1 (the pool runs a job on the threads it could start); the process must never be
+    ended by a thread-creation failure (libgomp's exit(1))."""
+    import json
+    import subprocess
+    from perfkernels import _parallel
+    threads = d.pick((64, 300, 1024, 4096, _parallel.MAX_THREADS))
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):   # no RLIMIT_AS there: keep it modest
+        threads = min(threads, 64)
+    n = d.pick((2000, 50000, 400000))
+    kind = d.pick(("bag", "multi"))
+
+    def run():
+        if not _LIMITED or _LIMITED[0].poll() is not None:
+            env = dict(os.environ)
+            if "libasan" in env.get("LD_PRELOAD", ""):
+                env["PK_FUZZ_RLIMIT_AS"] = "0"
+            proc = subprocess.Popen([sys.executable, "-c", _LIMITED_SERVER], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+            _LIMITED[:] = [proc]
+        proc = _LIMITED[0]
+        proc.stdin.write(json.dumps([n, threads, kind]) + "\n")
+        proc.stdin.flush()
+        answer = proc.stdout.readline().strip()
+        if answer != "ok":
+            proc.wait(10)
+            raise AssertionError(f"{threads} threads under RLIMIT_AS / RLIMIT_NPROC: "
+                                 f"{answer or 'the process ended'} (exit {proc.returncode}): "
+                                 f"{proc.stderr.read()[-1000:]}")
+
+    return _named(run, "thread counts under resource limits"), (), {}, None, lambda: None, "checked"
+
+
 TARGETS = (fuzz_embedding_bag, fuzz_embedding_bag_quantized, fuzz_quantize, fuzz_dequantize,
            fuzz_convert, fuzz_lstm, fuzz_torch_embedding_bag,
            fuzz_embedding_bags_multi, fuzz_backward_update, fuzz_torch_quantized, fuzz_torch_module,
-           fuzz_torch_lstm, fuzz_torch_collection)
+           fuzz_torch_lstm, fuzz_torch_collection, fuzz_torch_stateful, fuzz_torch_autograd,
+           fuzz_concurrent_inputs, fuzz_resource_limits)
 #: The corpus was recorded with 7 targets, picked by ``byte % 7``: bytes below FIRST_NEW_BYTE keep
 #: that meaning, the ones from it up pick the targets added since (the stored inputs whose byte was
 #: there were rewritten to the same target below it).
@@ -1054,7 +1394,8 @@ THREAD_COUNTS = ((None, None), (None, None), (None, None), (None, None), (1, Non
 
 #: Targets added later still, each on one byte value of its own from the top down (the stored
 #: inputs that had such a byte were rewritten to another with the same target).
-LATER_TARGETS = (fuzz_torch_collection,)
+LATER_TARGETS = (fuzz_torch_collection, fuzz_torch_stateful, fuzz_torch_autograd,
+                 fuzz_concurrent_inputs, fuzz_resource_limits)
 
 
 def pick_target(d: Draw):
@@ -1224,7 +1565,7 @@ def main(argv) -> None:
     for target in TARGETS:
         atheris.instrument_func(target)
     for helper in (draw_bags, large_bags, draw_out, layout, packed_table, in_place_layout,
-                   torch_bags, pick_target):
+                   torch_bags, pick_target, _check_forward):
         atheris.instrument_func(helper)
     atheris.Setup(argv, one_input)
     atheris.Fuzz()

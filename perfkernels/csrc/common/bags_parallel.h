@@ -12,10 +12,13 @@
  * mode) and its bad positions (flattened, into the caller's index array) are unchanged.
  *
  * Errors: each chunk stops at its first bad index; chunks are in (part, bag) order, so the first
- * chunk that failed holds the first bad position of the call, which is what is reported.  With
- * `check_first` (the kernels write a caller's out= directly, which must not be half-written on an
- * error) every chunk first scans its indices (pk_bags_first_bad_in), and the kernels run only
- * when no chunk found a bad one: the scan is split across the same threads as the work.
+ * chunk that failed holds the first bad position of the call, which is what is reported.  With a
+ * `snapshot` buffer (the kernels write a caller's out= directly, which must not be half-written on
+ * an error) every chunk first copies its indices into the snapshot and checks the copy
+ * (pk_bags_copy_first_bad_in), and the kernels run, on the copy, only when no chunk found a bad
+ * one: the copy and check are split across the same threads as the work.  Reading the caller's
+ * indices once is what makes this safe when another thread writes them during the call: a check
+ * followed by a second read of the caller's array could pass and then see a bad index.
  *
  * Header-only (static functions, baseline flags): included by the Cython modules of both bag
  * families and of the multi-table lookup.  It knows no family: each bag family's adapter (its
@@ -38,7 +41,7 @@ typedef struct pk_bags_part {
     const void *args;
     int64_t index_cost;  /* bytes touched per index: the row read + the index itself */
     int64_t bag_cost;    /* bytes touched per bag: the output row + its offset */
-    int64_t rows;        /* rows of the part's table (for the check_first scan) */
+    int64_t rows;        /* rows of the part's table (for the snapshot check) */
 } pk_bags_part;
 
 static inline int64_t pk_bags_part_cost(const pk_bags_part *p, int64_t b)
@@ -54,13 +57,16 @@ typedef struct pk_bags_run_ctx {
     pk_status *status;          /* per chunk */
     int64_t *bad_pos;
     int *bad_part;
-    int scan;                   /* 1: only scan the chunk's indices (check_first), 0: run kernels */
+    void *snapshot;             /* NULL, or the private copy of the indices the kernels read */
+    int scan;                   /* 1: only copy and check the chunk's indices, 0: run kernels */
 } pk_bags_run_ctx;
 
-/* The first bad index of bags [b0, b1) of a part: PK_ERR_INDEX with its position, or PK_OK. */
-static pk_status pk_bags_scan(const pk_bags_part *part, int64_t b0, int64_t b1, int64_t *bad_pos)
+/* Copy the indices of bags [b0, b1) of a part into `snapshot` and check the copy: PK_ERR_INDEX
+ * with the first bad position, or PK_OK. */
+static pk_status pk_bags_scan(const pk_bags_part *part, int64_t b0, int64_t b1, void *snapshot,
+                              int64_t *bad_pos)
 {
-    const int64_t bad = pk_bags_first_bad_in(&part->bags, b0, b1, part->rows);
+    const int64_t bad = pk_bags_copy_first_bad_in(&part->bags, b0, b1, part->rows, snapshot);
     if (bad < 0) return PK_OK;
     *bad_pos = bad;
     return PK_ERR_INDEX;
@@ -79,9 +85,10 @@ static void pk_bags_run_chunks(void *vctx, int64_t c0, int64_t c1)
             if (b0 >= b1) continue;
             pk_status s;
             if (ctx->scan) {
-                s = pk_bags_scan(part, b0, b1, &ctx->bad_pos[c]);
+                s = pk_bags_scan(part, b0, b1, ctx->snapshot, &ctx->bad_pos[c]);
             } else {
                 pk_bags slice = part->bags;
+                if (ctx->snapshot) slice.indices = ctx->snapshot;
                 slice.offsets += b0;
                 slice.num_bags = b1 - b0;
                 slice.out += b0 * slice.out_stride;
@@ -110,9 +117,11 @@ static pk_status pk_bags_first_error(const pk_bags_run_ctx *ctx, int k, int64_t 
 }
 
 /* Run every part's bags on up to n_threads threads of `pool` (see the top of this file).  On an
- * error returns its status with the first bad position in *bad_pos and its part in *bad_part. */
+ * error returns its status with the first bad position in *bad_pos and its part in *bad_part.
+ * `snapshot`: NULL, or room for a copy of the index list every part's bags.indices points to (the
+ * parts share one index array): the kernels then run on that copy, checked before any starts. */
 static pk_status pk_bags_run(const pk_parallel_api *pool, int n_threads, const pk_bags_part *parts,
-                             int n_parts, int check_first, int64_t *bad_pos, int *bad_part)
+                             int n_parts, void *snapshot, int64_t *bad_pos, int *bad_part)
 {
     int64_t total = 0, bags = 0;
     for (int p = 0; p < n_parts; p++) {
@@ -148,13 +157,15 @@ static pk_status pk_bags_run(const pk_parallel_api *pool, int n_threads, const p
 
     if (k <= 1) {
         free(heap);
-        for (int p = 0; check_first && p < n_parts; p++)
-            if (pk_bags_scan(&parts[p], 0, parts[p].bags.num_bags, bad_pos) != PK_OK) {
+        for (int p = 0; snapshot && p < n_parts; p++)
+            if (pk_bags_scan(&parts[p], 0, parts[p].bags.num_bags, snapshot, bad_pos) != PK_OK) {
                 *bad_part = p;
                 return PK_ERR_INDEX;
             }
         for (int p = 0; p < n_parts; p++) {
-            const pk_status s = parts[p].call(parts[p].args, &parts[p].bags, bad_pos);
+            pk_bags bags = parts[p].bags;
+            if (snapshot) bags.indices = snapshot;
+            const pk_status s = parts[p].call(parts[p].args, &bags, bad_pos);
             if (s != PK_OK) { *bad_part = p; return s; }
         }
         return PK_OK;
@@ -183,9 +194,10 @@ static pk_status pk_bags_run(const pk_parallel_api *pool, int n_threads, const p
     start_part[k] = n_parts - 1;
     start_bag[k] = parts[n_parts - 1].bags.num_bags;
 
-    pk_bags_run_ctx ctx = {parts, n_parts, start_part, start_bag, status, bad_poss, bad_parts, 0};
+    pk_bags_run_ctx ctx = {parts, n_parts, start_part, start_bag, status, bad_poss, bad_parts,
+                           snapshot, 0};
     pk_status result = PK_OK;
-    if (check_first) {
+    if (snapshot) {
         ctx.scan = 1;
         pool->parallel_for(k, threads, pk_bags_run_chunks, &ctx);
         result = pk_bags_first_error(&ctx, k, bad_pos, bad_part);

@@ -72,6 +72,20 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads,
                                  unsigned flags);
 static _Atomic(gomp_parallel_fn) host_gomp_parallel;
+/* Its omp_get_max_threads (NULL: unknown) and omp_get_thread_limit(): the largest team a job runs
+ * on it (see use_openmp in parallel.h). */
+typedef int (*omp_max_threads_fn)(void);
+static _Atomic(omp_max_threads_fn) host_omp_max_threads;
+static atomic_int host_omp_thread_limit = PK_PARALLEL_MAX_THREADS;
+
+/* Whether a team of k threads stays within what the host runtime runs and may create. */
+static int host_team_fits(int k)
+{
+    const omp_max_threads_fn max_threads =
+        atomic_load_explicit(&host_omp_max_threads, memory_order_acquire);
+    if (k > atomic_load_explicit(&host_omp_thread_limit, memory_order_relaxed)) return 0;
+    return max_threads == NULL || k <= max_threads();
+}
 
 /* Blocks a job of n tasks on k threads is cut into (fixed by n and k alone). */
 static inline int64_t n_blocks_for(int64_t n, int k)
@@ -248,7 +262,7 @@ static int parallel_for(int64_t n_tasks, int n_threads, pk_parallel_fn fn, void 
         return 1;
     }
     const gomp_parallel_fn gomp = atomic_load_explicit(&host_gomp_parallel, memory_order_acquire);
-    if (gomp) {
+    if (gomp && host_team_fits(k)) {
         gomp_job job = {.fn = fn, .ctx = ctx, .n_tasks = n_tasks, .n_blocks = n_blocks_for(n_tasks, k)};
         atomic_init(&job.next, 0);
         gomp(gomp_body, &job, (unsigned)k, 0);  /* returns when every team thread is done */
@@ -311,9 +325,12 @@ static int num_workers(void)
     return n;
 }
 
-static void use_openmp(void *gomp_parallel)
+static void use_openmp(void *gomp_parallel, void *max_threads, int thread_limit)
 {
     pthread_once(&atfork_once, register_atfork);
+    atomic_store_explicit(&host_omp_max_threads, (omp_max_threads_fn)max_threads,
+                          memory_order_release);
+    atomic_store_explicit(&host_omp_thread_limit, thread_limit, memory_order_relaxed);
     atomic_store_explicit(&host_gomp_parallel, (gomp_parallel_fn)gomp_parallel, memory_order_release);
 }
 
@@ -323,7 +340,7 @@ static void *openmp_in_use(void)
 }
 
 static const pk_parallel_api api = {
-    .abi_version = 2,
+    .abi_version = 3,
     .parallel_for = parallel_for,
     .get_num_threads = get_num_threads,
     .set_num_threads = set_num_threads,

@@ -12,7 +12,7 @@ from perfkernels.families.embedding._c_embedding cimport (pk_float_bags_args, pk
                                        pk_embedding_table)
 from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
 from perfkernels._bags cimport (BAGS_SCRATCH, TINY_BAGS, prepare_bags, bags_out_for_kernel,
-                                bags_output, check_bags_status, run_bags)
+                                bags_output, check_bags_status, index_snapshot, run_bags)
 from perfkernels._parallel cimport resolve_threads
 
 cnp.import_array()
@@ -154,7 +154,13 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
     cdef int64_t bad = -1
     cdef cnp.ndarray dst = bags_output(
         &bags, out, None if out is None else bags_out_for_kernel(out, bags.num_bags, dim, table, keep),
-        dim, rows)
+        dim)
+    # the kernels write the caller's out=: they run on a checked private copy of the indices
+    cdef int64_t ix_scratch[BAGS_SCRATCH]
+    cdef void *snap = NULL
+    cdef cnp.ndarray snapshot = None
+    if dst is out:
+        snapshot = index_snapshot(&bags, ix_scratch, sizeof(ix_scratch), &snap)
 
     cdef int t = cnp.PyArray_TYPE(table)
     cdef const pk_embedding_kernels *k = _kernels
@@ -163,17 +169,19 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
     cdef const void *data = cnp.PyArray_DATA(table)
     cdef pk_status status
     cdef pk_float_bags_args args
-    cdef bint direct = dst is out   # the kernels write the caller's out=
-    if bags.num_bags * dim + bags.n_indices < TINY_BAGS:
-        status = fn(&bags, data, rows, dim, row_stride, &bad)
-    else:
-        args.fn = fn
-        args.table = data
-        args.rows = rows
-        args.dim = dim
-        args.row_stride = row_stride
+    cdef int64_t row_bytes = dim * cnp.PyArray_ITEMSIZE(table)
+    args.fn = fn
+    args.table = data
+    args.rows = rows
+    args.dim = dim
+    args.row_stride = row_stride
+    if bags.num_bags * dim + bags.n_indices >= TINY_BAGS:
         with nogil:
-            status = run_bags(&bags, pk_float_bags_call, &args, rows,
-                              dim * cnp.PyArray_ITEMSIZE(table), dim, nt, direct, &bad)
+            status = run_bags(&bags, pk_float_bags_call, &args, rows, row_bytes, dim, nt, snap,
+                              &bad)
+    elif snap != NULL:
+        status = run_bags(&bags, pk_float_bags_call, &args, rows, row_bytes, dim, 1, snap, &bad)
+    else:
+        status = fn(&bags, data, rows, dim, row_stride, &bad)
     check_bags_status(&bags, status, bad, rows, "embedding_bag")
     return finish_out(out, dst)

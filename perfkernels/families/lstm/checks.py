@@ -31,8 +31,12 @@ def keywords(t, forget_bias, gate_order) -> tuple[int, float]:
     if type(forget_bias) is float:
         fb = forget_bias
     else:
+        if isinstance(forget_bias, (str, bytes)):
+            raise TypeError(f"forget_bias must be a real number; got {type(forget_bias).__name__}")
         try:
             fb = float(forget_bias)
+        except OverflowError:   # an int past double's range (10**400)
+            raise ValueError(f"forget_bias = {forget_bias} is out of float32's range") from None
         except (TypeError, ValueError):
             raise TypeError(f"forget_bias must be a real number; got {type(forget_bias).__name__}") from None
     return min(t_, T_MAX), fb

@@ -24,7 +24,8 @@ from perfkernels.families.quantized._c_quantized cimport (pk_quantized_kernels,
                                                          pk_quantized_bags_args,
                                                          pk_quantized_bags_call)
 from perfkernels._arrays cimport as_float32, check_out, finish_out
-from perfkernels._bags cimport as_int_array, lengths_to_offsets, normalise_offsets
+from perfkernels._bags cimport (as_int_array, lengths_to_offsets, normalise_offsets,
+                                out_via_temporary)
 from perfkernels._parallel cimport pool, resolve_threads
 
 cnp.import_array()
@@ -239,12 +240,15 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
     else:
         dst = check_out(out, cnp.NPY_FLOAT32, "float32", shape,
                         tuple(arrays) + (ix, src, w))
+        if dst is out and out_via_temporary(B, total_d, n, cnp.PyArray_ITEMSIZE(ix)):
+            dst = np.empty(shape, dtype=np.float32)   # fewer bytes than a checked index copy
 
     # one part per feature: its bags (offsets from f * B, out at its columns), kernel and costs
     cdef pk_bags_part *parts = <pk_bags_part *>malloc(F * sizeof(pk_bags_part))
     cdef _args *args = <_args *>malloc(F * sizeof(_args))
     cdef pk_bags_part *part
-    cdef cnp.ndarray a_
+    cdef cnp.ndarray a_, snapshot = None
+    cdef void *snap = NULL
     cdef int64_t col = 0, bad = -1
     cdef int bad_part = 0, kind, idx_bytes = cnp.PyArray_ITEMSIZE(ix)
     cdef pk_status status
@@ -296,10 +300,17 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
                 part.index_cost = a_.shape[1] + idx_bytes
             col += tdims[f]
 
+        if direct:
+            # the kernels write the caller's out=: every index is copied into a private buffer
+            # and checked (on the same threads) before any kernel runs, and the kernels read the
+            # copy (another thread may write the caller's indices meanwhile)
+            snapshot = np.empty(n * idx_bytes, dtype=np.uint8)
+            snap = cnp.PyArray_DATA(snapshot)
         with nogil:
-            # check_first: when the kernels write the caller's out=, every index is checked
-            # (on the same threads) before any of them runs
-            status = pk_bags_run(pool, nt, parts, <int>F, direct, &bad, &bad_part)
+            status = pk_bags_run(pool, nt, parts, <int>F, snap, &bad, &bad_part)
+        if snap != NULL:
+            for f in range(F):
+                parts[f].bags.indices = snap   # the message names the value that was checked
         if status == PK_ERR_INDEX:
             _raise_bad_index(&parts[bad_part], bad_part, bad, off[bad_part * B],
                              (<cnp.ndarray>arrays[bad_part]).shape[0])

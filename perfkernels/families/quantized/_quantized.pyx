@@ -1,6 +1,7 @@
 """Row-wise quantized tables: quantize, dequantize and embedding-bag lookups."""
 from libc.stdint cimport uint8_t, uint16_t, int64_t
 from cpython.pycapsule cimport PyCapsule_New
+from cpython.pyport cimport PY_SSIZE_T_MAX
 import numpy as np
 
 from perfkernels.families.quantized import layout
@@ -13,7 +14,7 @@ from perfkernels.families.quantized._c_quantized cimport (pk_quantized_bags_args
                                        pk_quantized_table)
 from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
 from perfkernels._bags cimport (BAGS_SCRATCH, TINY_BAGS, prepare_bags, bags_out_for_kernel,
-                                bags_output, check_bags_status, run_bags)
+                                bags_output, check_bags_status, index_snapshot, run_bags)
 from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads, ranges_chunks
 
 cnp.import_array()
@@ -45,9 +46,11 @@ cdef int _check_bits(object bits) except -1:
 cdef Py_ssize_t _packed_dim(Py_ssize_t width, int bits, object dim) except -1:
     """The embedding dimension of packed rows `width` bytes wide (validated against `dim=`)."""
     cdef Py_ssize_t trailer = <Py_ssize_t>pk_quantized_row_bytes(bits, 0)
-    if dim is None and width > trailer:
-        return (width - trailer) * (8 // bits)
-    if (type(dim) is int and 1 <= dim <= 8 * width
+    cdef Py_ssize_t per = 8 // bits
+    # (width - trailer) * per must not overflow: a wider row goes to layout.packed_dim's error
+    if dim is None and trailer < width and width - trailer <= PY_SSIZE_T_MAX // per:
+        return (width - trailer) * per
+    if (type(dim) is int and 1 <= dim <= PY_SSIZE_T_MAX // 8
             and <Py_ssize_t>pk_quantized_row_bytes(bits, <size_t>dim) == width):
         return <Py_ssize_t>dim
     return <Py_ssize_t>layout.packed_dim(width, bits, dim)
@@ -295,23 +298,30 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
     cdef int64_t bad = -1
     cdef cnp.ndarray dst = bags_output(
         &bags, out, None if out is None else bags_out_for_kernel(out, bags.num_bags, d, p, keep),
-        d, rows)
+        d)
+    # the kernels write the caller's out=: they run on a checked private copy of the indices
+    cdef int64_t ix_scratch[BAGS_SCRATCH]
+    cdef void *snap = NULL
+    cdef cnp.ndarray snapshot = None
+    if dst is out:
+        snapshot = index_snapshot(&bags, ix_scratch, sizeof(ix_scratch), &snap)
     cdef const uint8_t *data = <const uint8_t *>cnp.PyArray_DATA(p)
     cdef const pk_quantized_kernels *k = _kernels
     cdef pk_status status
     cdef pk_quantized_bags_args args
-    cdef bint direct = dst is out   # the kernels write the caller's out=
-    if bags.num_bags * d + bags.n_indices < TINY_BAGS:
-        status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
-    else:
-        args.fn = k.embedding_bag
-        args.bits = b
-        args.packed = data
-        args.rows = rows
-        args.row_bytes = row_bytes
-        args.dim = d
+    args.fn = k.embedding_bag
+    args.bits = b
+    args.packed = data
+    args.rows = rows
+    args.row_bytes = row_bytes
+    args.dim = d
+    if bags.num_bags * d + bags.n_indices >= TINY_BAGS:
         with nogil:
-            status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, nt,
-                              direct, &bad)
+            status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, nt, snap,
+                              &bad)
+    elif snap != NULL:
+        status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, 1, snap, &bad)
+    else:
+        status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
     check_bags_status(&bags, status, bad, rows, "embedding_bag_quantized")
     return finish_out(out, dst)

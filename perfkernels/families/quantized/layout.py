@@ -14,6 +14,8 @@ BITS: tuple[int, ...] = (8, 4, 2)
 #: codes per byte and bytes of scale + bias (two float32 for 8-bit rows, two float16 otherwise)
 _PER = {8: 1, 4: 2, 2: 4}
 _TRAILER = {8: 8, 4: 4, 2: 4}
+#: the largest array size (Py_ssize_t)
+_SIZE_MAX = 2 ** 63 - 1
 
 
 def check_bits(bits) -> int:
@@ -51,6 +53,9 @@ def packed_dim(width: int, bits, dim=None) -> int:
     if width <= trailer:
         raise ValueError(f"packed rows of {width} bytes are too short for {bits}-bit rows "
                          f"({_layout(bits)})")
+    if (width - trailer) * _PER[bits] > _SIZE_MAX:   # D past any array (a C size would overflow)
+        raise ValueError(f"packed rows of {width} bytes hold more than {_SIZE_MAX} {bits}-bit "
+                         f"values: too wide for a {bits}-bit table")
     if dim is None:
         return (width - trailer) * _PER[bits]
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:

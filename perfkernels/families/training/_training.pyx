@@ -46,10 +46,24 @@ def _set_isa(int level):
 _dispatch.register(_set_isa)
 
 
+cdef int _check_rows_apart(cnp.ndarray a, str name) except -1:
+    """ValueError when rows of `a` (updated in place, row by row on several threads) share memory:
+    a zero or short row stride (np.lib.stride_tricks.as_strided) would make several rows one,
+    and their updates would race and be lost."""
+    cdef cnp.npy_intp extent = cnp.PyArray_ITEMSIZE(a)
+    if cnp.PyArray_NDIM(a) == 2:
+        extent *= cnp.PyArray_DIM(a, 1)
+    if cnp.PyArray_DIM(a, 0) > 1 and extent > 0 and cnp.PyArray_STRIDE(a, 0) < extent:
+        raise ValueError(f"{name} overlaps itself: its rows are {cnp.PyArray_STRIDE(a, 0)} bytes "
+                         f"apart but {extent} bytes long (strides {(<object>a).strides}); it is "
+                         "updated in place, so every row needs its own memory")
+    return 0
+
+
 cdef cnp.ndarray _table_in_place(object weight):
     """weight as the 2-D float32/float16/bfloat16 array the kernel updates in place: it must be
-    writeable, aligned and have unit stride along D (rows any non-negative multiple of the element
-    size apart).  Nothing is copied: a copy would not update the caller's table."""
+    writeable, aligned and have unit stride along D (rows any multiple of the element size apart,
+    at least a row's length: rows that share memory are refused).  Nothing is copied: a copy would not update the caller's table."""
     cdef cnp.ndarray a
     cdef int t
     cdef cnp.npy_intp itemsize, s0
@@ -75,6 +89,7 @@ cdef cnp.ndarray _table_in_place(object weight):
         raise ValueError(f"weight must be aligned, native byte order, with unit stride along D "
                          f"(it is updated in place, so it cannot be copied); got strides "
                          f"{(<object>a).strides}, aligned={bool(cnp.PyArray_ISALIGNED(a))}")
+    _check_rows_apart(a, "weight")
     return a
 
 
@@ -109,15 +124,22 @@ cdef cnp.ndarray _state_in_place(object state, str optimizer, int64_t rows, int6
                 and (optimizer != "adagrad" or cnp.PyArray_STRIDE(s, 1) == 4 or dim <= 1)))):
         raise ValueError(f"state must be aligned, native byte order, with unit stride along D "
                          f"(it is updated in place); got strides {(<object>s).strides}")
+    _check_rows_apart(s, "state")
     if rows > 0 and dim > 0 and np.may_share_memory(s, table):
         raise ValueError("state shares memory with weight")
     return s
 
 
 cdef float _finite(object value, str name) except? -1:
+    """A hyper-parameter as float32: a real number (not a bool or a string), finite, >= 0 and
+    within float32's range, else TypeError / ValueError naming it."""
     cdef double v
+    if isinstance(value, (bool, np.bool_, str, bytes)) or not hasattr(type(value), "__float__"):
+        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
     try:
         v = float(value)
+    except OverflowError:   # an int past double's range (10**400)
+        raise ValueError(f"{name} = {value} is too large for float32 (at most {FLT_MAX:.7g})") from None
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be a real number; got {type(value).__name__}") from exc
     if not math.isfinite(v):
