@@ -1,10 +1,26 @@
 """DLRM in plain PyTorch, then the same model after ``perfkernels.torch.convert``.
 
-The model is the DLRM of Naumov et al. (2019): a bottom MLP 13-512-256-64 on the dense features,
-26 embedding tables (Criteo Kaggle's cardinalities, capped by ``--max-rows``) of dimension 64 on
-the sparse features, pairwise dot-product interaction, and a top MLP 512-256-1.  Data are
-synthetic and Criteo-shaped: 13 log-normal dense features, 26 sparse features with Zipf-distributed
-indices (a few hot rows, a long cold tail), ``--bag-size`` indices per feature, random labels.
+The model is the DLRM of Naumov et al. (2019) in one of four classes (``--model``; the table
+:data:`MODEL_CLASSES`):
+
+``criteo`` (default)
+    a bottom MLP 13-512-256-64 on the dense features, 26 embedding tables (Criteo Kaggle's
+    cardinalities, capped by ``--max-rows``) of dimension 64, pairwise dot-product interaction,
+    a top MLP 512-256-1, 10 lookups per table: the embedding-light end (the MLPs take most of a
+    batch).
+``rm1``, ``rm2``, ``rm3``
+    DeepRecSys's public configurations of the recommendation-model classes of Meta's papers
+    (dense features and bottom MLP, tables x rows x dimension, lookups per table, top MLP,
+    concatenation interaction): RM1 128-64-32, 8 x 4M x 32, 80 lookups, 256-64-1; RM2
+    256-128-64, 32 x 500K x 64, 120 lookups, 128-64-1 (embedding-dominated: its end-to-end
+    speed is the lookup kernel's); RM3 2560-1024-256-32, 10 x 2M x 32, 20 lookups, 512-256-1
+    (MLP-dominated).  Their rows are capped by ``--max-rows``, whose default per class keeps one
+    float32 copy of the tables near 512 MiB (RM2 at full size is 4 GB per copy; the comparison
+    holds several copies), so that it runs on a 2-core, 24 GiB machine shared with other work.
+
+Data are synthetic: log-normal dense features, sparse features with Zipf-distributed indices (a
+few hot rows, a long cold tail) or uniform ones (``--indices uniform``, every lookup a likely
+cache miss), ``--bag-size`` indices per feature (default: the class's lookups), random labels.
 
 What it does:
 
@@ -16,9 +32,16 @@ What it does:
    (``torch.optim.Adagrad``; row-wise Adagrad written with torch ops), the MLPs by SGD in both;
 2. runs batched inference with float32, float16 and 8-bit tables, stock PyTorch (torch's
    quantized EmbeddingBag for 8-bit) against the converted model, checks that the predictions
-   agree and prints the time per batch, end to end and for the embedding stage.
+   agree and prints the time per batch, end to end and for the embedding stage, and the
+   embedding stage's share of each side's time.  Two views side by side, all sampled in turn:
+   each side's default placement (torch's tables as torch allocated them; ours placed by
+   ``convert``: 2 MiB-aligned on huge pages) and the same placement on both sides (torch's float
+   tables moved onto huge pages by ``perfkernels.torch.place(..., "hugepage")``, what
+   ``THP_MEM_ALLOC_ENABLE=1`` gives torch's allocations).  The AnonHugePages each side's tables
+   got is printed beside the times.
 
     python examples/dlrm.py                       # batch 2048, tables capped at 1M rows
+    python examples/dlrm.py --model rm2 --batch 256 --indices uniform --train-steps 0
     python examples/dlrm.py --max-rows 1000 --batch 64 --train-steps 20 --infer-batches 3
     python examples/dlrm.py --plot dlrm.png       # also draw the time breakdown
     python examples/dlrm.py --fused-optimizer rowwise_adagrad --lr 0.01 --infer-batches 0
@@ -36,17 +59,44 @@ import copy
 import sys
 import time
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
 import perfkernels.torch as pt
+from perfkernels.torch._placement import huge_page_share
 
 #: Criteo Kaggle (Display Advertising Challenge) cardinalities of the 26 categorical features
 CRITEO_KAGGLE_ROWS = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                       3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
                       142572]
+
+
+class ModelClass(NamedTuple):
+    """One model class: table rows, embedding dimension, lookups per table and sample, the bottom
+    MLP (its first size is the number of dense features, its last the dimension), the top MLP's
+    sizes after the interaction (the last is 1), the interaction (``"dot"``: pairwise dot
+    products, ``"cat"``: concatenation) and the default cap on rows per table."""
+    table_rows: tuple
+    dim: int
+    lookups: int
+    bottom: tuple
+    top: tuple
+    interaction: str
+    max_rows: int
+
+
+#: The model classes of ``--model`` (DeepRecSys's public configurations for rm1-rm3).
+MODEL_CLASSES = {
+    "criteo": ModelClass(tuple(CRITEO_KAGGLE_ROWS), 64, 10, (13, 512, 256, 64), (512, 256, 1),
+                         "dot", 1_000_000),
+    "rm1": ModelClass((4_000_000,) * 8, 32, 80, (128, 64, 32), (256, 64, 1), "cat", 500_000),
+    "rm2": ModelClass((500_000,) * 32, 64, 120, (256, 128, 64), (128, 64, 1), "cat", 65_536),
+    "rm3": ModelClass((2_000_000,) * 10, 32, 20, (2560, 1024, 256, 32), (512, 256, 1), "cat",
+                      400_000),
+}
 
 
 def mlp(sizes: list[int], last_sigmoid: bool = False) -> nn.Sequential:
@@ -58,26 +108,48 @@ def mlp(sizes: list[int], last_sigmoid: bool = False) -> nn.Sequential:
 
 
 class DLRM(nn.Module):
-    """Bottom MLP, one EmbeddingBag per sparse feature, dot interaction, top MLP."""
+    """Bottom MLP, one EmbeddingBag per sparse feature, interaction (dot or cat), top MLP.
+    ``bottom``: the bottom MLP's sizes from the dense features to ``dim`` (default Criteo's
+    13-512-256-dim); ``top``: the top MLP's sizes after the interaction (default 512-256-1)."""
 
-    def __init__(self, table_rows: list[int], dim: int = 64, sparse: bool = True) -> None:
+    def __init__(self, table_rows: list[int], dim: int = 64, sparse: bool = True,
+                 bottom: tuple | None = None, top: tuple = (512, 256, 1),
+                 interaction: str = "dot") -> None:
         super().__init__()
-        self.bottom = mlp([13, 512, 256, dim])
+        bottom = list(bottom or (13, 512, 256))
+        if bottom[-1] != dim:
+            bottom.append(dim)
+        self.num_dense = bottom[0]
+        self.bottom = mlp(bottom)
         self.tables = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=sparse)
                                     for n in table_rows)
         for t in self.tables:   # DLRM's initialisation: uniform(+-sqrt(1/rows))
             nn.init.uniform_(t.weight, -np.sqrt(1 / t.num_embeddings),
                              np.sqrt(1 / t.num_embeddings))
         f = len(table_rows) + 1
-        self.top = mlp([dim + f * (f - 1) // 2, 512, 256, 1], last_sigmoid=True)
+        self.interaction = interaction
+        width = dim + f * (f - 1) // 2 if interaction == "dot" else f * dim
+        self.top = mlp([width, *top], last_sigmoid=True)
         rows, cols = torch.tril_indices(f, f, offset=-1)
         self.register_buffer("pairs", rows * f + cols, persistent=False)
+
+    @classmethod
+    def of_class(cls, spec: ModelClass, max_rows: int, dim: int | None = None,
+                 sparse: bool = True) -> "DLRM":
+        """The model of a :class:`ModelClass`, rows capped at ``max_rows`` (``dim`` overrides
+        the class's dimension)."""
+        dim = dim or spec.dim
+        return cls([min(n, max_rows) for n in spec.table_rows], dim, sparse,
+                   spec.bottom[:-1] + (dim,), spec.top, spec.interaction)
 
     def embed(self, indices: list[torch.Tensor], offsets: list[torch.Tensor]) -> list[torch.Tensor]:
         # .float(): a no-op for float32 tables, the cast back for torch's float16 tables
         return [t(i, o).float() for t, i, o in zip(self.tables, indices, offsets)]
 
     def interact(self, x: torch.Tensor, ly: list[torch.Tensor]) -> torch.Tensor:
+        # (getattr: dlrm_distributed's DenseDLRM borrows this method and has no `interaction`)
+        if getattr(self, "interaction", "dot") == "cat":
+            return torch.cat([x] + ly, dim=1)
         t = torch.stack([x] + ly, dim=1)                        # [B, F, D]
         z = torch.bmm(t, t.transpose(1, 2)).flatten(1)          # [B, F * F]
         return torch.cat([x, z[:, self.pairs]], dim=1)
@@ -89,17 +161,22 @@ class DLRM(nn.Module):
 
 
 def make_batches(table_rows: list[int], batch: int, bag_size: int, count: int, seed: int,
-                 zipf_a: float = 1.1) -> list[tuple]:
-    """Criteo-shaped synthetic batches: (dense [B, 13], indices per table, offsets per table,
-    labels).  Indices are Zipf-distributed over each table, hot rows scattered by a fixed
-    permutation-like hash so that they are not all at the start of the table."""
+                 zipf_a: float = 1.1, num_dense: int = 13, indices: str = "zipf") -> list[tuple]:
+    """Synthetic batches: (dense [B, num_dense], indices per table, offsets per table, labels).
+    Indices are Zipf-distributed over each table, hot rows scattered by a fixed permutation-like
+    hash so that they are not all at the start of the table, or uniform (``indices="uniform"``)."""
     rng = np.random.default_rng(seed)
     offsets = torch.arange(0, batch * bag_size, bag_size)
     out = []
+    draw = indices
     for _ in range(count):
-        dense = torch.from_numpy(np.log1p(rng.lognormal(0, 1, (batch, 13))).astype(np.float32))
+        dense = torch.from_numpy(np.log1p(rng.lognormal(0, 1, (batch, num_dense)))
+                                 .astype(np.float32))
         indices = []
         for rows in table_rows:
+            if draw == "uniform":
+                indices.append(torch.from_numpy(rng.integers(0, rows, batch * bag_size)))
+                continue
             z = rng.zipf(zipf_a, batch * bag_size) - 1
             indices.append(torch.from_numpy((z * 2654435761) % rows))
         labels = torch.from_numpy((rng.random(batch) < 0.25).astype(np.float32))
@@ -236,16 +313,52 @@ def half_tables(model: DLRM) -> DLRM:
     return h
 
 
+def huge_pages(model: nn.Module) -> str:
+    """The share of a model's float / packed tables on huge pages now (AnonHugePages of their
+    mappings), e.g. ``"512/512 MiB"``; ``"?"`` for torch's quantized modules, whose packed
+    tables are not reachable as tensors."""
+    tables = [t for name, t in (*model.named_parameters(), *model.named_buffers())
+              if name.startswith("tables.") and t.dim() == 2]
+    if not tables:
+        return "?"
+    huge, total = huge_page_share(tables)
+    return f"{huge / 2**20:.0f}/{total / 2**20:.0f} MiB"
+
+
+def inference_variants(stock: DLRM):
+    """(name, torch model, torch model on huge pages or None, converted model) for float32,
+    float16 and 8-bit tables, built one at a time (each holds copies of the tables)."""
+    f32 = copy.deepcopy(stock)        # so that placing the converted tables leaves stock's alone
+    yield "float32", stock, pt.place(copy.deepcopy(stock), "hugepage"), pt.convert(f32)
+    del f32
+    half = half_tables(stock)
+    yield ("float16", half, pt.place(copy.deepcopy(half), "hugepage"),
+           pt.convert(stock, dtype=torch.float16))
+    del half
+    yield "8-bit", torch_quantized(stock), None, pt.convert(stock, bits=8)
+
+
 def run(args: argparse.Namespace) -> dict:
     """The whole comparison; returns the measurements (also used by `perfkernels bench`)."""
     torch.manual_seed(args.seed)
-    table_rows = [min(n, args.max_rows) for n in CRITEO_KAGGLE_ROWS]
-    stock = DLRM(table_rows, args.dim)
-    result: dict = {"table_rows": table_rows}
+    spec = MODEL_CLASSES[args.model]
+    dim = args.dim or spec.dim
+    bag_size = args.bag_size or spec.lookups
+    max_rows = args.max_rows or spec.max_rows
+    stock = DLRM.of_class(spec, max_rows, dim)
+    table_rows = [t.num_embeddings for t in stock.tables]
+    result: dict = {"model": args.model, "table_rows": table_rows}
 
+    def batches_of(count: int, seed: int) -> list[tuple]:
+        return make_batches(table_rows, args.batch, bag_size, count, seed,
+                            num_dense=stock.num_dense, indices=args.indices)
+
+    print(f"model {args.model}: {len(table_rows)} tables x {dim} (max {max(table_rows):,} rows), "
+          f"{bag_size} {args.indices} lookups per table, batch {args.batch}, "
+          f"torch threads {torch.get_num_threads()}")
     # ---- training: the same batches through both, loss curves must agree
     if args.train_steps:
-        batches = make_batches(table_rows, args.batch, args.bag_size, args.train_steps, args.seed)
+        batches = batches_of(args.train_steps, args.seed)
         ours = pt.convert(copy.deepcopy(stock))
         fused = args.fused_optimizer
         table_opt = None
@@ -256,6 +369,7 @@ def run(args: argparse.Namespace) -> dict:
                 t.set_fused_optimizer((fused, options))
         loss_t, step_t, loss_o, step_o = train(stock, ours, batches, args.lr, table_opt,
                                                bool(fused))
+        del ours, table_opt
         diff = float(np.max(np.abs(np.array(loss_t) - np.array(loss_o))))
         result["train"] = {"torch_s": step_t, "ours_s": step_o, "max_loss_diff": diff,
                            "loss_first": loss_t[0], "loss_last": loss_t[-1],
@@ -276,31 +390,42 @@ def run(args: argparse.Namespace) -> dict:
     # ---- inference: float32, float16 and 8-bit tables
     if not args.infer_batches:
         return result
-    batches = make_batches(table_rows, args.batch, args.bag_size, args.infer_batches,
-                           args.seed + 1)
-    variants = {
-        "float32": (stock, pt.convert(stock)),
-        "float16": (half_tables(stock), pt.convert(stock, dtype=torch.float16)),
-        "8-bit": (torch_quantized(stock), pt.convert(stock, bits=8)),
-    }
+    batches = batches_of(args.infer_batches, args.seed + 1)
     result["infer"] = {}
-    print(f"\ninference, batch {args.batch}, {len(table_rows)} tables x {args.dim} "
-          f"(max {max(table_rows):,} rows), bag size {args.bag_size}, "
-          f"torch threads {torch.get_num_threads()}:")
-    print(f"{'tables':<9}{'torch ms':>10}{'ours ms':>10}{'speedup':>9}"
-          f"{'emb torch':>11}{'emb ours':>10}{'emb x':>7}{'max |dp|':>11}")
-    for name, (ref, conv) in variants.items():
+    print(f"\ninference, batch {args.batch}; ms per batch, end to end and embedding stage (emb);"
+          f" 'torch hp': torch's tables on huge pages (= THP_MEM_ALLOC_ENABLE=1); speedups "
+          f"vs torch's default placement (dflt) and the same placement (same); emb %: the "
+          f"embedding stage's share of the time; AnonHugePages of the tables")
+    print(f"{'tables':<9}{'torch':>8}{'torch hp':>9}{'ours':>8}{'x dflt':>8}{'x same':>8}"
+          f"{'emb torch':>10}{'emb hp':>8}{'emb ours':>9}{'emb x':>7}{'emb %':>10}"
+          f"{'max |dp|':>10}  huge pages torch / torch hp / ours")
+    for name, ref, ref_hp, conv in inference_variants(stock):
         with torch.inference_mode():
             p_ref = torch.cat([ref(*b[:3]) for b in batches])
             p_conv = torch.cat([conv(*b[:3]) for b in batches])
         dp = float((p_ref - p_conv).abs().max())
         tol = args.pred_tol if name != "float16" else 10 * args.pred_tol
-        t = time_inference({"torch": ref, "ours": conv}, batches, args.repeat)
-        result["infer"][name] = {"torch": t["torch"], "ours": t["ours"], "max_pred_diff": dp}
-        print(f"{name:<9}{t['torch']['total'] * 1e3:>10.2f}{t['ours']['total'] * 1e3:>10.2f}"
-              f"{t['torch']['total'] / t['ours']['total']:>8.2f}x"
-              f"{t['torch']['embedding'] * 1e3:>11.2f}{t['ours']['embedding'] * 1e3:>10.2f}"
-              f"{t['torch']['embedding'] / t['ours']['embedding']:>6.2f}x{dp:>11.2e}")
+        models = {"torch": ref, "ours": conv}
+        if ref_hp is not None:
+            models["torch_hp"] = ref_hp
+        t = time_inference(models, batches, args.repeat)
+        hp = t.get("torch_hp")
+        pages = " / ".join(huge_pages(m) if m is not None else "-" for m in (ref, ref_hp, conv))
+        result["infer"][name] = {**t, "max_pred_diff": dp, "huge_pages": pages}
+
+        def ms(side, key="total"):
+            return "-" if side is None else f"{side[key] * 1e3:.2f}"
+
+        same = "-" if hp is None else f"{hp['total'] / t['ours']['total']:.2f}x"
+        share = (f"{t['torch']['embedding'] / t['torch']['total']:.0%}/"
+                 f"{t['ours']['embedding'] / t['ours']['total']:.0%}")
+        print(f"{name:<9}{ms(t['torch']):>8}{ms(hp):>9}{ms(t['ours']):>8}"
+              f"{t['torch']['total'] / t['ours']['total']:>7.2f}x{same:>8}"
+              f"{ms(t['torch'], 'embedding'):>10}{ms(hp, 'embedding'):>8}"
+              f"{ms(t['ours'], 'embedding'):>9}"
+              f"{t['torch']['embedding'] / t['ours']['embedding']:>6.2f}x {share:>9} "
+              f"{dp:>9.1e}  {pages}")
+        del ref, ref_hp, conv, models
         if dp > tol:
             raise SystemExit(f"{name}: predictions differ by {dp:.2e} > {tol}")
     if args.plot:
@@ -333,12 +458,20 @@ def plot(result: dict, path: str) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=list(MODEL_CLASSES), default="criteo",
+                   help="model class (default criteo; rm1-rm3: DeepRecSys's configurations)")
     p.add_argument("--batch", type=int, default=2048)
-    p.add_argument("--max-rows", type=int, default=1_000_000, help="cap on rows per table")
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--bag-size", type=int, default=10,
+    p.add_argument("--max-rows", type=int, default=None,
+                   help="cap on rows per table (default per model: criteo 1M, rm1 500K, "
+                        "rm2 65536, rm3 400K; about 512 MiB per float32 copy of the rm tables)")
+    p.add_argument("--dim", type=int, default=None, help="embedding dimension (default: the "
+                                                         "model's, 64 for criteo)")
+    p.add_argument("--bag-size", type=int, default=None,
                    help="indices per sparse feature and sample (DLRM's "
-                        "--num-indices-per-lookup; 1 is Criteo's one-hot)")
+                        "--num-indices-per-lookup; default: the model's, 10 for criteo; 1 is "
+                        "Criteo's one-hot)")
+    p.add_argument("--indices", choices=["zipf", "uniform"], default="zipf",
+                   help="index distribution (default zipf)")
     p.add_argument("--train-steps", type=int, default=200)
     p.add_argument("--infer-batches", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3, help="timed passes over the batches")
@@ -365,8 +498,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 if __name__ == "__main__":
     arguments = parse_args()
     if arguments.distributed:
-        from dlrm_distributed import run_distributed
-        run_distributed(arguments, [(min(n, arguments.max_rows), arguments.dim,
-                                     arguments.bag_size) for n in CRITEO_KAGGLE_ROWS])
+        from dlrm_distributed import Dense, run_distributed
+        model_class = MODEL_CLASSES[arguments.model]   # its tables and MLP sizes (dot interaction)
+        run_distributed(arguments, [(min(n, arguments.max_rows or model_class.max_rows),
+                                     arguments.dim or model_class.dim,
+                                     arguments.bag_size or model_class.lookups)
+                                    for n in model_class.table_rows],
+                        Dense(model_class.bottom[0], model_class.bottom[1:-1],
+                              model_class.top[:-1]))
     else:
         run(arguments)

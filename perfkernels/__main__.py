@@ -1,10 +1,12 @@
 """Command line: ``python -m perfkernels info | bench | check | history``.
 
-info   print the build, the CPU features and the chosen ISA level (show_runtime)
+info   print the build, the CPU features and the chosen ISA level (show_runtime), the
+       transparent-huge-page mode and whether a placed test table really got huge pages
 bench  time every kernel family on its default workload, for every ISA level this CPU runs,
        side by side with NumPy and PyTorch (when installed), single-threaded; prints GB/s and ratios.
        ``--family dlrm``: the DLRM example end to end, stock PyTorch against perfkernels.torch
-       .convert(), both at PyTorch's default thread count.
+       .convert(), both at PyTorch's default thread count (``--model rm1|rm2|rm3``: the
+       embedding-heavy model classes instead of the Criteo-shaped one).
        ``--scaling``: the thread-scaling view instead (ours at 1, 2, ... threads, PyTorch at 1
        thread and at its default)
 check  run small inputs of every kernel on every ISA level and compare with perfkernels.reference
@@ -189,8 +191,10 @@ def print_table(rows: list[dict], copy_gbs: float | None) -> None:
     levels = sorted({lv for r in rows for lv in r["ours"]}, key=order.index)
     bases = sorted({b for r in rows for b in r["base"]})
     width = max(len(r["case"].name) for r in rows) + 2
-    head = (f"{'case':<{width}}" + "".join(f"{lv:>9}" for lv in levels) + "".join(f"{b:>9}" for b in bases)
-            + f"{'best time':>14}" + "".join(f"{'vs ' + b:>11}" for b in bases)
+    col = {b: max(9, len(b) + 2) for b in bases}
+    head = (f"{'case':<{width}}" + "".join(f"{lv:>9}" for lv in levels)
+            + "".join(f"{b:>{col[b]}}" for b in bases)
+            + f"{'best time':>14}" + "".join(f"{'vs ' + b:>{col[b] + 4}}" for b in bases)
             + ("  % copy" if copy_gbs else ""))
     print("\nGB/s of the bytes each kernel must touch (single thread; median of repetitions taken in turn)")
     print(head)
@@ -204,10 +208,11 @@ def print_table(rows: list[dict], copy_gbs: float | None) -> None:
         gbs = {k: case.nbytes / t / 1e9 for k, t in r["ours"].items()}
         best = min(r["ours"].values())
         line = f"{case.name:<{width}}" + "".join(f"{_fmt_gbs(gbs.get(lv)):>9}" for lv in levels)
-        line += "".join(f"{_fmt_gbs(case.nbytes / r['base'][b] / 1e9 if b in r['base'] else None):>9}"
+        line += "".join(f"{_fmt_gbs(case.nbytes / r['base'][b] / 1e9 if b in r['base'] else None):>{col[b]}}"
                         for b in bases)
         line += f"{_fmt_time(best):>14}"
-        line += "".join(f"{_fmt_ratio(r['base'][b] / best if b in r['base'] else None):>11}" for b in bases)
+        line += "".join(f"{_fmt_ratio(r['base'][b] / best if b in r['base'] else None):>{col[b] + 4}}"
+                        for b in bases)
         if copy_gbs:
             line += f"  {100 * case.nbytes / best / 1e9 / copy_gbs:5.0f}%"
         print(line)
@@ -270,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--gpu", action="store_true", help="the CUDA variant (needs a GPU and CuPy)")
     b.add_argument("--repeat", type=int, default=7, help="timed samples per measurement (median)")
     b.add_argument("--plot", metavar="FILE.png", help="save a chart of the speed-ups")
+    b.add_argument("--model", choices=["criteo", "rm1", "rm2", "rm3"], default="criteo",
+                   help="with --family dlrm: the model class (examples/dlrm.py --model)")
     b.add_argument("--scaling", action="store_true",
                    help="thread-scaling view: ours at 1, 2, ... threads beside PyTorch")
     b.add_argument("--threads", metavar="N,M,...",
@@ -284,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "info":
         import perfkernels
+        from perfkernels import _placement
         perfkernels.show_runtime()
+        print("\n".join(_placement.info_lines()))
         return 0
     if args.command == "check":
         return cmd_check(args)
@@ -294,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.family and "dlrm" in args.family:
         # end to end with PyTorch at its default thread count, so before OMP_NUM_THREADS below
         from perfkernels.benchsuite import dlrm
-        dlrm.run(args.quick, args.plot)
+        dlrm.run(args.quick, args.plot, args.model)
         args.family = [f for f in args.family if f != "dlrm"]
         if not args.family:
             return 0

@@ -59,3 +59,18 @@ def test_on_torch_openmp_team(probe):
     idx = np.random.default_rng(1).integers(0, 500, 3000)
     for threads in (1, 2, 3):
         assert touch(dll, table, idx, threads, team=team) == 0
+
+
+@pytest.mark.parametrize("placement", ["torch", "numpy", "hugepage"])
+def test_placements_keep_the_values_and_report_huge_pages(probe, placement):
+    pytest.importorskip("torch")
+    module, _ = probe
+    table = np.random.default_rng(2).standard_normal((20000, 64)).astype(np.float32)
+    out = module.placed(table, placement)
+    assert out is not table and np.array_equal(out, table)
+    address = out.__array_interface__["data"][0]
+    if placement == "hugepage":
+        assert address % (2 << 20) == 0
+    elif placement == "torch":
+        assert address % 64 == 0
+    assert "AnonHugePages" in module.huge_pages(out)

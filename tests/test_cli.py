@@ -22,6 +22,9 @@ def test_info_prints_the_runtime():
     proc = run("info")
     assert proc.returncode == 0, proc.stderr
     assert f"active        {pk.active_isa()}" in proc.stdout
+    # the THP mode and what a placed test table really got
+    assert "THP           enabled=" in proc.stdout
+    assert "a 4 MiB test table got" in proc.stdout and "AnonHugePages" in proc.stdout
 
 
 def test_bench_quick_prints_a_table_with_ratios():
@@ -121,3 +124,16 @@ def test_check_fails_on_a_wrong_result():
             first.reshape(-1)[first.size // 2] += 1e-3 + abs(first.reshape(-1)[first.size // 2])
         ok, detail = _selfcheck.compare(check, got)
         assert not ok, (check.name, detail)
+
+
+def test_bench_dlrm_takes_the_model_class(monkeypatch):
+    """`bench --family dlrm --model rm2` runs the example's rm2 class (the run itself is
+    tests/test_dlrm_example.py's); an unknown class is refused by the parser."""
+    from perfkernels import __main__ as cli
+    from perfkernels.benchsuite import dlrm
+    seen = []
+    monkeypatch.setattr(dlrm, "run", lambda quick, plot, model: seen.append((quick, model)))
+    assert cli.main(["bench", "--family", "dlrm", "--model", "rm2", "--quick"]) == 0
+    assert seen == [(True, "rm2")]
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--family", "dlrm", "--model", "rm9"])

@@ -47,3 +47,28 @@ def test_dlrm_example_fused_optimizer_tracks_torch():
     assert result["train"]["fused_optimizer"] == optimizer
     assert result["train"]["max_loss_diff"] <= 1e-4
     assert result["train"]["loss_last"] < result["train"]["loss_first"]
+
+
+@pytest.mark.skipif(not EXAMPLE.exists(), reason="examples/dlrm.py not found next to tests/")
+@pytest.mark.parametrize("model", ["rm1", "rm2", "rm3"])
+def test_dlrm_example_model_classes(model):
+    """DeepRecSys's public configurations (tables x rows x dim, lookups, MLPs), at a tiny row cap:
+    the converted model still trains and predicts like stock PyTorch, and both placements are
+    reported."""
+    configs = {"rm1": (8, 4_000_000, 32, 80, 128), "rm2": (32, 500_000, 64, 120, 256),
+               "rm3": (10, 2_000_000, 32, 20, 2560)}
+    spec = importlib.util.spec_from_file_location("dlrm_example", EXAMPLE)
+    dlrm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dlrm)
+    cls = dlrm.MODEL_CLASSES[model]
+    tables, rows, dim, lookups, dense = configs[model]
+    assert (len(cls.table_rows), cls.table_rows[0], cls.dim, cls.lookups, cls.bottom[0]) == (
+        tables, rows, dim, lookups, dense)
+    result = dlrm.run(dlrm.parse_args([
+        "--model", model, "--batch", "8", "--max-rows", "200", "--indices", "uniform",
+        "--train-steps", "2", "--infer-batches", "1", "--repeat", "1"]))
+    assert result["model"] == model and result["table_rows"] == [200] * tables
+    assert result["train"]["max_loss_diff"] <= 1e-4
+    assert result["infer"]["float32"]["max_pred_diff"] <= 1e-4
+    assert "torch_hp" in result["infer"]["float32"] and "MiB" in result["infer"]["float32"][
+        "huge_pages"]

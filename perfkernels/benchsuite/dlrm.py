@@ -1,6 +1,6 @@
-"""``python -m perfkernels bench --family dlrm``: the DLRM example end to end, stock PyTorch
-against the model after ``perfkernels.torch.convert`` (training step, and inference with float32,
-float16 and 8-bit tables), both at PyTorch's default thread count.
+"""``python -m perfkernels bench --family dlrm [--model criteo|rm1|rm2|rm3]``: the DLRM example
+end to end, stock PyTorch against the model after ``perfkernels.torch.convert`` (training step,
+and inference with float32, float16 and 8-bit tables), both at PyTorch's default thread count.
 
 It is not a per-kernel case (the generic runner times kernels per ISA level against
 single-threaded baselines), so :func:`cases` is empty and :func:`run` does the work.  The model
@@ -20,17 +20,19 @@ def cases(quick: bool) -> list[Case]:
     return []
 
 
-def run(quick: bool, plot: str | None = None) -> dict | None:
-    """Run the comparison (``quick``: small tables and batches, seconds instead of minutes)."""
+def run(quick: bool, plot: str | None = None, model: str = "criteo") -> dict | None:
+    """Run the comparison (``quick``: small tables and batches, seconds instead of minutes) for
+    one of the example's model classes (``criteo``, ``rm1``, ``rm2``, ``rm3``)."""
     if not EXAMPLE.exists():
         print(f"dlrm: {EXAMPLE} not found (the example ships with the source checkout)")
         return None
     spec = importlib.util.spec_from_file_location("perfkernels_dlrm_example", EXAMPLE)
     dlrm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(dlrm)
-    argv = (["--max-rows", "20000", "--batch", "512", "--train-steps", "10",
-             "--infer-batches", "2", "--repeat", "2"] if quick else
-            ["--train-steps", "20", "--infer-batches", "4", "--repeat", "3"])
+    argv = ["--model", model] + (
+        ["--max-rows", "20000", "--batch", "512", "--train-steps", "10",
+         "--infer-batches", "2", "--repeat", "2"] if quick else
+        ["--train-steps", "20", "--infer-batches", "4", "--repeat", "3"])
     if plot:
         argv += ["--plot", plot]
     return dlrm.run(dlrm.parse_args(argv))

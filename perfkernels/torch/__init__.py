@@ -6,7 +6,8 @@ perfkernels[torch]``).
 
 * :class:`EmbeddingBag`, :class:`QuantizedEmbeddingBag`, :class:`EmbeddingBagCollection`:
   modules with the constructor, ``forward`` and ``state_dict`` of the ones they replace;
-* :func:`convert` swaps them into an existing model; :func:`route_functional` routes
+* :func:`convert` swaps them into an existing model, their tables placed for gathers (2 MiB
+  huge pages; :func:`place`, :func:`placement_report`); :func:`route_functional` routes
   ``torch.nn.functional.embedding_bag`` to :func:`embedding_bag`;
 * every kernel is also a ``torch.library`` custom op (``torch.ops.perfkernels.*``) with a fake
   implementation, so ``torch.compile(fullgraph=True)`` and ``torch.export`` see it; eager calls
@@ -34,6 +35,7 @@ from ._collection import (EmbeddingBagCollection, EmbeddingBagConfig, KeyedJagge
 from ._lstm import LSTMCell, lstm_unit
 from ._convert import ConversionReport, convert, embedding_bag, last_report, route_functional
 from ._threads import torch_threads_in_use, use_torch_threads
+from ._placement import place, placement_report
 
 __all__ = [
     "IndexOutOfRangeError", "BagBackward",
@@ -44,6 +46,7 @@ __all__ = [
     "LSTMCell", "lstm_unit",
     "convert", "ConversionReport", "last_report", "embedding_bag", "route_functional",
     "use_torch_threads", "torch_threads_in_use",
+    "place", "placement_report",
 ]
 
 _threads._init_from_environment()

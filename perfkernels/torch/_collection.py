@@ -172,10 +172,11 @@ class EmbeddingBagCollection(torch.nn.Module):
     in ``state_dict`` as ``embedding_bags.<table name>.momentum1``.  A table shared by several
     features is looked up once for all of them, so it is updated once per step with every
     feature's rows (duplicates across features summed first, as FBGEMM's exact optimizers do).
+    ``placement=`` places every table (see :class:`EmbeddingBag`).
     """
 
     def __init__(self, tables: Sequence[Any], is_weighted: bool = False, device=None,
-                 fused_optimizer: Optional[Any] = None) -> None:
+                 fused_optimizer: Optional[Any] = None, placement: str = "auto") -> None:
         super().__init__()
         self._is_weighted = is_weighted
         self._configs = list(tables)
@@ -186,7 +187,8 @@ class EmbeddingBagCollection(torch.nn.Module):
                 raise ValueError(f"two tables are named {cfg.name!r}")
             bag = EmbeddingBag(cfg.num_embeddings, cfg.embedding_dim,
                                mode=_pooling_mode(cfg.pooling), include_last_offset=True,
-                               device=device, dtype=_table_dtype(cfg.data_type))
+                               device=device, dtype=_table_dtype(cfg.data_type),
+                               placement=placement)
             bag.output_dtype = torch.float32
             hi = cfg.weight_init_max
             lo = cfg.weight_init_min

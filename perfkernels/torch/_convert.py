@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _bags
+from . import _bags, _placement
 from ._embedding_bag import EmbeddingBag
 from ._fallback import unsupported_reason, warn_once
 
@@ -50,8 +50,8 @@ class _Swapper:
     one converted Parameter, so tied tables stay tied (one parameter, trained once)."""
 
     def __init__(self, dtype: Optional[torch.dtype], bits: Optional[int],
-                 report: ConversionReport) -> None:
-        self.dtype, self.bits, self.report = dtype, bits, report
+                 report: ConversionReport, placement: str = "auto") -> None:
+        self.dtype, self.bits, self.report, self.placement = dtype, bits, report, placement
         self.modules: dict[int, Optional[torch.nn.Module]] = {}   # id(old) -> new (None: kept)
         self.weights: dict[int, torch.nn.Parameter] = {}          # id(old weight) -> new weight
         self.keep: list = []   # the old objects, so that their ids stay theirs during convert
@@ -59,7 +59,7 @@ class _Swapper:
     def __call__(self, name: str, module: torch.nn.Module) -> Optional[torch.nn.Module]:
         if id(module) in self.modules:
             return self.modules[id(module)]
-        new = _swap_one(name, module, self.dtype, self.bits, self.report)
+        new = _swap_one(name, module, self.dtype, self.bits, self.report, self.placement)
         if isinstance(new, EmbeddingBag) and new.weight is not module.weight:
             old = module.weight
             if id(old) in self.weights:     # a table tied to one converted before
@@ -73,7 +73,8 @@ class _Swapper:
 
 
 def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
-              bits: Optional[int], report: ConversionReport) -> Optional[torch.nn.Module]:
+              bits: Optional[int], report: ConversionReport, placement: str = "auto"
+              ) -> Optional[torch.nn.Module]:
     """Our replacement for one module, or None (with the reason in the report) to leave it."""
     from ._quantized import QuantizedEmbeddingBag
     kind = type(module).__name__
@@ -86,16 +87,17 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
             report.skipped.append((name, kind, reason))
             return None
         if bits is not None:
-            new = QuantizedEmbeddingBag.from_float(module, bits=bits)
+            new = QuantizedEmbeddingBag.from_float(module, bits=bits, placement=placement)
             report.swapped.append((name, kind, "QuantizedEmbeddingBag", f"{bits}-bit rows"))
             return new
         new = EmbeddingBag.from_torch(module, dtype=dtype)
+        _placement.place_tensor_attr(new, "weight", placement)
         note = "" if dtype in (None, module.weight.dtype) else f"weight stored as {dtype}"
         report.swapped.append((name, kind, "EmbeddingBag",
                                note or "same weight Parameter"))
         return new
     if qtype is not None and type(module) is qtype:
-        new = QuantizedEmbeddingBag.from_torch_ao(module)
+        new = QuantizedEmbeddingBag.from_torch_ao(module, placement=placement)
         report.swapped.append((name, kind, "QuantizedEmbeddingBag", f"{new.bits}-bit rows"))
         return new
     if isinstance(module, torch.nn.EmbeddingBag) and not isinstance(module, EmbeddingBag):
@@ -106,7 +108,7 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
 
 def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
             bits: Optional[int] = None, inplace: bool = False,
-            verbose: bool = False) -> torch.nn.Module:
+            verbose: bool = False, placement: str = "auto") -> torch.nn.Module:
     """Swap every ``torch.nn.EmbeddingBag`` and ``torch.ao.nn.quantized.EmbeddingBag`` in
     ``model`` for perfkernels' modules; the one-line way to speed up an existing model.
 
@@ -127,6 +129,13 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
         keep ``sparse`` and train/eval mode).  True: swap inside ``model``.
     verbose : bool
         Print the report.
+    placement : "auto", "hugepage" or "keep"
+        Where the swapped modules' tables live: ``"auto"`` (default) moves tables of 2 MiB and
+        more into memory perfkernels places for gathers (2 MiB-aligned, huge pages requested
+        before the first touch; :func:`perfkernels.torch.place`), ``"hugepage"`` moves every
+        table, ``"keep"`` none.  A float table keeps its Parameter object (its storage moves), so
+        with ``inplace=False`` the original model, which shares the Parameter, reads the moved
+        storage too.
 
     Returns
     -------
@@ -140,6 +149,7 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
     if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dtype must be None, torch.float32, torch.float16 or torch.bfloat16; "
                          f"got {dtype}")
+    _placement.check_placement(placement)
     if bits is not None and bits not in (8, 4, 2):
         raise ValueError(f"bits must be None, 8, 4 or 2; got {bits!r}")
     if dtype is not None and bits is not None:
@@ -150,7 +160,7 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
         memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
         model = copy.deepcopy(model, memo)
     report = ConversionReport()
-    swap = _Swapper(dtype, bits, report)
+    swap = _Swapper(dtype, bits, report, placement)
     top = swap("", model)
     if top is not None:
         model = top

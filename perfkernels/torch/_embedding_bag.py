@@ -9,7 +9,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _compat, _fused
+from . import _bags, _compat, _fused, _placement
 from ._bridge import IndexOutOfRangeError, TableViewCache
 from ._fallback import unsupported_reason, warn_once
 
@@ -48,6 +48,11 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
       float16/bfloat16 tables but keeps the model's float32 activations, and its
       ``per_sample_weights``); by default the weight's dtype, as in torch.
 
+    ``placement=`` (``"auto"``, ``"hugepage"`` or ``"keep"``; :meth:`from_pretrained` uses
+    ``"auto"``) moves the weight's storage into memory perfkernels places for gathers: 2 MiB-aligned,
+    huge pages requested before the first touch (``"auto"``: tables of 2 MiB and more).  The
+    weight stays a ``torch.nn.Parameter``; see :func:`perfkernels.torch.place`.
+
     :attr:`weight_backward` replaces the weight-gradient computation when set: a callable taking
     a :class:`~perfkernels.torch._bags.BagBackward` and returning the gradient, or None when it
     consumed it (e.g. a fused optimizer updating the table during backward).
@@ -72,8 +77,10 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     strict_offsets: bool = False
 
     def __init__(self, *args, fused_optimizer: Optional[_fused.FusedOptimizerSpec] = None,
-                 weighted_mean: bool = False, strict_offsets: bool = False, **kwargs) -> None:
+                 weighted_mean: bool = False, strict_offsets: bool = False,
+                 placement: str = "auto", **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        _placement.place_tensor_attr(self, "weight", placement)
         if weighted_mean:
             self.weighted_mean = True
         if strict_offsets:

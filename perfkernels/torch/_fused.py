@@ -21,6 +21,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
+from . import _placement
 from ._bridge import IndexOutOfRangeError, as_numpy
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
@@ -179,6 +180,7 @@ def enable(module: torch.nn.Module, spec: Optional[FusedOptimizerSpec]) -> None:
     state = opt.initial_state(module.weight)
     if state is not None:
         module.register_buffer("momentum1", state)
+        _placement.place_state_like_weight(module)
     elif "momentum1" in module._buffers:
         del module._buffers["momentum1"]
     module.weight_backward = module._fused_weight_backward

@@ -11,7 +11,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags
+from . import _bags, _placement
 from ._bridge import TableViewCache, as_numpy, quantized_index_error
 from ..families.quantized.layout import packed_row_bytes
 
@@ -65,13 +65,17 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
     :meth:`from_float` with ``bits=`` set it for a float module in mode "mean", so the quantized
     module computes what the float one did.  ``padding_idx`` (None by default; torch's module has
     none) is ours too.  Lookups only: no gradient.
+
+    ``placement=`` (``"auto"``, ``"hugepage"``, ``"keep"``; the constructors below take it too)
+    moves the packed rows into memory perfkernels places for gathers: 2 MiB-aligned, huge pages
+    requested before the first touch (``"auto"``: tables of 2 MiB and more).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, max_norm: Optional[float] = None,
                  norm_type: float = 2.0, scale_grad_by_freq: bool = False, mode: str = "sum",
                  sparse: bool = False, _weight: Optional[Tensor] = None,
                  include_last_offset: bool = False, dtype=torch.quint8, *,
-                 average_mean: bool = False) -> None:
+                 average_mean: bool = False, placement: str = "auto") -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
             raise ValueError(f"mode must be 'sum' or 'mean' for a quantized table; got {mode!r}")
@@ -95,6 +99,7 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
         else:
             packed = _from_quantized_tensor(_weight, self.bits)
         self.register_buffer("packed_weight", self._check_packed(packed))
+        _placement.place_tensor_attr(self, "packed_weight", placement)
 
     def _check_packed(self, packed: Tensor) -> Tensor:
         want = (self.num_embeddings, packed_row_bytes(self.embedding_dim, self.bits))
@@ -167,9 +172,11 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
     @classmethod
     def from_packed(cls, packed: Tensor, *, bits: int = 8, dim: Optional[int] = None,
                     mode: str = "sum", include_last_offset: bool = False,
-                    padding_idx: Optional[int] = None) -> "QuantizedEmbeddingBag":
+                    padding_idx: Optional[int] = None, placement: str = "auto"
+                    ) -> "QuantizedEmbeddingBag":
         """From packed rows as ``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_prepack``
-        return them (what DLRM's ``--quantize-emb-with-bit`` builds); the tensor is used in place.
+        return them (what DLRM's ``--quantize-emb-with-bit`` builds); the tensor is used in place
+        unless ``placement`` moves it (``"auto"``: tables of 2 MiB and more; ``"keep"``: never).
         ``dim`` defaults to what torch's ops infer from the row size."""
         bits = _bits_of(bits)
         if packed.dim() != 2:
@@ -177,13 +184,14 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
                              f"{tuple(packed.shape)}")
         dim = packed_dim(packed.shape[1], bits) if dim is None else dim
         new = cls(packed.shape[0], dim, mode=mode, include_last_offset=include_last_offset,
-                  dtype=bits, _weight=packed, average_mean=True)
+                  dtype=bits, _weight=packed, average_mean=True, placement=placement)
         new.padding_idx = padding_idx
         return new
 
     @classmethod
     def from_float(cls, mod: torch.nn.Module, use_precomputed_fake_quant: bool = False, *,
-                   bits: Optional[int] = None) -> "QuantizedEmbeddingBag":
+                   bits: Optional[int] = None, placement: str = "auto"
+                   ) -> "QuantizedEmbeddingBag":
         """Quantize a float ``torch.nn.EmbeddingBag`` row-wise.
 
         * ``bits`` given (8, 4 or 2): our quantizer, bit-exact with torch's
@@ -203,7 +211,7 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
                       norm_type=mod.norm_type, scale_grad_by_freq=mod.scale_grad_by_freq,
                       mode=mod.mode, sparse=mod.sparse, _weight=packed.to(mod.weight.device),
                       include_last_offset=mod.include_last_offset, dtype=bits,
-                      average_mean=True)
+                      average_mean=True, placement=placement)
             new.padding_idx = getattr(mod, "padding_idx", None)
         else:
             qweight, bits = _torch_ao_quantized_weight(mod)
@@ -211,12 +219,14 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
                       norm_type=mod.norm_type, scale_grad_by_freq=mod.scale_grad_by_freq,
                       mode=mod.mode, sparse=mod.sparse,
                       _weight=_from_quantized_tensor(qweight, bits),
-                      include_last_offset=mod.include_last_offset, dtype=bits)
+                      include_last_offset=mod.include_last_offset, dtype=bits,
+                      placement=placement)
         new.train(mod.training)
         return new
 
     @classmethod
-    def from_torch_ao(cls, mod: torch.nn.Module) -> "QuantizedEmbeddingBag":
+    def from_torch_ao(cls, mod: torch.nn.Module, *, placement: str = "auto"
+                      ) -> "QuantizedEmbeddingBag":
         """From a ``torch.ao.nn.quantized.EmbeddingBag``: its packed rows, bit for bit, and its
         sums (torch.ao's module sums whatever its mode)."""
         with warnings.catch_warnings():
@@ -225,7 +235,7 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
         bits = _bits_of(mod.dtype)
         new = cls(mod.num_embeddings, mod.embedding_dim, mode=mod.mode,
                   include_last_offset=mod.include_last_offset, dtype=bits,
-                  _weight=_from_quantized_tensor(qweight, bits))
+                  _weight=_from_quantized_tensor(qweight, bits), placement=placement)
         new.train(mod.training)
         return new
 

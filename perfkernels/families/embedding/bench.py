@@ -8,6 +8,11 @@ dtype=float32)``; PyTorch: ``torch.nn.functional.embedding_bag`` (FBGEMM's JIT k
 The 4M-row tables are large (4M x 256 float32 is 4 GiB), so inputs are built when a case first
 runs and only the most recent case's inputs are kept (a case's closures hold them in a
 holder list that the next case empties).
+
+Placement, two views: ours, NumPy and ``torch`` read the same table, placed by
+``perfkernels.empty_table`` (2 MiB-aligned, huge pages: kernel against kernel on one placement);
+``torch-own`` is PyTorch on a copy in memory torch allocated (its default placement: what a user
+gets), for tables of at most :data:`OWN_COPY_MAX_BYTES`.
 """
 from __future__ import annotations
 
@@ -18,11 +23,15 @@ from ..._variants import (BAG_SHAPES, QUICK_BAG_SHAPES, QUICK_ZIPF_BAG_SHAPE, TA
 from ...benchsuite import Case, torch_or_none, zipf_indices
 
 _live: list[list] = []   # the holders filled now (one case's inputs alive at a time)
+#: the largest table that also gets a copy in torch's own memory (the "torch-own" baseline)
+OWN_COPY_MAX_BYTES = 1 << 30
 
 
 def random_table(rng: np.random.Generator, rows: int, dim: int, dtype) -> np.ndarray:
-    """A random table, converted in chunks (no float32 copy of a whole 16-bit table)."""
-    table = np.empty((rows, dim), dtype=dtype)
+    """A random table in placed memory (``perfkernels.empty_table``), converted in chunks (no
+    float32 copy of a whole 16-bit table)."""
+    from ..._placement import empty_table
+    table = empty_table(rows, dim, dtype)
     for start in range(0, rows, 250_000):
         stop = min(rows, start + 250_000)
         table[start:stop] = rng.standard_normal((stop - start, dim), dtype=np.float32)
@@ -73,17 +82,30 @@ def bag_case(seed, name, rows, dim, num_bags, bag_len, dtype_name, dist="uniform
     if torch is not None:
         tensors: dict = {}
 
-        def torch_bag():
-            w, i, o, _ = x = holder[0] if holder else _fill(holder, *args)
+        def torch_tensors():
+            x = holder[0] if holder else _fill(holder, *args)
+            w, i, o, _ = x
             if tensors.get("key") is not x:   # wrap once per inputs (no copy)
                 # torch has no ml_dtypes: view bfloat16 bits as torch.bfloat16 (no copy)
                 tw = (torch.from_numpy(w.view(np.int16)).view(torch.bfloat16)
                       if w.dtype == TABLE_DTYPES["bfloat16"] else torch.from_numpy(w))
+                tensors.clear()
                 tensors.update(key=x, t=(tw, torch.from_numpy(i), torch.from_numpy(o)))
-            tw, ti, to = tensors["t"]
+            return tensors["t"]
+
+        def torch_bag():
+            tw, ti, to = torch_tensors()
             return torch.nn.functional.embedding_bag(ti, tw, to, mode="sum")
 
+        def torch_own():
+            tw, ti, to = torch_tensors()
+            if "own" not in tensors:          # a copy where torch's allocator puts it
+                tensors["own"] = tw.clone()
+            return torch.nn.functional.embedding_bag(ti, tensors["own"], to, mode="sum")
+
         baselines["torch"] = torch_bag
+        if rows * dim * dtype.itemsize <= OWN_COPY_MAX_BYTES:
+            baselines["torch-own"] = torch_own
     return Case("embedding", f"bag {dtype_name} {name} B={num_bags} L={bag_len} {dist}", nbytes,
                 ours, baselines, scaling=dtype_name == "float32" and num_bags >= 256)
 

@@ -3,6 +3,10 @@
 Lookups: the bag shapes of ``perfkernels._variants`` with 8-bit and 4-bit tables, uniform and Zipf indices,
 against ``torch.ops.quantized.embedding_bag_{byte,4bit}_rowwise_offsets``.  Quantize: a
 200,000 x 128 float32 table against ``embedding_bag_byte_prepack``.
+
+Placement, two views: ours and ``torch`` read the same packed table, placed by
+``perfkernels.empty_table`` (2 MiB-aligned, huge pages); ``torch-own`` is torch's op on a copy in
+memory torch allocated (its default placement), for tables of at most :data:`OWN_COPY_MAX_BYTES`.
 """
 from __future__ import annotations
 
@@ -17,14 +21,20 @@ _TORCH_LOOKUP = {8: "embedding_bag_byte_rowwise_offsets", 4: "embedding_bag_4bit
                  2: "embedding_bag_2bit_rowwise_offsets"}
 
 
+#: the largest packed table that also gets a copy in torch's own memory (``torch-own``)
+OWN_COPY_MAX_BYTES = 256 << 20
+
+
 def packed_table(rng: np.random.Generator, rows: int, dim: int, bits: int) -> np.ndarray:
-    """A random packed table, built in chunks (a 4M x 256 float32 table would need 4 GiB)."""
+    """A random packed table in placed memory (``perfkernels.empty_table``), quantized in chunks
+    (a 4M x 256 float32 table would need 4 GiB)."""
     import perfkernels as pk
-    chunks = []
+    table = pk.empty_table(rows, packed_row_bytes(dim, bits), np.uint8)
     for start in range(0, rows, 250_000):
         n = min(250_000, rows - start)
-        chunks.append(pk.quantize_rowwise(rng.standard_normal((n, dim), dtype=np.float32), bits=bits))
-    return np.concatenate(chunks)
+        table[start:start + n] = pk.quantize_rowwise(
+            rng.standard_normal((n, dim), dtype=np.float32), bits=bits)
+    return table
 
 
 def lookup_case(rng, name, rows, dim, num_bags, bag_len, bits, dist="uniform") -> Case:
@@ -45,6 +55,9 @@ def lookup_case(rng, name, rows, dim, num_bags, bag_len, bits, dist="uniform") -
         op = getattr(torch.ops.quantized, _TORCH_LOOKUP[bits])
         tp, ti, to = (torch.from_numpy(a) for a in (packed, indices, offsets))
         baselines["torch"] = lambda: op(tp, ti, to, mode=0, include_last_offset=False)
+        if packed.nbytes <= OWN_COPY_MAX_BYTES:
+            own = tp.clone()                  # where torch's allocator puts it
+            baselines["torch-own"] = lambda: op(own, ti, to, mode=0, include_last_offset=False)
     return Case("quantized", f"bag {bits}-bit {name} B={num_bags} L={bag_len} {dist}", nbytes,
                 lambda: pk.embedding_bag_quantized(packed, indices, offsets, bits=bits, out=out),
                 baselines)
