@@ -16,5 +16,6 @@ cdef extern from "perfkernels/parallel.h":
         int (*num_workers)() noexcept nogil
         void (*use_openmp)(void *gomp_parallel, void *max_threads, int thread_limit) noexcept nogil
         void *(*openmp_in_use)() noexcept nogil
+        void (*set_auto_threads)(int n) noexcept nogil
     const pk_parallel_api *pk_parallel_get_api() noexcept nogil
     int pk_parallel_threads_for(int64_t bytes, int n_threads) noexcept nogil

@@ -8,6 +8,10 @@ so results are identical for any thread count.  The pool is perfkernels' own (PO
 ``PERFKERNELS_NUM_THREADS=<n>`` sets the default at import (validated strictly: a bad value fails
 the import with the reason).  Without it the default is the number of cores this process may run
 on (``len(os.sched_getaffinity(0))``: a container's or ``taskset``'s limit, not the machine's).
+While that automatic default is in force and jobs run on PyTorch's OpenMP threads (``import
+perfkernels.torch``), it is also capped by PyTorch's thread count (``torch.set_num_threads``,
+``OMP_NUM_THREADS``), so one setting budgets both libraries; ``set_num_threads`` or the variable
+make the count explicit.
 """
 import os
 import operator
@@ -89,7 +93,7 @@ def _parse_environment(value: str) -> int:
 def _init_from_environment() -> None:
     value = os.environ.get("PERFKERNELS_NUM_THREADS")
     if value is None or value.strip() == "":
-        pool.set_num_threads(min(available_cores(), PK_PARALLEL_MAX_THREADS))
+        pool.set_auto_threads(min(available_cores(), PK_PARALLEL_MAX_THREADS))
     else:
         pool.set_num_threads(_parse_environment(value))
 

@@ -430,3 +430,27 @@ def test_busy_pool_runs_the_call_on_its_own_thread(rng):
     for t in threads:
         t.join(timeout=120)
     assert len(results) == 60 and all(r == ref.tobytes() for r in results)
+
+
+def test_automatic_thread_count_follows_torchs_on_its_threads():
+    """With perfkernels.torch imported and no explicit perfkernels count, the default is capped by
+    torch's thread count (OMP_NUM_THREADS, torch.set_num_threads); an explicit count is kept;
+    without perfkernels.torch the default is the cores."""
+    code = """if True:
+        import os, perfkernels
+        cores = len(os.sched_getaffinity(0))
+        assert perfkernels.get_num_threads() == cores, perfkernels.get_num_threads()
+        import torch, perfkernels.torch as pt
+        assert pt.torch_threads_in_use()
+        assert perfkernels.get_num_threads() == 1, perfkernels.get_num_threads()
+        torch.set_num_threads(64)
+        assert perfkernels.get_num_threads() == cores, perfkernels.get_num_threads()
+        torch.set_num_threads(1)
+        perfkernels.set_num_threads(3)
+        assert perfkernels.get_num_threads() == 3
+        print("OK")
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERFKERNELS_")}
+    env["OMP_NUM_THREADS"] = "1"
+    out = run_python(["-c", code], env=env, timeout=120)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]

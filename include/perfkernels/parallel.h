@@ -59,11 +59,16 @@ extern "C" {
 typedef void (*pk_parallel_fn)(void *ctx, int64_t begin, int64_t end);
 
 typedef struct pk_parallel_api {
-    int abi_version;  /* 3 */
+    int abi_version;  /* 4 */
     /* Run fn over [0, n_tasks) on up to min(n_tasks, n_threads) threads (see above).  Returns the
      * number of threads allowed to take part (1: it all ran on the caller's thread). */
     int (*parallel_for)(int64_t n_tasks, int n_threads, pk_parallel_fn fn, void *ctx);
-    /* The process-wide default thread count (set_num_threads / PERFKERNELS_NUM_THREADS). */
+    /* The process-wide default thread count.  set_num_threads(n) sets it explicitly
+     * (perfkernels.set_num_threads, PERFKERNELS_NUM_THREADS); set_auto_threads(n) sets the
+     * automatic default (the cores this process may use).  While the default is automatic and
+     * jobs run on a host OpenMP runtime (use_openmp), get_num_threads is also capped by that
+     * runtime's omp_get_max_threads(): PyTorch's thread count (torch.set_num_threads,
+     * OMP_NUM_THREADS) is then the budget of both libraries. */
     int (*get_num_threads)(void);
     void (*set_num_threads)(int n);
     /* Workers started so far in this process (0 after fork in the child): for tests. */
@@ -80,6 +85,7 @@ typedef struct pk_parallel_api {
     void (*use_openmp)(void *gomp_parallel, void *max_threads, int thread_limit);
     /* The GOMP_parallel entry point in use, or NULL. */
     void *(*openmp_in_use)(void);
+    void (*set_auto_threads)(int n);
 } pk_parallel_api;
 
 /* The pool of this process (defined only in the perfkernels._parallel extension; other modules

@@ -308,14 +308,34 @@ static int parallel_for(int64_t n_tasks, int n_threads, pk_parallel_fn fn, void 
     return k;
 }
 
-static int get_num_threads(void) { return atomic_load_explicit(&pool.default_threads, memory_order_relaxed); }
+/* Whether the default thread count is the automatic one (set_auto_threads), which follows the
+ * host OpenMP runtime's thread count while jobs run on its team. */
+static atomic_int default_is_auto;
 
-static void set_num_threads(int n)
+static int get_num_threads(void)
+{
+    int n = atomic_load_explicit(&pool.default_threads, memory_order_relaxed);
+    if (atomic_load_explicit(&default_is_auto, memory_order_relaxed)
+        && atomic_load_explicit(&host_gomp_parallel, memory_order_acquire)) {
+        const omp_max_threads_fn max_threads =
+            atomic_load_explicit(&host_omp_max_threads, memory_order_acquire);
+        const int host = max_threads ? max_threads() : n;
+        if (host >= 1 && host < n) n = host;
+    }
+    return n;
+}
+
+static void store_default_threads(int n, int is_auto)
 {
     if (n < 1) n = 1;
     if (n > PK_PARALLEL_MAX_THREADS) n = PK_PARALLEL_MAX_THREADS;
     atomic_store_explicit(&pool.default_threads, n, memory_order_relaxed);
+    atomic_store_explicit(&default_is_auto, is_auto, memory_order_relaxed);
 }
+
+static void set_num_threads(int n) { store_default_threads(n, 0); }
+
+static void set_auto_threads(int n) { store_default_threads(n, 1); }
 
 static int num_workers(void)
 {
@@ -340,13 +360,14 @@ static void *openmp_in_use(void)
 }
 
 static const pk_parallel_api api = {
-    .abi_version = 3,
+    .abi_version = 4,
     .parallel_for = parallel_for,
     .get_num_threads = get_num_threads,
     .set_num_threads = set_num_threads,
     .num_workers = num_workers,
     .use_openmp = use_openmp,
     .openmp_in_use = openmp_in_use,
+    .set_auto_threads = set_auto_threads,
 };
 
 const pk_parallel_api *pk_parallel_get_api(void)
