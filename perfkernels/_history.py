@@ -180,6 +180,13 @@ READING_JS = r"""/* perfkernels: how to read the history (written by `python -m 
             var r = yRange(data), y = options.yaxis;      // keep the parity line in view
             if (Math.max(y.max == null ? r[1] : y.max, r[1]) < 1.1) y.max = 1.1;
             if (Math.min(y.min == null ? r[0] : y.min, r[0]) > 0.9) y.min = 0.9;
+            if (isFinite(r[0]) && isFinite(r[1])) {        // and no point on the frame's edge
+                var lo = y.min == null ? r[0] : Math.min(y.min, r[0]);
+                var hi = y.max == null ? r[1] : Math.max(y.max, r[1]);
+                var pad = 0.05 * Math.max(hi - lo, 0.1);
+                y.min = Math.max(0, Math.min(lo, r[0] - pad));
+                y.max = Math.max(hi, r[1] + pad);
+            }
         }
         var headline = bm && /^headline\./.test(name);
         if (headline && $(placeholder).closest('.benchmark-plot[id^="summarygrid-"]').length) {
@@ -196,6 +203,11 @@ READING_JS = r"""/* perfkernels: how to read the history (written by `python -m 
                     .text((RATIO.test(bm.unit) ? "our time / PyTorch's, 1 = parity: " : "")
                           + "lower is better"));
             }
+        }
+        if (headline && $(placeholder).is("#main-graph")) {
+            options.series = options.series || {};        // a lone point as a filled dot
+            options.series.points = $.extend({}, options.series.points,
+                                             {show: true, radius: 4, fill: true, fillColor: false});
         }
         if (headline && $(placeholder).is("#main-graph") && options.yaxis
                 && !/lower is better/.test(options.yaxis.axisLabel || "")) {

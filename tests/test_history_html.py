@@ -160,11 +160,12 @@ _PLOT_STATE = """
             if (d[j] && d[j][1] !== null && isFinite(d[j][1])) points++;
         }
     }
+    // a pixel of any series colour, pale ones included (grid, frame and parity line are grey)
     var canvas = plot.getCanvas(), px = canvas.getContext('2d')
         .getImageData(0, 0, canvas.width, canvas.height).data, coloured = 0;
     for (var k = 0; k < px.length; k += 4) {
         var r = px[k], g = px[k + 1], b = px[k + 2];
-        if (px[k + 3] > 0 && Math.max(r, g, b) - Math.min(r, g, b) > 60) coloured++;
+        if (px[k + 3] > 0 && Math.max(r, g, b) - Math.min(r, g, b) > 24) coloured++;
     }
     return {series: series.length, points: points, coloured: coloured};
 })(%s)
