@@ -368,8 +368,8 @@ def needs_ours(weight_backward: Optional[WeightBackward], weighted_mean: bool, m
 
 def torch_answer(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
                  per_sample_weights: Optional[Tensor], spec: BagSpec,
-                 dtype: torch.dtype) -> Tensor:
+                 dtype: torch.dtype, check_offsets: bool = True) -> Tensor:
     """torch's result or exception for a lookup (see :func:`_compat.torch_verdict`)."""
     return _compat.torch_verdict(input, weight, offsets, per_sample_weights, spec.mode,
                                  spec.sparse, spec.include_last_offset, spec.padding_idx, dtype,
-                                 spec.weighted_mean)
+                                 spec.weighted_mean, check_offsets)

@@ -222,7 +222,8 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor] = Non
             and _bags.torch_autograd_is_faster(weight, input, sparse,
                                                _bags.needs_ours(None, weighted_mean, mode,
                                                                 per_sample_weights))):
-        return _bags.torch_answer(input, weight, offsets, per_sample_weights, spec, weight.dtype)
+        return _bags.torch_answer(input, weight, offsets, per_sample_weights, spec, weight.dtype,
+                                  check_offsets=False)
     return _bags.bag_forward(weight, input, offsets, per_sample_weights, spec)
 
 

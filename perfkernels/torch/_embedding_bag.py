@@ -125,7 +125,8 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                     self.weight_backward, self.weighted_mean, self.mode, per_sample_weights)):
                 return _compat.torch_verdict(input, w, offsets, per_sample_weights, self.mode,
                                              self.sparse, self.include_last_offset,
-                                             self.padding_idx, self.output_dtype or w.dtype)
+                                             self.padding_idx, self.output_dtype or w.dtype,
+                                             check_offsets=False)
             return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
                                      self.output_dtype)
         # Inference, the cheapest path (a tiny lookup costs about as much as the Python around
