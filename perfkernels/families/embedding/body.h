@@ -45,7 +45,10 @@ PK_INLINE vf load_row_tail(const void *row, int64_t col, v_tail t, const int typ
 /* How many indices ahead a block's row is prefetched: FBGEMM's 16, doubled for blocks of at most
  * 128 bytes (16-bit rows of D <= 64, float rows of D <= 32).  A short row is summed in few cycles,
  * so 16 rows ahead is too little time for an L3 / DRAM miss when most rows hit in cache (skewed
- * indices); for longer blocks 16 is enough, and 32 ahead only evicts rows still to be used. */
+ * indices); for longer blocks 16 is enough, and 32 ahead only evicts rows still to be used.
+ * Prefetches go to L1 (T0) at this distance whatever the table's size: measured on 1M x 64 tables,
+ * T1 (L2) prefetches 32 ahead were 7-12% slower on huge pages and on NumPy's placement, and faster
+ * only on 4 KiB pages at one thread, where the page walks, not the distance, are the cost. */
 #define PREFETCH_DISTANCE(block_bytes) \
     ((block_bytes) <= 128 ? 2 * PK_BAGS_PREFETCH_DISTANCE : PK_BAGS_PREFETCH_DISTANCE)
 
@@ -54,59 +57,40 @@ PK_INLINE int64_t index_at(const void *indices, int64_t j, const int idx64)
     return idx64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
 }
 
-/* One prefetch per 64 bytes from the start of the block (nbytes is a compile-time constant
- * for the fixed-D paths, so this unrolls), as FBGEMM does, plus one for the block's last byte:
- * NumPy's large arrays start 16 bytes past a page, so a 256-byte row spans 5 lines, and the
- * line FBGEMM leaves out is a demand miss on every row of a DRAM-resident table. */
-PK_INLINE void prefetch_bytes(const char *p, size_t nbytes, const int far)
+/* One prefetch per 64 bytes from the start of the block (nbytes is a compile-time constant for the
+ * fixed-D paths, so this unrolls), as FBGEMM does.  A row that straddles one more line (NumPy's
+ * arrays start 16 bytes past a line) gets that line by demand load: a prefetch of the block's last
+ * byte as well measured no faster there, and slower on skewed indices. */
+PK_INLINE void prefetch_bytes(const char *p, size_t nbytes)
 {
-    if (far) {
-        PK_UNROLL(WIDE_VECS)
-        for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t1(p + off);
-        pk_prefetch_t1(p + nbytes - 1);
-    } else {
-        PK_UNROLL(WIDE_VECS)
-        for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t0(p + off);
-        pk_prefetch_t0(p + nbytes - 1);
-    }
+    PK_UNROLL(WIDE_VECS)
+    for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t0(p + off);
 }
 
-/* "Far" mode, for calls whose rows cannot stay in cache (the rows they touch, at most the whole
- * table, exceed FAR_MIN_BYTES, about half an L3): rows are prefetched into L2 (T1) and 32 indices
- * ahead, which keeps more misses in flight.  Calls on cache-resident data keep PREFETCH_DISTANCE
- * into L1, where far mode is slower (rows arrive in L2 only and are fetched too early).  The mode
- * is chosen once per call and compiled in (no per-row branch). */
-#define FAR_MIN_BYTES ((uint64_t)16 << 20)
-#define FAR_DISTANCE (2 * PK_BAGS_PREFETCH_DISTANCE)
-
-PK_INLINE int use_far_prefetch(const pk_bags *bags, int64_t rows, int64_t dim, const int type)
-{
-    const uint64_t row_bytes = (uint64_t)dim * (type == TABLE_F32 ? 4 : 2);
-    const uint64_t touched = (uint64_t)bags->n_indices < (uint64_t)rows ? (uint64_t)bags->n_indices
-                                                                         : (uint64_t)rows;
-    return touched * row_bytes >= FAR_MIN_BYTES;
-}
-
-/* Add row indices[j] (times its weight) to acc: the index is checked before its row is touched,
- * the row PREFETCH_DISTANCE(block_bytes) indices ahead is prefetched.  Returns 0, or 1 for a bad index. */
-PK_INLINE int add_row(const void *indices, int64_t n, int64_t padding, const float *weights,
+/* Add row indices[j] (times its weight) to acc: the index is checked before its row is touched;
+ * with `prefetch`, the row PREFETCH_DISTANCE(block_bytes) indices ahead (which exists) is
+ * prefetched.  Padding entries are skipped only where the call has a padding_idx (`padded`), and
+ * counted only where they must be (`padded`: mean divides by the non-padding entries).  Returns 0,
+ * or 1 for a bad index. */
+PK_INLINE int add_row(const void *indices, int64_t padding, const float *weights,
                       const char *table, int64_t rows, size_t row_bytes,
                       int64_t begin, int64_t j, int64_t col, v_tail tail, vf *acc,
-                      int64_t *count, const int NV, const int has_tail, const int type,
-                      const int idx64, const int weighting, const int far)
+                      int64_t *skipped, const int NV, const int has_tail, const int type,
+                      const int idx64, const int weighting, const int padded, const int prefetch)
 {
     const size_t elem = type == TABLE_F32 ? 4 : 2;
     const size_t block_bytes = (size_t)(NV * VL + (has_tail ? v_tail_len(tail) : 0)) * elem;
     const int64_t idx = index_at(indices, j, idx64);
     if ((uint64_t)idx >= (uint64_t)rows) return 1;
-    const int64_t distance = far ? FAR_DISTANCE : PREFETCH_DISTANCE(block_bytes);
-    if (j + distance < n) {
-        const int64_t ahead = index_at(indices, j + distance, idx64);
+    if (prefetch) {
+        const int64_t ahead = index_at(indices, j + PREFETCH_DISTANCE(block_bytes), idx64);
         if ((uint64_t)ahead < (uint64_t)rows)
-            prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes, far);
+            prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes);
     }
-    if (idx == padding) return 0;
-    ++*count;
+    if (padded && idx == padding) {
+        ++*skipped;
+        return 0;
+    }
     const char *row = table + (size_t)idx * row_bytes;
     if (weighting == UNWEIGHTED) {  /* acc + x is fma(1, x, acc) exactly, and needs no register for 1 */
         PK_UNROLL(WIDE_VECS)
@@ -126,42 +110,57 @@ PK_INLINE int add_row(const void *indices, int64_t n, int64_t padding, const flo
 /* Sum columns [col, col + NV*VL + tail) of bag [begin, end) into out_row.  Narrow blocks (the two
  * sets together at most half the MAX_VECS accumulators) alternate rows between two accumulator
  * sets: two independent FMA chains instead of one, so a short row does not wait for the previous
- * row's FMA latency. */
+ * row's FMA latency; row j goes to set (j - begin) % 2, so the sums do not depend on the rest of the
+ * call.  The rows that have a row to prefetch ahead of them (all but the call's last few) run in a
+ * loop of their own, so only those last few test whether they have one. */
 PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t rows,
                              size_t row_bytes, int64_t begin, int64_t end, int64_t col,
                              v_tail tail, float *out_row, int64_t *bad_pos,
                              const int NV, const int has_tail, const int type, const int idx64,
-                             const int weighting, const int far)
+                             const int weighting, const int padded)
 {
     /* struct fields in locals: the prefetches would otherwise make the compiler reload them */
     const void *indices = bags->indices;
-    const int64_t n = bags->n_indices, padding = bags->padding_idx;
+    const int64_t padding = bags->padding_idx;
     const float *weights = bags->weights;
     const int split = (NV + has_tail) * 2 <= MAX_VECS / 2;
+    const size_t block_bytes = (size_t)(NV * VL + (has_tail ? v_tail_len(tail) : 0))
+                               * (type == TABLE_F32 ? 4 : 2);
+    const int64_t last_ahead = bags->n_indices - PREFETCH_DISTANCE(block_bytes);
+    const int64_t pf_end = end < last_ahead ? end : (last_ahead > begin ? last_ahead : begin);
     vf acc[2][WIDE_VECS + 1];  /* constant indices only, so they live in registers */
     PK_UNROLL(WIDE_VECS + 1)
     for (int v = 0; v <= NV; v++) acc[0][v] = acc[1][v] = v_zero();
-    int64_t count = 0, j = begin;
-#define ADD_ROW(J, SET)                                                                           \
-    if (add_row(indices, n, padding, weights, table, rows, row_bytes, begin, (J), col, tail,     \
-                acc[SET], &count, NV, has_tail, type, idx64, weighting, far)) {                   \
+    int64_t skipped = 0, j = begin;
+#define ADD_ROW(J, SET, PREFETCH)                                                                 \
+    if (add_row(indices, padding, weights, table, rows, row_bytes, begin, (J), col, tail,        \
+                acc[SET], &skipped, NV, has_tail, type, idx64, weighting, padded, (PREFETCH))) { \
         *bad_pos = (J);                                                                           \
         return PK_ERR_INDEX;                                                                      \
     }
-    if (split) {
+    if (split) {  /* row j goes to set (j - begin) % 2 wherever the call's index list ends */
+        for (; j + 1 < pf_end; j += 2) {
+            ADD_ROW(j, 0, 1)
+            ADD_ROW(j + 1, 1, 1)
+        }
         for (; j + 1 < end; j += 2) {
-            ADD_ROW(j, 0)
-            ADD_ROW(j + 1, 1)
+            ADD_ROW(j, 0, j < pf_end)
+            ADD_ROW(j + 1, 1, 0)
+        }
+    } else {
+        for (; j < pf_end; j++) {
+            ADD_ROW(j, 0, 1)
         }
     }
     for (; j < end; j++) {
-        ADD_ROW(j, 0)
+        ADD_ROW(j, 0, j < pf_end)
     }
 #undef ADD_ROW
     if (split) {
         PK_UNROLL(WIDE_VECS + 1)
         for (int v = 0; v <= NV; v++) acc[0][v] = v_add(acc[0][v], acc[1][v]);
     }
+    const int64_t count = end - begin - skipped;
     const vf scale = v_set1(bags->mean && count > 0 ? 1.0f / (float)count : 1.0f);
     PK_UNROLL(WIDE_VECS)
     for (int v = 0; v < NV; v++) v_store(out_row + col + v * VL, v_mul(acc[0][v], scale));
@@ -172,7 +171,7 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
 #define PASS(NV_, HAS_TAIL_, TAIL_)                                                               \
     do {                                                                                          \
         pk_status s_ = bag_pass(bags, tab, rows, row_bytes, begin, end, col, (TAIL_), out,        \
-                                bad_pos, (NV_), (HAS_TAIL_), type, idx64, weighting, far);        \
+                                bad_pos, (NV_), (HAS_TAIL_), type, idx64, weighting, padded);        \
         if (s_ != PK_OK) return s_;                                                               \
         col += (NV_) * VL;                                                                        \
     } while (0)
@@ -181,7 +180,7 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
 PK_INLINE pk_status bags_fixed(const pk_bags *bags, const void *table, int64_t rows,
                                int64_t row_stride, int64_t *bad_pos, const int NV,
                                const int type, const int idx64, const int weighting,
-                               const int far)
+                               const int padded)
 {
     const char *tab = (const char *)table;
     const size_t row_bytes = (size_t)row_stride * (type == TABLE_F32 ? 4 : 2);
@@ -199,7 +198,7 @@ PK_INLINE pk_status bags_fixed(const pk_bags *bags, const void *table, int64_t r
 PK_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int64_t rows,
                                  int64_t dim, int64_t row_stride, int64_t *bad_pos,
                                  const int type, const int idx64, const int weighting,
-                                 const int far)
+                                 const int padded)
 {
     const char *tab = (const char *)table;
     const size_t row_bytes = (size_t)row_stride * (type == TABLE_F32 ? 4 : 2);
@@ -226,23 +225,23 @@ PK_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int64_t
 PK_INLINE pk_status bags_by_dim(const pk_bags *bags, const void *table, int64_t rows,
                                 int64_t dim, int64_t row_stride, int64_t *bad_pos,
                                 const int type, const int idx64, const int weighting,
-                                const int far)
+                                const int padded)
 {
 #if MAX_VECS * VL < 128 && WIDE_VECS * VL >= 128
     if (dim == 128 && type == TABLE_F32 && weighting == UNWEIGHTED)
-        return bags_fixed(bags, table, rows, row_stride, bad_pos, 128 / VL, type, idx64, weighting, far);
+        return bags_fixed(bags, table, rows, row_stride, bad_pos, 128 / VL, type, idx64, weighting, padded);
 #endif
     switch (dim) {
-    case 16: return bags_fixed(bags, table, rows, row_stride, bad_pos, 16 / VL, type, idx64, weighting, far);
-    case 32: return bags_fixed(bags, table, rows, row_stride, bad_pos, 32 / VL, type, idx64, weighting, far);
-    case 64: return bags_fixed(bags, table, rows, row_stride, bad_pos, 64 / VL, type, idx64, weighting, far);
+    case 16: return bags_fixed(bags, table, rows, row_stride, bad_pos, 16 / VL, type, idx64, weighting, padded);
+    case 32: return bags_fixed(bags, table, rows, row_stride, bad_pos, 32 / VL, type, idx64, weighting, padded);
+    case 64: return bags_fixed(bags, table, rows, row_stride, bad_pos, 64 / VL, type, idx64, weighting, padded);
 #if MAX_VECS * VL >= 128
-    case 128: return bags_fixed(bags, table, rows, row_stride, bad_pos, 128 / VL, type, idx64, weighting, far);
+    case 128: return bags_fixed(bags, table, rows, row_stride, bad_pos, 128 / VL, type, idx64, weighting, padded);
 #endif
 #if MAX_VECS * VL >= 256
-    case 256: return bags_fixed(bags, table, rows, row_stride, bad_pos, 256 / VL, type, idx64, weighting, far);
+    case 256: return bags_fixed(bags, table, rows, row_stride, bad_pos, 256 / VL, type, idx64, weighting, padded);
 #endif
-    default: return bags_generic(bags, table, rows, dim, row_stride, bad_pos, type, idx64, weighting, far);
+    default: return bags_generic(bags, table, rows, dim, row_stride, bad_pos, type, idx64, weighting, padded);
     }
 }
 
@@ -255,10 +254,11 @@ PK_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, int64_
         if (j >= 0) { *bad_pos = j; return PK_ERR_INDEX; }
         return PK_OK;
     }
-    const int far = use_far_prefetch(bags, rows, dim, type);
+    /* a call without padding_idx (the common one) compiles no padding test and no count */
+    const int padded = bags->padding_idx >= 0;
 #define BY_DIM(IDX64, WEIGHTING)                                                                   \
-    (far ? bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, IDX64, WEIGHTING, 1)     \
-         : bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, IDX64, WEIGHTING, 0))
+    (padded ? bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, IDX64, WEIGHTING, 1)  \
+            : bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, IDX64, WEIGHTING, 0))
     if (bags->weights == NULL)
         return bags->index_64 ? BY_DIM(1, UNWEIGHTED) : BY_DIM(0, UNWEIGHTED);
     if (!bags->positional)
