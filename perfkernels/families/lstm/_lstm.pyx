@@ -114,10 +114,10 @@ cdef void _lstm_range(void *vjob, int64_t lo, int64_t hi, int64_t chunk) noexcep
     if p.seq_lengths64 != NULL:
         p.seq_lengths64 = p.seq_lengths64 + r
     if j.backward:
-        j.k.backward(&p, j.a[0] + r * d, j.a[1] + r * 4 * d, j.a[2] + r * d, j.a[3] + r * d,
+        j.k.lstm_backward(&p, j.a[0] + r * d, j.a[1] + r * 4 * d, j.a[2] + r * d, j.a[3] + r * d,
                      j.a[4] + r * d, j.o[0] + r * d, j.o[1] + r * d, j.o[2] + r * 4 * d)
     else:
-        j.k.forward(&p, j.a[0] + r * d, j.a[1] + r * d, j.a[2] + r * 4 * d,
+        j.k.lstm_forward(&p, j.a[0] + r * d, j.a[1] + r * d, j.a[2] + r * 4 * d,
                     j.o[0] + r * d, j.o[1] + r * d)
 
 
@@ -281,5 +281,5 @@ def _math(str fn, x):
     cdef size_t n = <size_t>cnp.PyArray_SIZE(src)
     cdef const pk_lstm_kernels *k = _kernels
     with nogil:
-        k.math(code, s, o, n)
+        k.lstm_math(code, s, o, n)
     return dst

@@ -280,9 +280,9 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
             part.bag_cost = tdims[f] * 4 + 8
             part.rows = a_.shape[0]
             if kind > 0:
-                args[f].f.fn = (_float_kernels.bag_f32 if kind == cnp.NPY_FLOAT32 else
-                                _float_kernels.bag_f16 if kind == cnp.NPY_FLOAT16 else
-                                _float_kernels.bag_bf16)
+                args[f].f.fn = (_float_kernels.embedding_bag_f32 if kind == cnp.NPY_FLOAT32 else
+                                _float_kernels.embedding_bag_f16 if kind == cnp.NPY_FLOAT16 else
+                                _float_kernels.embedding_bag_bf16)
                 args[f].f.table = cnp.PyArray_DATA(a_)
                 args[f].f.rows = a_.shape[0]
                 args[f].f.dim = tdims[f]
@@ -290,7 +290,7 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
                 part.call = pk_float_bags_call
                 part.index_cost = tdims[f] * cnp.PyArray_ITEMSIZE(a_) + idx_bytes
             else:
-                args[f].q.fn = _quantized_kernels.embedding_bag
+                args[f].q.fn = _quantized_kernels.embedding_bag_quantized
                 args[f].q.bits = -kind
                 args[f].q.packed = <const uint8_t *>cnp.PyArray_DATA(a_)
                 args[f].q.rows = a_.shape[0]

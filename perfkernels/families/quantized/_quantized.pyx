@@ -9,12 +9,14 @@ cimport numpy as cnp
 
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_NONFINITE
 from perfkernels._c_bags cimport pk_bags
-from perfkernels.families.quantized._c_quantized cimport (pk_quantized_bags_args, pk_quantized_bags_call,
-    pk_quantized_kernels, pk_quantized_row_bytes,
-                                       pk_quantized_table)
+from perfkernels.families.quantized._c_quantized cimport (pk_quantized_bags_args,
+                                                         pk_quantized_bags_call,
+                                                         pk_quantized_kernels,
+                                                         pk_quantized_row_bytes,
+                                                         pk_quantized_table)
 from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
-from perfkernels._bags cimport (BAGS_SCRATCH, TINY_BAGS, prepare_bags, bags_out_for_kernel,
-                                bags_output, check_bags_status, index_snapshot, run_bags)
+from perfkernels._bags cimport (BAGS_SCRATCH, prepare_bags, bags_out_for_kernel, bags_output,
+                                call_bags)
 from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads, ranges_chunks
 
 cnp.import_array()
@@ -295,33 +297,16 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
     cdef object keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
                                     include_last_offset, padding_idx, positional_weights, rows,
                                     scratch, BAGS_SCRATCH)
-    cdef int64_t bad = -1
     cdef cnp.ndarray dst = bags_output(
         &bags, out, None if out is None else bags_out_for_kernel(out, bags.num_bags, d, p, keep),
         d)
-    # the kernels write the caller's out=: they run on a checked private copy of the indices
-    cdef int64_t ix_scratch[BAGS_SCRATCH]
-    cdef void *snap = NULL
-    cdef cnp.ndarray snapshot = None
-    if dst is out:
-        snapshot = index_snapshot(&bags, ix_scratch, sizeof(ix_scratch), &snap)
-    cdef const uint8_t *data = <const uint8_t *>cnp.PyArray_DATA(p)
-    cdef const pk_quantized_kernels *k = _kernels
-    cdef pk_status status
     cdef pk_quantized_bags_args args
-    args.fn = k.embedding_bag
+    args.fn = _kernels.embedding_bag_quantized
     args.bits = b
-    args.packed = data
+    args.packed = <const uint8_t *>cnp.PyArray_DATA(p)
     args.rows = rows
     args.row_bytes = row_bytes
     args.dim = d
-    if bags.num_bags * d + bags.n_indices >= TINY_BAGS:
-        with nogil:
-            status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, nt, snap,
-                              &bad)
-    elif snap != NULL:
-        status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, 1, snap, &bad)
-    else:
-        status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
-    check_bags_status(&bags, status, bad, rows, "embedding_bag_quantized")
+    call_bags(&bags, dst is out, pk_quantized_bags_call, &args, rows, row_bytes, d, nt,
+              "embedding_bag_quantized")
     return finish_out(out, dst)

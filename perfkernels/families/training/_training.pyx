@@ -386,8 +386,8 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     work.bag_scale = <float *>parts[5]
     scratch_row = <float *>parts[6]
 
-    fn = (_kernels.update_f32 if t == cnp.NPY_FLOAT32 else
-          (_kernels.update_f16 if t == cnp.NPY_FLOAT16 else _kernels.update_bf16))
+    fn = (_kernels.training_update_f32 if t == cnp.NPY_FLOAT32 else
+          (_kernels.training_update_f16 if t == cnp.NPY_FLOAT16 else _kernels.training_update_bf16))
     data = cnp.PyArray_DATA(table)
     with nogil:
         status = pk_training_group(&bags, rows, &work, &bad, pool, k, chunks)
