@@ -4,7 +4,8 @@ The families are the rows of ``perfkernels/_registry.py``: ``perfkernels/familie
 becomes ``perfkernels.families.<family>._<family>``, linked with the C files of its folder.  From a
 kernel family's public header ``include/perfkernels/<family>.h`` (where each kernel's signature is
 written once) ``perfkernels/_codegen.py`` generates its per-level declarations, per-level files and
-dispatch table into ``build/csrc/<family>/``, and its Cython declarations ``_c_<family>.pxd``.  A shared module ``perfkernels/_<name>.pyx`` is linked with
+dispatch table into ``build/csrc/<family>/``, and its Cython declarations ``_c_<family>.pxd``; from
+the annotated signatures of its wrapper's public functions, its type stub ``_<family>.pyi``.  A shared module ``perfkernels/_<name>.pyx`` is linked with
 the C files of ``perfkernels/csrc/<name>/``.  The ISA levels come from that registry:
 a file named after a level (``avx2.c``, ``avx512.c``) gets that level's flags, and only when the
 target is the level's architecture; every other file (the dispatch tables, the scalar level, the Cython modules) is built
@@ -100,7 +101,19 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
+def _write_isa_list():
+    """The rows of PK_ISA_LIST in include/perfkernels/isa_list.h, from the registry's levels."""
+    path = os.path.join(HERE, "include", "perfkernels", "isa_list.h")
+    with open(path) as f:
+        text = f.read()
+    new = CODEGEN["isa_list_source"](text, LEVELS)
+    if new != text:
+        with open(path, "w") as f:
+            f.write(new)
+
+
 def _extensions():
+    _write_isa_list()
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
     families = REGISTRY["FAMILIES_DIR"]
     # "simd/avx2.h" from csrc/, "embedding/body.h" from the families' folder, the generated
@@ -116,6 +129,7 @@ def _extensions():
     for family in REGISTRY["FAMILIES"]:
         if family.header:
             CODEGEN["write_pxd"](HERE, family.name)
+        CODEGEN["write_stub"](HERE, family.name, family.functions)
     exts = []
     for name, pyx, folder in modules:
         family = name.rsplit("._", 1)[1]
@@ -138,6 +152,8 @@ setup(
             "cdivision": True,
             "initializedcheck": False,
             "embedsignature": True,
+            # annotations are type hints for readers and the generated .pyi stubs, not C types
+            "annotation_typing": False,
         },
     ),
     cmdclass={"build_ext": BuildExt},

@@ -52,7 +52,7 @@ class Enum(NamedTuple):
 
 
 class Header(NamedTuple):
-    """The declarations of one C header, in header order (``items``)."""
+    """The declarations of one C header: its macros with a value, then the rest in header order."""
     items: tuple  # of Function (typedef=False), Struct, Enum, FnType, Constant
 
     def of(self, kind) -> list:
@@ -291,7 +291,7 @@ def pxd_source(family: str, headers: list[tuple[str, str]], shared: dict[str, st
     body = []
     for name, header in parsed:
         body += ["", f'cdef extern from "{name}":']
-        constants = [c.name for c in header.of(Constant) if not c.name.startswith("PERFKERNELS_")]
+        constants = [c.name for c in header.of(Constant)]
         if constants:
             body += ["    enum:"] + [f"        {c}" for c in constants]
         for item in header.items:
@@ -329,3 +329,93 @@ def write_pxd(root, family: str) -> Path:
     root = Path(root)
     text = pxd_source(family, pxd_headers(root, family), shared_cython_names(root / "perfkernels"))
     return write_if_changed(root / "perfkernels" / "families" / family / f"_c_{family}.pxd", text)
+
+
+# --- the type stubs --------------------------------------------------------------------------------
+
+#: where the names a public function's annotations use come from (besides perfkernels/_typing.pyi
+#: and the builtins)
+_STUB_IMPORTS = {"Literal": "from typing import", "Sequence": "from typing import",
+                 "np": "import numpy as np", "npt": "import numpy.typing as npt"}
+_BUILTINS = {"int", "float", "bool", "str", "bytes", "tuple", "list", "dict", "None", "object"}
+
+
+def typing_aliases(package) -> set[str]:
+    """The names ``perfkernels/_typing.pyi`` defines (``Float32Array``, ``Mode``, ...)."""
+    import ast
+    tree = ast.parse((Path(package) / "_typing.pyi").read_text())
+    return {t.id for node in tree.body if isinstance(node, ast.Assign)
+            for t in node.targets if isinstance(t, ast.Name)}
+
+
+def def_signature(source: str, name: str) -> str:
+    """The text of ``def name(...) -> ...:`` at the top level of a .pyx (without the colon)."""
+    start = re.search(rf"^def {name}\(", source, re.M)
+    if not start:
+        raise ValueError(f"no top-level def {name}(...)")
+    depth = 0
+    for i in range(start.start(), len(source)):
+        ch = source[i]
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == ":" and depth == 0:
+            return source[start.start():i]
+    raise ValueError(f"def {name}: no end of signature")
+
+
+def stub_source(family: str, pyx_text: str, functions, aliases: set[str]) -> str:
+    """``_<family>.pyi``: the signatures (annotations included) of the public ``functions`` as
+    the wrapper writes them, with the imports their annotations need."""
+    import ast
+    defs = [def_signature(pyx_text, fn) + ": ..." for fn in functions]
+    names = {n.id for d in defs for n in ast.walk(ast.parse(d)) if isinstance(n, ast.Name)}
+    unknown = names - aliases - _BUILTINS - set(_STUB_IMPORTS)
+    if unknown:
+        raise ValueError(f"_{family}.pyx annotates with {sorted(unknown)}: define them in "
+                         "perfkernels/_typing.pyi or add their import to _codegen._STUB_IMPORTS")
+    from_typing = sorted(n for n in names if _STUB_IMPORTS.get(n) == "from typing import")
+    modules = sorted(_STUB_IMPORTS[n] for n in names if n in _STUB_IMPORTS
+                     and _STUB_IMPORTS[n].startswith("import"))
+    ours = sorted(names & aliases)
+    blocks = [[f"# {GENERATED_MARK} (perfkernels/_codegen.py) from _{family}.pyx: edit that, "
+               "not this file."]]
+    if from_typing:
+        blocks.append([f"from typing import {', '.join(from_typing)}"])
+    if modules:
+        blocks.append(modules)
+    if ours:
+        blocks.append([f"from perfkernels._typing import {', '.join(ours)}"])
+    return "\n\n".join("\n".join(b) for b in blocks) + "\n\n" + "\n".join(defs) + "\n"
+
+
+def write_stub(root, family: str, functions) -> Path:
+    """Write ``perfkernels/families/<family>/_<family>.pyi`` (when its text changes)."""
+    package = Path(root) / "perfkernels"
+    folder = package / "families" / family
+    text = stub_source(family, (folder / f"_{family}.pyx").read_text(), functions,
+                       typing_aliases(package))
+    return write_if_changed(folder / f"_{family}.pyi", text)
+
+
+# --- the C list of levels --------------------------------------------------------------------------
+
+_ISA_LIST = re.compile(r"#define PK_ISA_LIST\(X, A\)[^\n]*\n(?:[^\n]*\\\n)*[^\n]*\n")
+
+
+def isa_list_source(text: str, levels) -> str:
+    """``include/perfkernels/isa_list.h`` (its current ``text``) with the rows of ``PK_ISA_LIST``
+    written from the registry's ``levels``: ``X(A, name, built)``, built 1 for a level of any
+    architecture, else the header's ``PK_<ARCH>`` macro (1 when the compiler targets it).  The
+    rest of the header is hand-written; setup.py rewrites the list when a level row changes."""
+    built = {level.name: "1" if level.arch == "any" else f"PK_{level.arch.upper()}"
+             for level in levels}
+    for macro in set(built.values()) - {"1"}:
+        if f"#define {macro} " not in text:
+            raise ValueError(f"isa_list.h defines no {macro} (1 when the target is that "
+                             "architecture); add it beside PK_X86_64")
+    lines = ["#define PK_ISA_LIST(X, A)"] + [f"    X(A, {name}, {b})" for name, b in built.items()]
+    width = max(len(line) for line in lines) + 4
+    block = "".join(line.ljust(width) + "\\\n" for line in lines[:-1]) + lines[-1] + "\n"
+    if not _ISA_LIST.search(text):
+        raise ValueError("isa_list.h has no #define PK_ISA_LIST(X, A)")
+    return _ISA_LIST.sub(lambda _: block, text, count=1)

@@ -65,9 +65,13 @@ def _checked_table(weight):
     return _as_table(weight)
 
 
-def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_weights=None,
-                  mode="sum", include_last_offset=False, padding_idx=None,
-                  positional_weights=False, out=None, num_threads=None):
+def embedding_bag(weight: TableArray, indices: IndexArray, offsets: IndexArray | None = None, *,
+                  lengths: IndexArray | None = None,
+                  per_sample_weights: npt.ArrayLike | None = None, mode: Mode = "sum",
+                  include_last_offset: bool = False, padding_idx: int | None = None,
+                  positional_weights: bool = False,
+                  out: Float32Array | None = None,
+                  num_threads: int | None = None) -> Float32Array:
     """Sum (or average) rows of an embedding table over bags of indices.
 
     ``out[b] = scale_b * sum(w_j * float32(weight[indices[j]]) for j in bag b)``, accumulated in

@@ -66,9 +66,15 @@ cdef int _raise_bad_index(const pk_bags_part *part, int f, int64_t pos, int64_t 
                      f"is out of range for table {f} of {rows} rows")
 
 
-def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sample_weights=None,
-                         modes="sum", padding_idx=None, bits=None, dims=None, out=None,
-                         num_threads=None):
+def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
+                         lengths: IndexArray | None = None, offsets: IndexArray | None = None,
+                         per_sample_weights: npt.ArrayLike | None = None,
+                         modes: Mode | Sequence[Mode] = "sum",
+                         padding_idx: int | None | Sequence[int | None] = None,
+                         bits: Sequence[int | None] | None = None,
+                         dims: Sequence[int | None] | None = None,
+                         out: Float32Array | None = None,
+                         num_threads: int | None = None) -> Float32Array:
     """Pooled lookups of F features in F tables, in one call (TorchRec's EmbeddingBagCollection).
 
     The input is TorchRec's ``KeyedJaggedTensor`` layout for F features and B samples: ``indices``

@@ -101,7 +101,8 @@ def _checked_packed(packed, bits, dim):
     return p, b, _packed_dim(p.shape[1], b, dim)
 
 
-def quantize_rowwise(weight, bits=8, *, num_threads=None):
+def quantize_rowwise(weight: TableArray, bits: int = 8, *,
+                     num_threads: int | None = None) -> npt.NDArray[np.uint8]:
     """Quantize a table row by row to 8, 4 or 2 bits (caffe2/FBGEMM "fused rowwise" layout).
 
     Bit-exact with ``torch.ops.quantized.embedding_bag_byte_prepack`` (``bits=8``) and
@@ -187,7 +188,8 @@ def quantize_rowwise(weight, bits=8, *, num_threads=None):
     return out
 
 
-def dequantize_rowwise(packed, bits=8, dim=None, *, num_threads=None):
+def dequantize_rowwise(packed: npt.NDArray[np.uint8], bits: int = 8,
+                       dim: int | None = None, *, num_threads: int | None = None) -> Float32Array:
     """Expand row-wise quantized rows back to float32: ``x = code * scale + bias``.
 
     Parameters
@@ -234,9 +236,14 @@ def dequantize_rowwise(packed, bits=8, dim=None, *, num_threads=None):
 
 
 
-def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, lengths=None,
-                            per_sample_weights=None, mode="sum", include_last_offset=False,
-                            padding_idx=None, positional_weights=False, out=None, num_threads=None):
+def embedding_bag_quantized(packed: npt.NDArray[np.uint8], indices: IndexArray,
+                            offsets: IndexArray | None = None, *, bits: int = 8,
+                            dim: int | None = None, lengths: IndexArray | None = None,
+                            per_sample_weights: npt.ArrayLike | None = None, mode: Mode = "sum",
+                            include_last_offset: bool = False, padding_idx: int | None = None,
+                            positional_weights: bool = False,
+                            out: Float32Array | None = None,
+                            num_threads: int | None = None) -> Float32Array:
     """Embedding bags over a row-wise quantized table, dequantising rows on the fly.
 
     ``out[b] = scale_b * sum(w_j * (q * scale + bias) of row indices[j], j in bag b)``, computed per
