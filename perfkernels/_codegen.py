@@ -1,9 +1,10 @@
-"""What the build generates from a kernel family's public C header (``include/perfkernels/<family>.h``).
+"""What the build generates from a kernel family's public C header and its wrapper.
 
-The header is the one place a kernel's C signature is written: its function-pointer ``typedef``
-and its member of the family's table struct ``pk_<family>_kernels``.  A member ``x`` is the kernel
-``pk_x_<level>`` of every level (``pk_embedding_bag_f32_avx2`` for ``embedding_bag_f32``).  From the
-header the build writes, into ``build/csrc/<family>/`` and next to the family's wrapper:
+The header ``include/perfkernels/<family>.h`` is the one place a kernel's C signature is written:
+its function-pointer ``typedef`` and its member of the family's table struct
+``pk_<family>_kernels``.  A member ``x`` is the kernel ``pk_x_<level>`` of every level
+(``pk_embedding_bag_f32_avx2`` for ``embedding_bag_f32``).  From the header the build writes, into
+``build/csrc/<family>/`` and next to the family's wrapper:
 
 - ``levels.h``: every level's prototype of every kernel (included by each level's file, by the
   hand-written ``scalar.c`` and by the dispatch table, so a definition that drifts from the header
@@ -13,6 +14,10 @@ header the build writes, into ``build/csrc/<family>/`` and next to the family's 
 - ``dispatch.c``: the table ``pk_<family>_table(level)``, one row per level;
 - ``_c_<family>.pxd``: the Cython ``cdef extern`` declarations of the header (its types, constants,
   functions) and of the family's adapter for the bag splitter (``bags_call.h``) when it has one.
+
+From the wrapper ``_<family>.pyx`` it writes the type stub ``_<family>.pyi`` (the annotated
+signatures of the public functions), and from the registry the level rows of
+``include/perfkernels/isa_list.h``.
 
 Plain Python that imports nothing from the package: ``setup.py`` loads it by file path, as it loads
 the registry.  The header parser knows the C that public headers are written in (typedefs of
@@ -165,7 +170,7 @@ def kernels(header: Header, family: str) -> list[tuple[str, Function]]:
     return out
 
 
-# --- the C the build compiles ----------------------------------------------------------------------
+# --- the C the build compiles ---------------------------------------------------------------------
 
 
 def levels_source(family: str, header_text: str, levels) -> str:
@@ -199,10 +204,12 @@ def level_source(family: str, level: str) -> str:
 def dispatch_source(family: str, header_text: str) -> str:
     """The C text of ``family``'s dispatch table: ``pk_<family>_table(level)``, one row per level
     of isa_list.h, each row the level's kernels (``PK_DEFINE_KERNEL_TABLE``)."""
-    members = [f".{field} = pk_{field}_##isa" for field, _ in kernels(parse_header(header_text), family)]
+    members = [f".{field} = pk_{field}_##isa"
+               for field, _ in kernels(parse_header(header_text), family)]
     row = " \\\n    ".join(f"{m}," for m in members)
-    return (f"/* {GENERATED_MARK} (perfkernels/_codegen.py) from include/perfkernels/{family}.h: the\n"
-            f" * {family} kernel table of every level this build contains.  Baseline flags only. */\n"
+    return (f"/* {GENERATED_MARK} (perfkernels/_codegen.py) from include/perfkernels/{family}.h:\n"
+            f" * the {family} kernel table of every level this build contains.  Baseline flags\n"
+            " * only. */\n"
             '#include "levels.h"\n\n'
             f"#define ROW(isa) {{ \\\n    {row} \\\n}}\n"
             f"PK_DEFINE_KERNEL_TABLE(pk_{family}_kernels, pk_{family}_table, ROW)\n")
@@ -238,11 +245,11 @@ def family_sources(folder, family: str, generated, levels) -> list:
     return sorted(sources, key=lambda p: (p.name, str(p)))
 
 
-# --- the Cython declarations -----------------------------------------------------------------------
+# --- the Cython declarations ----------------------------------------------------------------------
 
 _STDINT = re.compile(r"\bu?int(?:8|16|32|64)_t\b")
-_SHARED_NAME = re.compile(r"^\s*(?:ctypedef\s+(?:struct|enum|union)\s+(\w+)|ctypedef\s+.*\(\*(\w+)\))",
-                          re.M)
+_SHARED_NAME = re.compile(
+    r"^\s*(?:ctypedef\s+(?:struct|enum|union)\s+(\w+)|ctypedef\s+.*\(\*(\w+)\))", re.M)
 
 
 def shared_cython_names(package) -> dict[str, str]:
@@ -281,7 +288,8 @@ def _cython(item, indent: str = "    ") -> list[str]:
         return [f"{indent}ctypedef struct {item.name}:"] + [
             f"{indent}    {m}{nogil if '(*' in m else ''}" for m in item.members]
     if isinstance(item, Enum):
-        return [f"{indent}ctypedef enum {item.name}:"] + [f"{indent}    {c}" for c in item.constants]
+        return ([f"{indent}ctypedef enum {item.name}:"]
+                + [f"{indent}    {c}" for c in item.constants])
     raise TypeError(item)
 
 
@@ -309,7 +317,8 @@ def pxd_source(family: str, headers: list[tuple[str, str]], shared: dict[str, st
              + " and ".join(name for name, _ in headers) + ": edit those, not this file."]
     if stdint:
         lines.append(f"from libc.stdint cimport {', '.join(stdint)}")
-    lines += [f"from {module} cimport {', '.join(names)}" for module, names in sorted(cimports.items())]
+    lines += [f"from {module} cimport {', '.join(names)}"
+              for module, names in sorted(cimports.items())]
     return "\n".join(lines) + "\n" + text + "\n"
 
 
@@ -331,7 +340,7 @@ def write_pxd(root, family: str) -> Path:
     return write_if_changed(root / "perfkernels" / "families" / family / f"_c_{family}.pxd", text)
 
 
-# --- the type stubs --------------------------------------------------------------------------------
+# --- the type stubs -------------------------------------------------------------------------------
 
 #: where the names a public function's annotations use come from (besides perfkernels/_typing.pyi
 #: and the builtins)
@@ -397,7 +406,7 @@ def write_stub(root, family: str, functions) -> Path:
     return write_if_changed(folder / f"_{family}.pyi", text)
 
 
-# --- the C list of levels --------------------------------------------------------------------------
+# --- the C list of levels -------------------------------------------------------------------------
 
 _ISA_LIST = re.compile(r"#define PK_ISA_LIST\(X, A\)[^\n]*\n(?:[^\n]*\\\n)*[^\n]*\n")
 

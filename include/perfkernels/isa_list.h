@@ -8,8 +8,9 @@
  * A:     passed through unchanged, so one list serves every generator below.
  *
  * The rows are written from perfkernels/_registry.py by the build (perfkernels/_codegen.py,
- * isa_list_source; tests/test_build.py checks this copy): edit the registry, not the rows.  From this list come the pk_isa enum, each family's dispatch table
- * (PK_DEFINE_KERNEL_TABLE, in the dispatch.c the build generates) and pk_isa_compiled().
+ * isa_list_source; tests/test_build.py checks this copy): edit the registry, not the rows.
+ * From this list come the pk_isa enum, each family's dispatch table (PK_DEFINE_KERNEL_TABLE, in
+ * the dispatch.c the build generates) and pk_isa_compiled().
  */
 #ifndef PERFKERNELS_ISA_LIST_H
 #define PERFKERNELS_ISA_LIST_H
