@@ -1,9 +1,11 @@
 """Build perfkernels: one Cython extension per kernel family, and one per shared module.
 
 The families are the rows of ``perfkernels/_registry.py``: ``perfkernels/families/<family>/_<family>.pyx``
-becomes ``perfkernels.families.<family>._<family>``, linked with the C files of its folder; a kernel
-family's per-level files and dispatch table, all alike, are generated into ``build/csrc/``
-(``family_sources`` in the registry).  A shared module ``perfkernels/_<name>.pyx`` is linked with
+becomes ``perfkernels.families.<family>._<family>``, linked with the C files of its folder.  From a
+kernel family's public header ``include/perfkernels/<family>.h`` (where each kernel's signature is
+written once) ``perfkernels/_codegen.py`` generates its per-level declarations, per-level files and
+dispatch table into ``build/csrc/<family>/``, and its Cython declarations ``_c_<family>.pxd``; from
+the annotated signatures of its wrapper's public functions, its type stub ``_<family>.pyi``.  A shared module ``perfkernels/_<name>.pyx`` is linked with
 the C files of ``perfkernels/csrc/<name>/``.  The ISA levels come from that registry:
 a file named after a level (``avx2.c``, ``avx512.c``) gets that level's flags, and only when the
 target is the level's architecture; every other file (the dispatch tables, the scalar level, the Cython modules) is built
@@ -24,10 +26,11 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 # by file path: importing the package would need the extensions this script builds
 REGISTRY = runpy.run_path(os.path.join(HERE, "perfkernels", "_registry.py"))
+CODEGEN = runpy.run_path(os.path.join(HERE, "perfkernels", "_codegen.py"))
 LEVELS = REGISTRY["LEVELS"]
 BASE_FLAGS = list(REGISTRY["BASE_FLAGS"])
 SANITIZERS = ("address", "undefined")
-GENERATED = os.path.join("build", "csrc")   # the generated per-level sources (see the docstring)
+GENERATED = os.path.join("build", "csrc")   # the generated C of the families (see the docstring)
 
 
 def sanitizer_flags(value: str) -> tuple[list[str], list[str]]:
@@ -98,11 +101,24 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
+def _write_isa_list():
+    """The rows of PK_ISA_LIST in include/perfkernels/isa_list.h, from the registry's levels."""
+    path = os.path.join(HERE, "include", "perfkernels", "isa_list.h")
+    with open(path) as f:
+        text = f.read()
+    new = CODEGEN["isa_list_source"](text, LEVELS)
+    if new != text:
+        with open(path, "w") as f:
+            f.write(new)
+
+
 def _extensions():
+    _write_isa_list()
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
     families = REGISTRY["FAMILIES_DIR"]
-    # "simd/avx2.h" from csrc/, "embedding/body.h" from the families' folder
-    include = ["include", "perfkernels/csrc", families, np.get_include()]
+    # "simd/avx2.h" from csrc/, "embedding/body.h" from the families' folder, the generated
+    # "embedding/levels.h" from build/csrc/
+    include = ["include", "perfkernels/csrc", families, GENERATED, np.get_include()]
     headers = sorted(glob("include/perfkernels/*.h") + glob("perfkernels/csrc/**/*.h", recursive=True)
                      + glob(f"{families}/*/*.h") + glob("perfkernels/*.pxd") + glob(f"{families}/*/*.pxd"))
     shared = [os.path.basename(pyx)[1:-4] for pyx in sorted(glob("perfkernels/_*.pyx"))]
@@ -110,12 +126,16 @@ def _extensions():
     modules = [(f"perfkernels._{m}", f"perfkernels/_{m}.pyx", f"perfkernels/csrc/{m}") for m in shared]
     modules += [(f"perfkernels.families.{f.name}._{f.name}", f"{families}/{f.name}/_{f.name}.pyx",
                  f"{families}/{f.name}") for f in REGISTRY["FAMILIES"]]
+    for family in REGISTRY["FAMILIES"]:
+        if family.header:
+            CODEGEN["write_pxd"](HERE, family.name)
+        CODEGEN["write_stub"](HERE, family.name, family.functions)
     exts = []
     for name, pyx, folder in modules:
         family = name.rsplit("._", 1)[1]
         sources = [pyx] + [os.path.relpath(p, HERE) for p in
-                           REGISTRY["family_sources"](os.path.join(HERE, folder), family,
-                                                      os.path.join(HERE, GENERATED))]
+                           CODEGEN["family_sources"](os.path.join(HERE, folder), family,
+                                                     os.path.join(HERE, GENERATED), REGISTRY["NAMES"])]
         exts.append(Extension(name, sources=sources, include_dirs=include,
                               define_macros=macros, extra_compile_args=BASE_FLAGS + SANITIZE_COMPILE,
                               extra_link_args=SANITIZE_LINK, depends=headers))
@@ -132,6 +152,8 @@ setup(
             "cdivision": True,
             "initializedcheck": False,
             "embedsignature": True,
+            # annotations are type hints for readers and the generated .pyi stubs, not C types
+            "annotation_typing": False,
         },
     ),
     cmdclass={"build_ext": BuildExt},

@@ -11,10 +11,11 @@
 #                         scratch, BAGS_SCRATCH)
 #     checked = None if out is None else bags_out_for_kernel(out, bags.num_bags, D, table, keep)
 #     dst = bags_output(&bags, out, checked, D)              # sets bags.out / bags.out_stride
-#     if dst is out: snapshot = index_snapshot(&bags, ix_scratch, sizeof(ix_scratch), &snap)
-#     ... call the kernel (run_bags: on up to num_threads threads when the call is big enough;
-#         always run_bags, with the snapshot, when the kernel writes the caller's out=) ...
-#     check_bags_status(&bags, status, bad_pos, rows, "name")
+#     call_bags(&bags, dst is out, family_bags_call, &args, rows, row_bytes, D, num_threads, "name")
+#
+# (call_bags: the family's kernel through its adapter for the bag splitter, families/<family>/
+# bags_call.h, on up to num_threads threads when the call is big enough; IndexError or
+# RuntimeError for a bad status.)
 #
 # `keep` holds the arrays the pointers in `bags` point into: keep it alive until the kernel
 # returns.  `scratch` (caller's stack) holds the normalised offsets of small calls, so a call with
@@ -123,3 +124,28 @@ cdef inline int check_bags_status(const pk_bags *bags, pk_status status, int64_t
 cdef pk_status run_bags(pk_bags *bags, pk_bags_call call, const void *args,
                         int64_t rows, int64_t row_bytes, int64_t dim, int n_threads,
                         void *snapshot, int64_t *bad_pos) noexcept nogil
+
+
+# One table's bag kernel, called as every bag family calls it: on up to n_threads threads with the
+# GIL released when the call is big enough (TINY_BAGS), else on the calling thread with the GIL
+# held; when the kernel writes the caller's out= (writes_out), on a checked private copy of the
+# indices (index_snapshot), so out= is never half-written.  `call` and `args` are the family's
+# adapter for the bag splitter and its arguments; `name` names the function in an error.
+cdef inline int call_bags(pk_bags *bags, bint writes_out, pk_bags_call call, const void *args,
+                          int64_t rows, int64_t row_bytes, int64_t dim, int n_threads,
+                          str name) except -1:
+    cdef int64_t ix_scratch[BAGS_SCRATCH]
+    cdef void *snap = NULL
+    cdef cnp.ndarray snapshot = None
+    cdef int64_t bad = -1
+    cdef pk_status status
+    if writes_out:
+        snapshot = index_snapshot(bags, ix_scratch, sizeof(ix_scratch), &snap)
+    if bags.num_bags * dim + bags.n_indices >= TINY_BAGS:
+        with nogil:
+            status = run_bags(bags, call, args, rows, row_bytes, dim, n_threads, snap, &bad)
+    elif snap != NULL:
+        status = run_bags(bags, call, args, rows, row_bytes, dim, 1, snap, &bad)
+    else:
+        status = call(args, bags, &bad)
+    return check_bags_status(bags, status, bad, rows, name)

@@ -17,8 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "perfkernels" / "csrc"
 
-# the registry setup.py reads, loaded the way setup.py loads it (by path, without the package)
+# the registry and the generator setup.py reads, loaded the way setup.py loads them (by path,
+# without the package)
 REGISTRY = runpy.run_path(str(ROOT / "perfkernels" / "_registry.py"))
+CODEGEN = runpy.run_path(str(ROOT / "perfkernels" / "_codegen.py"))
 LEVELS = REGISTRY["LEVELS"]
 BASE_FLAGS = list(REGISTRY["BASE_FLAGS"])
 FAMILY_DIR = ROOT / REGISTRY["FAMILIES_DIR"]
@@ -35,12 +37,17 @@ def build_sources(generated):
     folders = [p for p in sorted(CSRC.iterdir()) if p.is_dir()]
     folders += [FAMILY_DIR / f.name for f in REGISTRY["FAMILIES"]]
     return [src for folder in folders
-            for src in REGISTRY["family_sources"](folder, folder.name, generated)]
+            for src in CODEGEN["family_sources"](folder, folder.name, generated, REGISTRY["NAMES"])]
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    return build_sources(tmp_path_factory.mktemp("generated"))
+def generated(tmp_path_factory):
+    return tmp_path_factory.mktemp("generated")
+
+
+@pytest.fixture(scope="module")
+def sources(generated):
+    return build_sources(generated)
 
 
 SOURCES = sorted(CSRC.glob("**/*.c")) + sorted(FAMILY_DIR.glob("*/[!_]*.c"))
@@ -54,8 +61,10 @@ def level_of(src):
 pytestmark = pytest.mark.skipif(not SOURCES, reason="C sources not found (tests run from a checkout)")
 
 
-def compile_c(cc, src, out, flags):
-    return subprocess.run([cc, *flags, *INCLUDES, "-c", str(src), "-o", str(out)],
+def compile_c(cc, src, out, flags, generated):
+    """Compile as setup.py does; ``generated``: where build_sources wrote the families'
+    generated files (a hand-written scalar.c includes its family's generated levels.h)."""
+    return subprocess.run([cc, *flags, *INCLUDES, "-I", str(generated), "-c", str(src), "-o", str(out)],
                           capture_output=True, text=True)
 
 
@@ -69,12 +78,12 @@ def test_no_march_native_anywhere():
                     reason="needs gcc and objdump")
 @pytest.mark.skipif(not __import__("platform").machine().lower() in ("x86_64", "amd64"),
                     reason="x86-64 only")
-def test_only_isa_files_contain_wide_vector_instructions(tmp_path, sources):
+def test_only_isa_files_contain_wide_vector_instructions(tmp_path, sources, generated):
     for src in sources:
         level = level_of(src)
         isa_flags = list(level.flags) if level else []
         obj = tmp_path / (src.parent.name + "_" + src.stem + ".o")
-        proc = compile_c("gcc", src, obj, BASE_FLAGS + isa_flags + ["-fPIC"])
+        proc = compile_c("gcc", src, obj, BASE_FLAGS + isa_flags + ["-fPIC"], generated)
         assert proc.returncode == 0, f"{src}:\n{proc.stderr}"
         asm = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True).stdout
         wide = re.findall(r"%[yz]mm\d+", asm)
@@ -84,11 +93,11 @@ def test_only_isa_files_contain_wide_vector_instructions(tmp_path, sources):
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
-def test_isa_files_refuse_to_build_without_their_flags(tmp_path, sources):
+def test_isa_files_refuse_to_build_without_their_flags(tmp_path, sources, generated):
     isa_sources = [src for src in sources if level_of(src)]
     assert isa_sources
     for src in isa_sources:
-        proc = compile_c("gcc", src, tmp_path / "x.o", BASE_FLAGS)
+        proc = compile_c("gcc", src, tmp_path / "x.o", BASE_FLAGS, generated)
         if __import__("platform").machine().lower() in ("x86_64", "amd64"):
             assert proc.returncode != 0 and "must be compiled with" in proc.stderr, src
 
@@ -98,10 +107,10 @@ CROSS = shutil.which("aarch64-linux-gnu-gcc")
 
 @pytest.mark.skipif(CROSS is None and not os.environ.get("PERFKERNELS_REQUIRE_CROSS"),
                     reason="aarch64-linux-gnu-gcc not installed (Debian: gcc-aarch64-linux-gnu)")
-def test_every_source_compiles_for_aarch64(tmp_path, sources):
+def test_every_source_compiles_for_aarch64(tmp_path, sources, generated):
     assert CROSS, "PERFKERNELS_REQUIRE_CROSS is set but aarch64-linux-gnu-gcc is missing"
     for src in sources:
-        proc = compile_c(CROSS, src, tmp_path / "x.o", BASE_FLAGS + ["-Werror", "-fPIC"])
+        proc = compile_c(CROSS, src, tmp_path / "x.o", BASE_FLAGS + ["-Werror", "-fPIC"], generated)
         assert proc.returncode == 0, f"{src} does not build for aarch64:\n{proc.stderr}"
 
 
@@ -134,7 +143,9 @@ def test_generated_sources_are_rewritten_only_when_changed(tmp_path):
 
 
 def test_c_isa_list_matches_the_registry():
+    """The build writes PK_ISA_LIST's rows from the registry; the committed header holds them."""
     text = (ROOT / "include" / "perfkernels" / "isa_list.h").read_text()
+    assert CODEGEN["isa_list_source"](text, LEVELS) == text
     rows = re.findall(r"^\s*X\(A, (\w+), (\w+)\)", text, re.M)
     assert [name for name, _ in rows] == [lv.name for lv in LEVELS]
     arch_macro = {"any": "1", "x86_64": "PK_X86_64"}

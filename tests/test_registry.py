@@ -1,14 +1,16 @@
 """The registry (perfkernels/_registry.py) is the one list of ISA levels and kernel families: every
 other list is derived from it, the files a row implies exist, and docs/architecture.md's "add a
 family" / "add an ISA level" steps are the registry's own lists."""
+import importlib
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import perfkernels as pk
-from perfkernels import _registry, _selfcheck, benchsuite
+from perfkernels import _codegen, _registry, _selfcheck, benchsuite, reference
 from perfkernels.families.quantized import layout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +21,7 @@ in_checkout = pytest.mark.skipif(not FAMILY_DIR.is_dir() or not (ROOT / "docs").
 
 @in_checkout
 def test_the_family_folders_are_the_registry_rows():
-    folders = sorted(p.parent.name for p in FAMILY_DIR.glob("*/__init__.py"))
+    folders = sorted(p.parent.name for p in FAMILY_DIR.glob("*/_*.pyx"))
     assert folders == sorted(_registry.FAMILY_NAMES)
 
 
@@ -85,21 +87,43 @@ def test_no_other_file_lists_the_levels_or_families():
         assert not family_list.search(text), f"{path} lists the families by hand"
 
 
+HEADER_FAMILIES = [f for f in _registry.FAMILIES if f.header]
+
+
 @in_checkout
-@pytest.mark.parametrize("family", [f for f in _registry.FAMILIES if f.header],
-                         ids=[f.name for f in _registry.FAMILIES if f.header])
-def test_each_c_table_is_declared_once_per_side(family):
-    """The C header defines the family's table row and its per-level declarations; its .pxd
-    declares the same table struct and getter from that header (the signatures are written in the
-    header, the .pxd repeats only the names Cython calls)."""
+@pytest.mark.parametrize("family", HEADER_FAMILIES, ids=[f.name for f in HEADER_FAMILIES])
+def test_each_kernel_signature_is_written_once(family):
+    """A kernel's signature is its function type in the family header, named by a member of the
+    table struct; the header names no level (the per-level declarations and the table rows are
+    generated, tests/test_codegen.py)."""
     header = (ROOT / f"include/perfkernels/{family.header}.h").read_text()
-    pxd = (FAMILY_DIR / family.name / f"_c_{family.name}.pxd").read_text()
-    name = family.name
-    assert f"pk_{name}_kernels" in header and f"PK_{name.upper()}_KERNELS" in header
-    assert "PK_DECLARE_FOR_EACH_ISA" in header
-    assert f'cdef extern from "perfkernels/{family.header}.h"' in pxd
-    for symbol in (f"pk_{name}_kernels", f"pk_{name}_table"):
-        assert symbol in pxd, symbol
+    members = _codegen.kernels(_codegen.parse_header(header), family.name)
+    assert members
+    assert "##" not in header and "PK_DECLARE" not in header
+    for level in _registry.NAMES:
+        assert not re.search(rf"\w_{level}\b", header), f"{family.header}.h names the level {level}"
+
+
+@pytest.mark.skipif(not (ROOT / "build" / "csrc").is_dir(), reason="needs an in-place build")
+@pytest.mark.parametrize("family", _registry.FAMILIES, ids=_registry.FAMILY_NAMES)
+def test_the_build_wrote_the_files_a_row_generates(family):
+    """What the build generates for a row (generated_files) exists, says it is generated, and is
+    not kept in git (a contributor never writes it)."""
+    for name in _registry.generated_files(family):
+        path = ROOT / name
+        assert path.exists(), name
+        assert _codegen.GENERATED_MARK in path.read_text().splitlines()[0], name
+    tracked = subprocess.run(["git", "ls-files", *_registry.generated_files(family)], cwd=ROOT,
+                             capture_output=True, text=True)
+    assert tracked.returncode != 0 or not tracked.stdout.strip(), tracked.stdout
+
+
+@pytest.mark.parametrize("family", _registry.FAMILIES, ids=_registry.FAMILY_NAMES)
+def test_perfkernels_reference_gathers_each_familys_reference(family):
+    module = importlib.import_module(f"perfkernels.families.{family.name}.reference")
+    assert set(family.functions) <= set(module.__all__), family.name
+    for name in module.__all__:
+        assert getattr(reference, name) is getattr(module, name), name
 
 
 def _doc_table(heading: str) -> list[str]:

@@ -2,7 +2,6 @@
 kind, with the same defaults, as the compiled functions themselves (Cython embeds their real
 signatures in the docstrings)."""
 import ast
-import inspect
 from pathlib import Path
 
 import pytest
@@ -32,11 +31,11 @@ def stub_signature(node: ast.FunctionDef):
 
 
 def runtime_signature(fn):
+    """The compiled function's parameters, read from the signature Cython embeds (annotations
+    included) on its docstring's first line."""
     first = fn.__doc__.splitlines()[0]
-    sig = inspect.signature(eval(f"lambda {first[first.index('(') + 1:first.rindex(')')]}: None"))
-    kind = {inspect.Parameter.POSITIONAL_OR_KEYWORD: "pos", inspect.Parameter.KEYWORD_ONLY: "kw"}
-    return [(p.name, kind[p.kind], REQUIRED if p.default is inspect.Parameter.empty else p.default)
-            for p in sig.parameters.values()]
+    node = ast.parse(f"def {first}: ...").body[0]
+    return stub_signature(node)
 
 
 @pytest.mark.parametrize("pyi,node", list(stub_functions()))

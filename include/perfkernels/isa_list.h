@@ -3,13 +3,14 @@
  *     X(A, name, built)
  *
  * name:  the level (PERFKERNELS_ISA value), the suffix of its C symbols (pk_lstm_forward_avx2) and
- *        the stem of its files (perfkernels/csrc/<family>/<name>.c, perfkernels/csrc/simd/<name>.h);
+ *        the stem of its files (build/csrc/<family>/<name>.c, perfkernels/csrc/simd/<name>.h);
  * built: 1 when the target compiles the level (setup.py builds its files only there);
  * A:     passed through unchanged, so one list serves every generator below.
  *
- * The rows are those of perfkernels/_registry.py, in the same order (tests/test_build.py
- * compares them).  From this list come the pk_isa enum, each family's per-level declarations
- * (PK_DECLARE_FOR_EACH_ISA) and dispatch tables (PK_DEFINE_KERNEL_TABLE), and pk_isa_compiled().
+ * The rows are written from perfkernels/_registry.py by the build (perfkernels/_codegen.py,
+ * isa_list_source; tests/test_build.py checks this copy): edit the registry, not the rows.
+ * From this list come the pk_isa enum, each family's dispatch table (PK_DEFINE_KERNEL_TABLE, in
+ * the dispatch.c the build generates) and pk_isa_compiled().
  */
 #ifndef PERFKERNELS_ISA_LIST_H
 #define PERFKERNELS_ISA_LIST_H
@@ -34,11 +35,7 @@
 #define PK_ISA_ENUM_(A, name, built) PK_ISA_##name,
 #define PK_ISA_BUILT_(A, name, built) built,
 #define PK_ISA_NAME_(A, name, built) #name,
-#define PK_ISA_DECLARE_(DECLARE, name, built) DECLARE(name)
 #define PK_ISA_TABLE_ROW_(ROW, name, built) PK_WHEN(built)([PK_ISA_##name] = ROW(name),)
-
-/* DECLARE(isa) for every level (declaring a level the target does not build is harmless). */
-#define PK_DECLARE_FOR_EACH_ISA(DECLARE) PK_ISA_LIST(PK_ISA_DECLARE_, DECLARE)
 
 /* A family's dispatch table: `const type *getter(int isa)` returns ROW(isa) (an initializer of
  * `type`), or NULL for a level this build does not contain. */

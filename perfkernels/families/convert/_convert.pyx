@@ -81,7 +81,8 @@ cdef tuple _prepare(object x, object out, str xname, tuple in_types, str in_name
     return src, dst
 
 
-def float_to_half(x, out=None, *, clip=False, num_threads=None):
+def float_to_half(x: npt.ArrayLike, out: npt.NDArray[np.float16] | None = None, *,
+                  clip: bool = False, num_threads: int | None = None) -> npt.NDArray[np.float16]:
     """Convert float32 to float16, rounding to nearest even.
 
     Bit-exact with ``x.astype(np.float16)`` for every input: overflow goes to +-inf, subnormals are
@@ -114,7 +115,8 @@ def float_to_half(x, out=None, *, clip=False, num_threads=None):
     return finish_out(out, dst)
 
 
-def half_to_float(h, out=None, *, num_threads=None):
+def half_to_float(h: npt.ArrayLike, out: npt.NDArray[np.float32] | None = None, *,
+                  num_threads: int | None = None) -> npt.NDArray[np.float32]:
     """Convert float16 to float32, exactly (subnormals, infinities and NaN payloads included).
 
     Parameters
@@ -140,7 +142,8 @@ def half_to_float(h, out=None, *, num_threads=None):
     return finish_out(out, dst)
 
 
-def float_to_bfloat16(x, out=None, *, num_threads=None):
+def float_to_bfloat16(x: npt.ArrayLike, out: npt.NDArray[np.generic] | None = None, *,
+                      num_threads: int | None = None) -> npt.NDArray[np.generic]:
     """Convert float32 to bfloat16 (``ml_dtypes.bfloat16``), rounding to nearest even.
 
     Bit-exact with ``x.astype(ml_dtypes.bfloat16)``: NaN becomes the quiet NaN with x's sign,
@@ -169,7 +172,8 @@ def float_to_bfloat16(x, out=None, *, num_threads=None):
     return finish_out(out, dst)
 
 
-def bfloat16_to_float(b, out=None, *, num_threads=None):
+def bfloat16_to_float(b: npt.ArrayLike, out: npt.NDArray[np.float32] | None = None, *,
+                      num_threads: int | None = None) -> npt.NDArray[np.float32]:
     """Convert bfloat16 (``ml_dtypes.bfloat16``) to float32, exactly.
 
     Parameters

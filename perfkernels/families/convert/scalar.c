@@ -1,5 +1,5 @@
 /* Conversion kernels, portable C (any architecture). */
-#include "perfkernels/convert.h"
+#include "convert/levels.h"
 #include "common/half_bits.h"
 
 #define CLIP_MAX_HALF 65504.0f

@@ -5,14 +5,12 @@ import ml_dtypes
 import numpy as np
 cimport numpy as cnp
 
-from perfkernels._c_common cimport pk_status
 from perfkernels._c_bags cimport pk_bags
 from perfkernels.families.embedding._c_embedding cimport (pk_float_bags_args, pk_float_bags_call,
-    pk_embedding_bag_fn, pk_embedding_kernels,
-                                       pk_embedding_table)
+                                                         pk_embedding_kernels, pk_embedding_table)
 from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
-from perfkernels._bags cimport (BAGS_SCRATCH, TINY_BAGS, prepare_bags, bags_out_for_kernel,
-                                bags_output, check_bags_status, index_snapshot, run_bags)
+from perfkernels._bags cimport (BAGS_SCRATCH, prepare_bags, bags_out_for_kernel, bags_output,
+                                call_bags)
 from perfkernels._parallel cimport resolve_threads
 
 cnp.import_array()
@@ -67,9 +65,13 @@ def _checked_table(weight):
     return _as_table(weight)
 
 
-def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_weights=None,
-                  mode="sum", include_last_offset=False, padding_idx=None,
-                  positional_weights=False, out=None, num_threads=None):
+def embedding_bag(weight: TableArray, indices: IndexArray, offsets: IndexArray | None = None, *,
+                  lengths: IndexArray | None = None,
+                  per_sample_weights: npt.ArrayLike | None = None, mode: Mode = "sum",
+                  include_last_offset: bool = False, padding_idx: int | None = None,
+                  positional_weights: bool = False,
+                  out: Float32Array | None = None,
+                  num_threads: int | None = None) -> Float32Array:
     """Sum (or average) rows of an embedding table over bags of indices.
 
     ``out[b] = scale_b * sum(w_j * float32(weight[indices[j]]) for j in bag b)``, accumulated in
@@ -151,37 +153,18 @@ def embedding_bag(weight, indices, offsets=None, *, lengths=None, per_sample_wei
     cdef object keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
                                     include_last_offset, padding_idx, positional_weights, rows,
                                     scratch, BAGS_SCRATCH)
-    cdef int64_t bad = -1
     cdef cnp.ndarray dst = bags_output(
         &bags, out, None if out is None else bags_out_for_kernel(out, bags.num_bags, dim, table, keep),
         dim)
-    # the kernels write the caller's out=: they run on a checked private copy of the indices
-    cdef int64_t ix_scratch[BAGS_SCRATCH]
-    cdef void *snap = NULL
-    cdef cnp.ndarray snapshot = None
-    if dst is out:
-        snapshot = index_snapshot(&bags, ix_scratch, sizeof(ix_scratch), &snap)
-
     cdef int t = cnp.PyArray_TYPE(table)
     cdef const pk_embedding_kernels *k = _kernels
-    cdef pk_embedding_bag_fn fn = k.bag_f32 if t == cnp.NPY_FLOAT32 else (
-        k.bag_f16 if t == cnp.NPY_FLOAT16 else k.bag_bf16)
-    cdef const void *data = cnp.PyArray_DATA(table)
-    cdef pk_status status
     cdef pk_float_bags_args args
-    cdef int64_t row_bytes = dim * cnp.PyArray_ITEMSIZE(table)
-    args.fn = fn
-    args.table = data
+    args.fn = k.embedding_bag_f32 if t == cnp.NPY_FLOAT32 else (
+        k.embedding_bag_f16 if t == cnp.NPY_FLOAT16 else k.embedding_bag_bf16)
+    args.table = cnp.PyArray_DATA(table)
     args.rows = rows
     args.dim = dim
     args.row_stride = row_stride
-    if bags.num_bags * dim + bags.n_indices >= TINY_BAGS:
-        with nogil:
-            status = run_bags(&bags, pk_float_bags_call, &args, rows, row_bytes, dim, nt, snap,
-                              &bad)
-    elif snap != NULL:
-        status = run_bags(&bags, pk_float_bags_call, &args, rows, row_bytes, dim, 1, snap, &bad)
-    else:
-        status = fn(&bags, data, rows, dim, row_stride, &bad)
-    check_bags_status(&bags, status, bad, rows, "embedding_bag")
+    call_bags(&bags, dst is out, pk_float_bags_call, &args, rows, dim * cnp.PyArray_ITEMSIZE(table),
+              dim, nt, "embedding_bag")
     return finish_out(out, dst)

@@ -1,6 +1,6 @@
 /* Embedding-bag kernels, portable C (any architecture).  The output row accumulates in place;
  * the conversion of a table element to float is the only thing that differs between table types. */
-#include "perfkernels/embedding.h"
+#include "embedding/levels.h"
 #include "common/half_bits.h"
 
 enum table_type { TABLE_F32, TABLE_F16, TABLE_BF16 };

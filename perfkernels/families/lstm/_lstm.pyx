@@ -114,10 +114,10 @@ cdef void _lstm_range(void *vjob, int64_t lo, int64_t hi, int64_t chunk) noexcep
     if p.seq_lengths64 != NULL:
         p.seq_lengths64 = p.seq_lengths64 + r
     if j.backward:
-        j.k.backward(&p, j.a[0] + r * d, j.a[1] + r * 4 * d, j.a[2] + r * d, j.a[3] + r * d,
+        j.k.lstm_backward(&p, j.a[0] + r * d, j.a[1] + r * 4 * d, j.a[2] + r * d, j.a[3] + r * d,
                      j.a[4] + r * d, j.o[0] + r * d, j.o[1] + r * d, j.o[2] + r * 4 * d)
     else:
-        j.k.forward(&p, j.a[0] + r * d, j.a[1] + r * d, j.a[2] + r * 4 * d,
+        j.k.lstm_forward(&p, j.a[0] + r * d, j.a[1] + r * d, j.a[2] + r * 4 * d,
                     j.o[0] + r * d, j.o[1] + r * d)
 
 
@@ -128,8 +128,11 @@ cdef void _run(_job *j, int nt) noexcept nogil:
     run_ranges(n, ranges_threads(n * row_bytes, nt), 1, _lstm_range, j)
 
 
-def lstm_unit(h_prev, c_prev, gates, *, seq_lengths=None, t=0, forget_bias=0.0,
-              drop_states=False, gate_order="ifog", out=None, num_threads=None):
+def lstm_unit(h_prev: Float32Array, c_prev: Float32Array, gates: Float32Array, *,
+              seq_lengths: IndexArray | None = None, t: int = 0, forget_bias: float = 0.0,
+              drop_states: bool = False, gate_order: GateOrder = "ifog",
+              out: tuple[Float32Array | None, Float32Array | None] | None = None,
+              num_threads: int | None = None) -> tuple[Float32Array, Float32Array]:
     """One LSTM step's pointwise part (caffe2 ``LSTMUnit``), in one pass over memory.
 
     For each valid row ``n`` (``seq_lengths is None or t < seq_lengths[n]``)::
@@ -199,8 +202,15 @@ def lstm_unit(h_prev, c_prev, gates, *, seq_lengths=None, t=0, forget_bias=0.0,
     return finish_out(given[0], h), finish_out(given[1], c)
 
 
-def lstm_unit_backward(c_prev, gates, c, dh, dc, *, seq_lengths=None, t=0, forget_bias=0.0,
-                       drop_states=False, gate_order="ifog", out=None, num_threads=None):
+def lstm_unit_backward(c_prev: Float32Array, gates: Float32Array, c: Float32Array,
+                       dh: Float32Array, dc: Float32Array, *,
+                       seq_lengths: IndexArray | None = None, t: int = 0,
+                       forget_bias: float = 0.0, drop_states: bool = False,
+                       gate_order: GateOrder = "ifog",
+                       out: tuple[Float32Array | None, Float32Array | None,
+                                  Float32Array | None] | None = None,
+                       num_threads: int | None = None
+                       ) -> tuple[Float32Array, Float32Array, Float32Array]:
     """Gradient of :func:`lstm_unit` (caffe2 ``LSTMUnitGradient``), in one pass over memory.
 
     Given the forward inputs ``c_prev, gates``, its output ``c`` and the gradients ``dh, dc`` of
@@ -281,5 +291,5 @@ def _math(str fn, x):
     cdef size_t n = <size_t>cnp.PyArray_SIZE(src)
     cdef const pk_lstm_kernels *k = _kernels
     with nogil:
-        k.math(code, s, o, n)
+        k.lstm_math(code, s, o, n)
     return dst

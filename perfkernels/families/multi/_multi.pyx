@@ -66,9 +66,15 @@ cdef int _raise_bad_index(const pk_bags_part *part, int f, int64_t pos, int64_t 
                      f"is out of range for table {f} of {rows} rows")
 
 
-def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sample_weights=None,
-                         modes="sum", padding_idx=None, bits=None, dims=None, out=None,
-                         num_threads=None):
+def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
+                         lengths: IndexArray | None = None, offsets: IndexArray | None = None,
+                         per_sample_weights: npt.ArrayLike | None = None,
+                         modes: Mode | Sequence[Mode] = "sum",
+                         padding_idx: int | None | Sequence[int | None] = None,
+                         bits: Sequence[int | None] | None = None,
+                         dims: Sequence[int | None] | None = None,
+                         out: Float32Array | None = None,
+                         num_threads: int | None = None) -> Float32Array:
     """Pooled lookups of F features in F tables, in one call (TorchRec's EmbeddingBagCollection).
 
     The input is TorchRec's ``KeyedJaggedTensor`` layout for F features and B samples: ``indices``
@@ -280,9 +286,9 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
             part.bag_cost = tdims[f] * 4 + 8
             part.rows = a_.shape[0]
             if kind > 0:
-                args[f].f.fn = (_float_kernels.bag_f32 if kind == cnp.NPY_FLOAT32 else
-                                _float_kernels.bag_f16 if kind == cnp.NPY_FLOAT16 else
-                                _float_kernels.bag_bf16)
+                args[f].f.fn = (_float_kernels.embedding_bag_f32 if kind == cnp.NPY_FLOAT32 else
+                                _float_kernels.embedding_bag_f16 if kind == cnp.NPY_FLOAT16 else
+                                _float_kernels.embedding_bag_bf16)
                 args[f].f.table = cnp.PyArray_DATA(a_)
                 args[f].f.rows = a_.shape[0]
                 args[f].f.dim = tdims[f]
@@ -290,7 +296,7 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
                 part.call = pk_float_bags_call
                 part.index_cost = tdims[f] * cnp.PyArray_ITEMSIZE(a_) + idx_bytes
             else:
-                args[f].q.fn = _quantized_kernels.embedding_bag
+                args[f].q.fn = _quantized_kernels.embedding_bag_quantized
                 args[f].q.bits = -kind
                 args[f].q.packed = <const uint8_t *>cnp.PyArray_DATA(a_)
                 args[f].q.rows = a_.shape[0]

@@ -9,12 +9,14 @@ cimport numpy as cnp
 
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_NONFINITE
 from perfkernels._c_bags cimport pk_bags
-from perfkernels.families.quantized._c_quantized cimport (pk_quantized_bags_args, pk_quantized_bags_call,
-    pk_quantized_kernels, pk_quantized_row_bytes,
-                                       pk_quantized_table)
+from perfkernels.families.quantized._c_quantized cimport (pk_quantized_bags_args,
+                                                         pk_quantized_bags_call,
+                                                         pk_quantized_kernels,
+                                                         pk_quantized_row_bytes,
+                                                         pk_quantized_table)
 from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
-from perfkernels._bags cimport (BAGS_SCRATCH, TINY_BAGS, prepare_bags, bags_out_for_kernel,
-                                bags_output, check_bags_status, index_snapshot, run_bags)
+from perfkernels._bags cimport (BAGS_SCRATCH, prepare_bags, bags_out_for_kernel, bags_output,
+                                call_bags)
 from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads, ranges_chunks
 
 cnp.import_array()
@@ -99,7 +101,8 @@ def _checked_packed(packed, bits, dim):
     return p, b, _packed_dim(p.shape[1], b, dim)
 
 
-def quantize_rowwise(weight, bits=8, *, num_threads=None):
+def quantize_rowwise(weight: TableArray, bits: int = 8, *,
+                     num_threads: int | None = None) -> npt.NDArray[np.uint8]:
     """Quantize a table row by row to 8, 4 or 2 bits (caffe2/FBGEMM "fused rowwise" layout).
 
     Bit-exact with ``torch.ops.quantized.embedding_bag_byte_prepack`` (``bits=8``) and
@@ -185,7 +188,8 @@ def quantize_rowwise(weight, bits=8, *, num_threads=None):
     return out
 
 
-def dequantize_rowwise(packed, bits=8, dim=None, *, num_threads=None):
+def dequantize_rowwise(packed: npt.NDArray[np.uint8], bits: int = 8,
+                       dim: int | None = None, *, num_threads: int | None = None) -> Float32Array:
     """Expand row-wise quantized rows back to float32: ``x = code * scale + bias``.
 
     Parameters
@@ -232,9 +236,14 @@ def dequantize_rowwise(packed, bits=8, dim=None, *, num_threads=None):
 
 
 
-def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, lengths=None,
-                            per_sample_weights=None, mode="sum", include_last_offset=False,
-                            padding_idx=None, positional_weights=False, out=None, num_threads=None):
+def embedding_bag_quantized(packed: npt.NDArray[np.uint8], indices: IndexArray,
+                            offsets: IndexArray | None = None, *, bits: int = 8,
+                            dim: int | None = None, lengths: IndexArray | None = None,
+                            per_sample_weights: npt.ArrayLike | None = None, mode: Mode = "sum",
+                            include_last_offset: bool = False, padding_idx: int | None = None,
+                            positional_weights: bool = False,
+                            out: Float32Array | None = None,
+                            num_threads: int | None = None) -> Float32Array:
     """Embedding bags over a row-wise quantized table, dequantising rows on the fly.
 
     ``out[b] = scale_b * sum(w_j * (q * scale + bias) of row indices[j], j in bag b)``, computed per
@@ -295,33 +304,16 @@ def embedding_bag_quantized(packed, indices, offsets=None, *, bits=8, dim=None, 
     cdef object keep = prepare_bags(&bags, indices, offsets, lengths, per_sample_weights, mode,
                                     include_last_offset, padding_idx, positional_weights, rows,
                                     scratch, BAGS_SCRATCH)
-    cdef int64_t bad = -1
     cdef cnp.ndarray dst = bags_output(
         &bags, out, None if out is None else bags_out_for_kernel(out, bags.num_bags, d, p, keep),
         d)
-    # the kernels write the caller's out=: they run on a checked private copy of the indices
-    cdef int64_t ix_scratch[BAGS_SCRATCH]
-    cdef void *snap = NULL
-    cdef cnp.ndarray snapshot = None
-    if dst is out:
-        snapshot = index_snapshot(&bags, ix_scratch, sizeof(ix_scratch), &snap)
-    cdef const uint8_t *data = <const uint8_t *>cnp.PyArray_DATA(p)
-    cdef const pk_quantized_kernels *k = _kernels
-    cdef pk_status status
     cdef pk_quantized_bags_args args
-    args.fn = k.embedding_bag
+    args.fn = _kernels.embedding_bag_quantized
     args.bits = b
-    args.packed = data
+    args.packed = <const uint8_t *>cnp.PyArray_DATA(p)
     args.rows = rows
     args.row_bytes = row_bytes
     args.dim = d
-    if bags.num_bags * d + bags.n_indices >= TINY_BAGS:
-        with nogil:
-            status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, nt, snap,
-                              &bad)
-    elif snap != NULL:
-        status = run_bags(&bags, pk_quantized_bags_call, &args, rows, row_bytes, d, 1, snap, &bad)
-    else:
-        status = k.embedding_bag(b, &bags, data, rows, row_bytes, d, &bad)
-    check_bags_status(&bags, status, bad, rows, "embedding_bag_quantized")
+    call_bags(&bags, dst is out, pk_quantized_bags_call, &args, rows, row_bytes, d, nt,
+              "embedding_bag_quantized")
     return finish_out(out, dst)

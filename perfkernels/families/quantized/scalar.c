@@ -1,5 +1,5 @@
 /* Row-wise quantized tables, portable C (any architecture; the reference the vector paths match). */
-#include "perfkernels/quantized.h"
+#include "quantized/levels.h"
 #include "quantized/rows.h"
 
 static pk_status quantize_row_scalar(int bits, int half_input, const void *row, size_t dim,

@@ -204,11 +204,15 @@ cdef int64_t _split_groups(const pk_training_work *work, int64_t tasks,
     return count
 
 
-def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output, optimizer="sgd",
-                                  state=None, lr, eps=1e-8, weight_decay=0.0, lengths=None,
-                                  per_sample_weights=None, mode="sum", include_last_offset=False,
-                                  padding_idx=None, positional_weights=False, num_threads=None,
-                                  stochastic_rounding=False, seed=None):
+def embedding_bag_backward_update(
+    weight: TableArray, indices: IndexArray, offsets: IndexArray | None = None, *,
+    grad_output: Float32Array,
+    optimizer: Literal["sgd", "adagrad", "rowwise_adagrad"] = "sgd",
+    state: Float32Array | None = None, lr: float, eps: float = 1e-8, weight_decay: float = 0.0,
+    lengths: IndexArray | None = None, per_sample_weights: npt.ArrayLike | None = None,
+    mode: Mode = "sum", include_last_offset: bool = False, padding_idx: int | None = None,
+    positional_weights: bool = False, num_threads: int | None = None,
+    stochastic_rounding: bool = False, seed: int | None = None) -> None:
     """Backward of an embedding bag fused with a sparse optimizer step: update, in place, the rows
     of ``weight`` (and ``state``) that the bags touched.
 
@@ -386,8 +390,8 @@ def embedding_bag_backward_update(weight, indices, offsets=None, *, grad_output,
     work.bag_scale = <float *>parts[5]
     scratch_row = <float *>parts[6]
 
-    fn = (_kernels.update_f32 if t == cnp.NPY_FLOAT32 else
-          (_kernels.update_f16 if t == cnp.NPY_FLOAT16 else _kernels.update_bf16))
+    fn = (_kernels.training_update_f32 if t == cnp.NPY_FLOAT32 else
+          (_kernels.training_update_f16 if t == cnp.NPY_FLOAT16 else _kernels.training_update_bf16))
     data = cnp.PyArray_DATA(table)
     with nogil:
         status = pk_training_group(&bags, rows, &work, &bad, pool, k, chunks)

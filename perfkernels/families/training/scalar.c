@@ -1,5 +1,6 @@
 /* Training updates (training.h step 2), portable C (any architecture): the reference reading of
  * the formulas, one element at a time.  g accumulates in the caller's scratch row. */
+#include "training/levels.h"
 #include "training/row.h"
 
 static inline void update_scalar(const pk_training_work *work, int64_t g_begin, int64_t g_end,

@@ -1,1 +1,0 @@
-"""The multi kernel family (see perfkernels/families/__init__.py for what a family folder holds)."""
