@@ -4,7 +4,9 @@ The families are the rows of ``perfkernels/_registry.py``: ``perfkernels/familie
 becomes ``perfkernels.families.<family>._<family>``, linked with the C files of its folder; a kernel
 family's per-level files and dispatch table, all alike, are generated into ``build/csrc/``
 (``family_sources`` in the registry).  A shared module ``perfkernels/_<name>.pyx`` is linked with
-the C files of ``perfkernels/csrc/<name>/``.  The ISA levels come from that registry:
+the C files of ``perfkernels/csrc/<name>/``; ``perfkernels/torch/_tensor_bags.pyx`` (the torch
+layer's fast path, which reads tensors through DLPack's C API at run time) needs no torch headers
+to build.  The ISA levels come from that registry:
 a file named after a level (``avx2.c``, ``avx512.c``) gets that level's flags, and only when the
 target is the level's architecture; every other file (the dispatch tables, the scalar level, the Cython modules) is built
 with the baseline flags of the target, so a wheel built here runs on any x86-64 (and the scalar C
@@ -110,6 +112,9 @@ def _extensions():
     modules = [(f"perfkernels._{m}", f"perfkernels/_{m}.pyx", f"perfkernels/csrc/{m}") for m in shared]
     modules += [(f"perfkernels.families.{f.name}._{f.name}", f"{families}/{f.name}/_{f.name}.pyx",
                  f"{families}/{f.name}") for f in REGISTRY["FAMILIES"]]
+    # the torch layer's C fast path (it imports torch at run time; no torch headers needed)
+    modules.append(("perfkernels.torch._tensor_bags", "perfkernels/torch/_tensor_bags.pyx",
+                    "perfkernels/torch"))
     exts = []
     for name, pyx, folder in modules:
         family = name.rsplit("._", 1)[1]

@@ -9,7 +9,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _compat, _fused, _placement
+from . import _bags, _compat, _fused, _placement, _tensor_bags
 from ._bridge import IndexOutOfRangeError, TableViewCache
 from ._fallback import unsupported_reason, warn_once
 
@@ -110,6 +110,21 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                 per_sample_weights: Optional[Tensor] = None) -> Tensor:
         """Pooled rows per bag, as :meth:`torch.nn.EmbeddingBag.forward` (torch's result or
         exception for every input)."""
+        # The plain cases in C (_tensor_bags.lookup: our kernel without a gradient, torch's
+        # own with one), whose answer is None for everything else: that goes to _forward.
+        if (self.max_norm is None and not self.scale_grad_by_freq
+                and not torch.compiler.is_compiling()):
+            out = _tensor_bags.lookup(self._parameters.get("weight"), input, offsets,
+                                      per_sample_weights, self.mode, self.include_last_offset,
+                                      self.padding_idx, self.output_dtype, self.weighted_mean,
+                                      self.sparse, self.weight_backward is None)
+            if out is not None:
+                return out
+        return self._forward(input, offsets, per_sample_weights)
+
+    def _forward(self, input: Tensor, offsets: Optional[Tensor],
+                 per_sample_weights: Optional[Tensor]) -> Tensor:
+        """Every route, for every input (see docs/pytorch.md)."""
         w = self._parameters.get("weight")
         if w is None:                       # a plain tensor assigned in place of the Parameter
             w = self.weight
