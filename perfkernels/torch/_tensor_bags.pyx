@@ -28,7 +28,9 @@ nothing, so that the caller runs its full path (``_embedding_bag.py``), which ho
   an exception (the full path then raises it, in torch's words).
 """
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from cpython.dict cimport PyDict_GetItemWithError
 from cpython.exc cimport PyErr_Clear
+from cpython.object cimport PyObject
 from cpython.pycapsule cimport PyCapsule_GetPointer
 cimport numpy as cnp
 
@@ -212,14 +214,47 @@ cdef bint _index_tensor(object t, _View *v) noexcept:
             and (v.bits == 32 or v.bits == 64) and v.contiguous)
 
 
+def module_lookup(module, input, offsets, per_sample_weights):
+    """``perfkernels.torch.EmbeddingBag.forward(input, offsets, per_sample_weights)`` of
+    ``module`` when it is one of the plain cases (see the module docstring), else None.  Its
+    options are read here, in C: a tiny lookup costs about as much as reading them in Python."""
+    cdef dict d = module.__dict__
+    if _option(d, module, "max_norm") is not None or _option(d, module, "scale_grad_by_freq"):
+        return None
+    parameters = _option(d, module, "_parameters")
+    weight = parameters.get("weight") if type(parameters) is dict else None
+    return _lookup(weight, input, offsets, per_sample_weights, _option(d, module, "mode"),
+                   _option(d, module, "include_last_offset"), _option(d, module, "padding_idx"),
+                   _option(d, module, "output_dtype"), _option(d, module, "weighted_mean"),
+                   _option(d, module, "sparse"), _option(d, module, "weight_backward") is None)
+
+
+cdef inline object _option(dict d, object module, str name):
+    """module.<name>: from the instance dict d (where nn.Module keeps plain attributes: one dict
+    look-up, against a getattr through nn.Module's __getattr__ hook), else by getattr (a class
+    default such as output_dtype)."""
+    cdef PyObject *value = PyDict_GetItemWithError(d, name)
+    if value != NULL:
+        return <object>value
+    return getattr(module, name)
+
+
 def lookup(weight, input, offsets, per_sample_weights, mode, bint include_last_offset,
            padding_idx, output_dtype, bint weighted_mean, bint sparse, bint torch_kernel_ok):
-    """The module's lookup when it is one of the plain cases (see the module docstring), else None.
+    """One lookup with these options (``max_norm`` None, ``scale_grad_by_freq`` False) when it
+    is one of the plain cases (see the module docstring), else None.
 
-    ``output_dtype``: the result's dtype (None: the table's).  ``weighted_mean``: the module's
-    opt-in for ``per_sample_weights`` in mode "mean".  ``torch_kernel_ok``: the module has no
-    custom weight backward, so a lookup with a gradient may run torch's own kernel.
+    ``output_dtype``: the result's dtype (None: the table's).  ``weighted_mean``: our opt-in for
+    ``per_sample_weights`` in mode "mean".  ``torch_kernel_ok``: no custom weight backward, so a
+    lookup with a gradient may run torch's own kernel.
     """
+    return _lookup(weight, input, offsets, per_sample_weights, mode, include_last_offset,
+                   padding_idx, output_dtype, weighted_mean, sparse, torch_kernel_ok)
+
+
+cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint include_last_offset,
+                    padding_idx, output_dtype, bint weighted_mean, bint sparse,
+                    bint torch_kernel_ok):
     cdef _View w, ix, off, psw
     cdef int mean, itemsize, nt
     cdef pk_embedding_bag_fn fn
