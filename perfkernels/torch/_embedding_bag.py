@@ -119,8 +119,8 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                 return out
         return self._forward(input, offsets, per_sample_weights)
 
-    def _forward(self, input: Tensor, offsets: Optional[Tensor],
-                 per_sample_weights: Optional[Tensor]) -> Tensor:
+    def _forward(self, input: Tensor, offsets: Optional[Tensor] = None,
+                 per_sample_weights: Optional[Tensor] = None) -> Tensor:
         """Every route, for every input (see docs/pytorch.md)."""
         w = self._parameters.get("weight")
         if w is None:                       # a plain tensor assigned in place of the Parameter
