@@ -139,6 +139,8 @@ def _odd_layouts():
         ("negative view of the table", _neg(-w), ix, off, None, "sum"),
         ("negative view of the weights", w, ix, off, _neg(-torch.rand(6, generator=gen)), "sum"),
         ("non-contiguous weights", w, ix, off, torch.rand(12, generator=gen)[::2], "sum"),
+        ("misaligned input", w, torch.frombuffer(bytearray(1) + ix.numpy().tobytes(), offset=1,
+                                                 count=6, dtype=torch.int64), off, None, "sum"),
         ("float64 table", w.double(), ix, off, None, "sum"),
         ("int16 input", w, ix.short(), off.short(), None, "sum"),
         ("uint8 input", w, ix.to(torch.uint8), off, None, "sum"),

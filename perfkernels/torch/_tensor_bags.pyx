@@ -188,10 +188,12 @@ cdef bint _describe(object t, _View *v) noexcept:
         v.stride0 = d.strides[0]
         v.stride1 = d.strides[1] if d.ndim == 2 else 1
     v.data = <char *>d.data + d.byte_offset
-    # torch's rule (sizes of 1 and empty tensors take any stride)
-    v.contiguous = (v.size0 * v.size1 == 0
-                    or ((v.size1 == 1 or v.stride1 == 1)
-                        and (v.size0 == 1 or v.stride0 == v.size1)))
+    # torch's rule (sizes of 1 and empty tensors take any stride), and aligned for the element
+    # (torch.frombuffer can start a tensor anywhere)
+    v.contiguous = ((v.size0 * v.size1 == 0
+                     or ((v.size1 == 1 or v.stride1 == 1)
+                         and (v.size0 == 1 or v.stride0 == v.size1)))
+                    and <uintptr_t>v.data % (v.bits // 8 if v.bits >= 8 else 1) == 0)
     if v.data == NULL and v.size0 * v.size1 != 0:       # torch's zero tensors have no memory
         return False
     return True
