@@ -6,7 +6,9 @@ kernel family's public header ``include/perfkernels/<family>.h`` (where each ker
 written once) ``perfkernels/_codegen.py`` generates its per-level declarations, per-level files and
 dispatch table into ``build/csrc/<family>/``, and its Cython declarations ``_c_<family>.pxd``; from
 the annotated signatures of its wrapper's public functions, its type stub ``_<family>.pyi``.  A shared module ``perfkernels/_<name>.pyx`` is linked with
-the C files of ``perfkernels/csrc/<name>/``.  The ISA levels come from that registry:
+the C files of ``perfkernels/csrc/<name>/``; ``perfkernels/torch/_tensor_bags.pyx`` (the torch
+layer's fast path, which reads tensors through DLPack's C API at run time) needs no torch headers
+to build.  The ISA levels come from that registry:
 a file named after a level (``avx2.c``, ``avx512.c``) gets that level's flags, and only when the
 target is the level's architecture; every other file (the dispatch tables, the scalar level, the Cython modules) is built
 with the baseline flags of the target, so a wheel built here runs on any x86-64 (and the scalar C
@@ -130,6 +132,9 @@ def _extensions():
         if family.header:
             CODEGEN["write_pxd"](HERE, family.name)
         CODEGEN["write_stub"](HERE, family.name, family.functions)
+    # the torch layer's C fast path (it imports torch at run time; no torch headers needed)
+    modules.append(("perfkernels.torch._tensor_bags", "perfkernels/torch/_tensor_bags.pyx",
+                    "perfkernels/torch"))
     exts = []
     for name, pyx, folder in modules:
         family = name.rsplit("._", 1)[1]

@@ -24,7 +24,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _compat
+from . import _compat, _tensor_bags
 from ._bridge import IndexOutOfRangeError, as_numpy, cuda_call
 from ._double_backward import refuse_double_backward
 
@@ -340,6 +340,7 @@ def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
 #: and backward) takes less time than ours, whose backward is a chain of torch ops run from
 #: Python (measured on one thread; benchmarks/torch_small.py)
 DENSE_GRAD_MIN_VALUES = 1 << 17
+_tensor_bags.set_dense_grad_min_values(DENSE_GRAD_MIN_VALUES)
 
 
 def torch_autograd_is_faster(weight: Tensor, input: Tensor, sparse: bool,

@@ -48,9 +48,13 @@ def quantized_index_error(exc: IndexError) -> IndexOutOfRangeError:
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """A NumPy view of a CPU tensor's memory (no copy), bfloat16 as ``ml_dtypes.bfloat16``."""
+    """A NumPy view of a CPU tensor's memory (no copy), bfloat16 as ``ml_dtypes.bfloat16``; a
+    negative view (``x.conj().imag``, whose memory holds the negated values) is resolved into a
+    copy first."""
     if t.requires_grad:
         t = t.detach()
+    if t.is_neg():
+        t = t.resolve_neg()
     if t.dtype is torch.bfloat16:
         return t.view(torch.int16).numpy().view(_BF16)
     return t.numpy()
@@ -81,7 +85,8 @@ def cuda_call(fn_name: str, *args: Any, **kwargs: Any) -> torch.Tensor:
 
 
 class TableViewCache:
-    """Mixin for modules holding one table: a NumPy view of it, re-made only when the tensor
+    """Mixin for modules holding one table: a NumPy view of it (None for a table off the CPU, or
+    a negative view, which has no view of its values), re-made only when the tensor
     object, its memory, its shape, its strides or its dtype change (``tensor.numpy()`` costs about
     a microsecond a call, as much as a tiny lookup).  In-place changes of the layout keep the
     tensor object and its memory (``weight.data = weight.data.t()``, ``weight.t_()``, a float16
@@ -96,7 +101,8 @@ class TableViewCache:
         if (view is None or view[0] is not t or view[1] != t.data_ptr() or view[2] != t.stride()
                 or view[3] is not t.dtype or view[4] != t.shape):
             view = self._np_view = (t, t.data_ptr(), t.stride(), t.dtype, t.shape,
-                                    as_numpy(t) if t.device.type == "cpu" else None)
+                                    as_numpy(t) if t.device.type == "cpu" and not t.is_neg()
+                                    else None)
         return view[5]
 
     def __getstate__(self):

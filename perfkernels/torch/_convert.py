@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _bags, _placement
+from . import _bags, _placement, _tensor_bags
 from ._embedding_bag import EmbeddingBag
 from ._fallback import unsupported_reason, warn_once
 
@@ -206,6 +206,13 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor] = Non
     Our opt-ins, keyword-only: ``weighted_mean=True`` accepts ``per_sample_weights`` with
     ``mode="mean"``; ``strict_offsets=True`` applies the NumPy API's stricter bag checks and
     exceptions (see :class:`~perfkernels.torch.EmbeddingBag`)."""
+    if max_norm is None and not scale_grad_by_freq and not torch.compiler.is_compiling():
+        # the plain cases in C, as in the module; None for everything else
+        out = _tensor_bags.lookup(weight, input, offsets, per_sample_weights, mode,
+                                  include_last_offset, padding_idx, None, weighted_mean, sparse,
+                                  True)
+        if out is not None:
+            return out
     reason = unsupported_reason(mode=mode, max_norm=max_norm,
                                 scale_grad_by_freq=scale_grad_by_freq, dtype=weight.dtype)
     if reason is not None:

@@ -9,11 +9,12 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _compat, _fused, _placement
+from . import _bags, _compat, _fused, _placement, _tensor_bags
 from ._bridge import IndexOutOfRangeError, TableViewCache
 from ._fallback import unsupported_reason, warn_once
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_module_lookup = _tensor_bags.module_lookup
 
 
 class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
@@ -110,6 +111,17 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                 per_sample_weights: Optional[Tensor] = None) -> Tensor:
         """Pooled rows per bag, as :meth:`torch.nn.EmbeddingBag.forward` (torch's result or
         exception for every input)."""
+        # The plain cases in C (our kernel without a gradient, torch's own with one), whose
+        # answer is None for everything else: that goes to _forward.
+        if not torch.compiler.is_compiling():
+            out = _module_lookup(self, input, offsets, per_sample_weights)
+            if out is not None:
+                return out
+        return self._forward(input, offsets, per_sample_weights)
+
+    def _forward(self, input: Tensor, offsets: Optional[Tensor] = None,
+                 per_sample_weights: Optional[Tensor] = None) -> Tensor:
+        """Every route, for every input (see docs/pytorch.md)."""
         w = self._parameters.get("weight")
         if w is None:                       # a plain tensor assigned in place of the Parameter
             w = self.weight
@@ -141,23 +153,24 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         if table is not None:
             dtype = self.output_dtype or w.dtype
             psw = per_sample_weights
-            if psw is not None:
-                if _compat.weights_refused(input, psw, self.mode, dtype, self.weighted_mean):
-                    return self._torch_answer(input, w, offsets, psw, dtype)
-                psw = psw.detach().float().numpy()
+            if psw is not None and _compat.weights_refused(input, psw, self.mode, dtype,
+                                                           self.weighted_mean):
+                return self._torch_answer(input, w, offsets, psw, dtype)
             if _compat.input_refused(input):
                 return self._torch_answer(input, w, offsets, per_sample_weights, dtype)
             try:
                 out = torch.from_numpy(pk.embedding_bag(
                     table, input.numpy(), None if offsets is None else offsets.numpy(),
-                    per_sample_weights=psw, mode=self.mode,
-                    include_last_offset=self.include_last_offset,
+                    per_sample_weights=None if psw is None else psw.detach().float().numpy(),
+                    mode=self.mode, include_last_offset=self.include_last_offset,
                     padding_idx=self.padding_idx))
             except IndexError as exc:
                 raise IndexOutOfRangeError(str(exc)) from None
             except (ValueError, TypeError):
                 if self.strict_offsets:
                     raise
+                return self._torch_answer(input, w, offsets, per_sample_weights, dtype)
+            except RuntimeError:    # Tensor.numpy() refuses a negative view (x.conj().imag)
                 return self._torch_answer(input, w, offsets, per_sample_weights, dtype)
             return out if dtype is torch.float32 else out.to(dtype)
         return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
