@@ -118,6 +118,27 @@ def test_one_huge_bag_and_zipf(isa, rng):
     run_both(weight, indices.astype(np.int32), np.arange(0, 60_000, 97), mode="mean")
 
 
+@pytest.mark.parametrize("dtype, D", [(np.float32, 64), (np.float32, 17), (np.float16, 64),
+                                      (BF16, 128)])
+@pytest.mark.parametrize("n", [0, 30, 49, 1000])
+def test_tables_past_the_far_prefetch_size(isa, rng, dtype, D, n):
+    """Tables of 16 MiB and more take the kernels' far-prefetch loops (L2 prefetches 48 rows
+    ahead; the last rows of the call prefetch nothing): index lists shorter than, about, and longer
+    than that distance, with and without padding_idx, weights and mean."""
+    itemsize = np.dtype(dtype).itemsize
+    rows = (16 << 20) // (D * itemsize) + 7
+    weight = np.empty((rows, D), dtype)
+    weight[:] = rng.standard_normal((1, D)).astype(np.float32).astype(dtype)  # one row, cheaply
+    weight[: rows // 64] = random_table(rng, rows // 64, D, dtype)
+    indices = np.concatenate([rng.integers(0, rows // 64, n - n // 4), rng.integers(0, rows, n // 4)])
+    offsets = np.unique(np.concatenate([[0], rng.integers(0, n + 1, 7)]))
+    run_both(weight, indices, offsets, rtol=1e-4)
+    pad = int(indices[0]) if n else 3
+    run_both(weight, indices.astype(np.int32), offsets, mode="mean", padding_idx=pad, rtol=1e-4)
+    run_both(weight, indices, offsets, per_sample_weights=rng.standard_normal(n).astype(np.float32),
+             rtol=1e-4)
+
+
 def test_zero_dim_table_still_checks_indices(isa):
     weight = np.zeros((4, 0), np.float32)
     assert embedding_bag(weight, np.array([1, 3]), np.array([0])).shape == (1, 0)
