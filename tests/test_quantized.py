@@ -202,6 +202,29 @@ def test_lookup_reference(isa, rng, bits, mode):
 
 
 @pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("dim", [64, 17])
+@pytest.mark.parametrize("n", [0, 30, 49, 1000])
+def test_lookup_tables_past_the_far_prefetch_size(isa, rng, bits, dim, n):
+    """Tables of 16 MiB and more take the far-prefetch loops (L2 prefetches 48 rows ahead; the last
+    rows of the call prefetch nothing): index lists shorter than, about, and longer than that."""
+    small = pk.quantize_rowwise(random_table(rng, 97, dim), bits=bits)
+    p = np.tile(small, ((16 << 20) // small.shape[1] // 97 + 1, 1))   # 97 distinct rows, repeated
+    assert p.nbytes >= 16 << 20
+    indices = rng.integers(0, len(p), n)
+    offsets = np.unique(np.concatenate([[0], rng.integers(0, n + 1, 7)]))
+    pad = int(indices[0]) if n else 3
+    # the reference reads the 97 rows (plus the padding row's copy as row 97), not the whole table
+    small_plus = np.concatenate([small, small[pad % 97:pad % 97 + 1]])
+    small_indices = np.where(indices == pad, 97, indices % 97)
+    for kw in ({}, {"mode": "mean", "padding_idx": pad},
+               {"per_sample_weights": rng.uniform(-2, 2, n).astype(np.float32)}):
+        got = pk.embedding_bag_quantized(p, indices, offsets, bits=bits, dim=dim, **kw)
+        ref_kw = dict(kw, padding_idx=97) if "padding_idx" in kw else kw
+        assert_close_bags(got, reference.embedding_bag_quantized(
+            small_plus, small_indices, offsets, bits=bits, dim=dim, **ref_kw))
+
+
+@pytest.mark.parametrize("bits", BITS)
 def test_lookup_matches_torch(isa, rng, bits):
     rows = 200
     for dim in (8, 16, 32, 64, 128, 256, 1000):

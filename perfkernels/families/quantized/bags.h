@@ -12,9 +12,9 @@
 #define PREFETCH_NEAR PK_BAGS_PREFETCH_DISTANCE
 #endif
 #ifndef PREFETCH_FAR
-#define PREFETCH_FAR 32
+#define PREFETCH_FAR 48
 #endif
-#define FAR_FOOTPRINT ((int64_t)4 << 20)   /* bytes of rows a call may touch from which it is far */
+#define FAR_TABLE_BYTES ((int64_t)16 << 20)   /* tables of this size and more are far */
 
 /* What the bag loop reads per row, hoisted out of pk_bags once per call. */
 typedef struct bag_loop {
@@ -31,15 +31,17 @@ PK_INLINE int64_t index_at(const int index_64, const void *indices, int64_t j)
     return index_64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
 }
 
-/* Prefetch of the row PREFETCH_NEAR or PREFETCH_FAR indices ahead.  A call whose rows may not fit in
- * L2 (it has FAR_FOOTPRINT bytes of rows or more, counting each index, at most the whole table) is
- * "far": T1 (to L2), PREFETCH_FAR ahead, on the row's first byte, its last byte and every 64th byte
- * from the first that is more than 64 bytes before the last (every line of a row of up to 64 bytes
- * and of a 72-byte row at an 8-byte offset): rows from DRAM need more misses in flight than 16
- * rows ahead give, and L2 holds them without evicting the bag's working set from L1.  A smaller
- * call keeps T0 on every line PREFETCH_NEAR ahead: its rows mostly hit in L2/L3, and bringing them
- * to L1 early is what helps there.  Prefetches never fault,
- * so an index not yet checked is harmless here; the address is formed in integers. */
+/* Prefetch of the row PREFETCH_NEAR or PREFETCH_FAR indices ahead.  A call on a table of
+ * FAR_TABLE_BYTES or more (whose rows cannot stay in cache, and seldom do in a model that has many
+ * such tables) is "far": T1 (to L2), PREFETCH_FAR ahead, on the row's first byte, its last byte and
+ * every 64th byte from the first that is more than 64 bytes before the last (every line of a row of
+ * up to 64 bytes and of a 72-byte row at an 8-byte offset): rows from DRAM need more misses in
+ * flight than 16 rows ahead give, and L2 holds them without evicting the bag's working set from
+ * L1.  A smaller table keeps T0 on every line PREFETCH_NEAR ahead: its rows mostly hit in L2/L3,
+ * and bringing them to L1 early is what helps there.  (The choice follows the table, not the rows
+ * one call touches: an RM2-class model's calls each touch 2 MB of 18 MB tables, and are 1.3x
+ * faster far.)  Prefetches never fault, so an index not yet checked is harmless here; the address
+ * is formed in integers. */
 PK_INLINE void prefetch_row(const uint8_t *packed, int64_t idx, int64_t row_bytes, const int far)
 {
     const uintptr_t p = (uintptr_t)packed + (uint64_t)idx * (uint64_t)row_bytes;
@@ -228,8 +230,7 @@ pk_status PK_ISA_FN(pk_embedding_bag_quantized)(int bits, const pk_bags *bags, c
 {
     const bag_loop a = {bags->indices, bags->weights, bags->positional, bags->mean,
                         bags->n_indices, bags->padding_idx, rows, packed,
-                        row_bytes > 0 && (bags->n_indices < rows ? bags->n_indices : rows)
-                                             >= FAR_FOOTPRINT / row_bytes};
+                        row_bytes > 0 && rows >= FAR_TABLE_BYTES / row_bytes};
 #define BY_DIM(BITS)                                                                              \
     switch (row_bytes == (int64_t)pk_quantized_row_bytes(BITS, (size_t)dim) ? dim : 0) {          \
     case 32: return bags_##BITS##bit_d32(&a, bags, dim, row_bytes, bad_pos);                      \
