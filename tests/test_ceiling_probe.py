@@ -74,3 +74,20 @@ def test_placements_keep_the_values_and_report_huge_pages(probe, placement):
     elif placement == "torch":
         assert address % 64 == 0
     assert "AnonHugePages" in module.huge_pages(out)
+
+
+def test_many_tables_runs_each_table_kind(capsys):
+    """benchmarks/ceiling/many_tables.py at a tiny size: one line per table kind, every ratio a
+    positive number (PyTorch, perfkernels and the touch loop all ran)."""
+    pytest.importorskip("torch")
+    path = ROOT / "benchmarks" / "ceiling" / "many_tables.py"
+    spec = importlib.util.spec_from_file_location("many_tables", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--rows", "3000", "--rounds", "1", "--threads", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines[1:]]
+    assert [r[0] for r in rows] == ["float32", "float16", "8-bit"]
+    for r in rows:
+        ratios = [float(r[r.index("torch/ours") + 1]), float(r[r.index("loop/ours") + 1])]
+        assert all(x > 0 for x in ratios)

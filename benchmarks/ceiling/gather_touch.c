@@ -1,6 +1,7 @@
-/* The memory ceiling of an embedding-bag lookup: read every 64-byte line of every row the bags
- * name, and nothing else (no conversion, no sums, no output).  No lookup kernel can be faster than
- * this on the same indices, tables and threads, so it bounds what any implementation can gain.
+/* A touch-only reference loop for embedding-bag lookups: read every 64-byte line of every row the
+ * bags name, and nothing else (no conversion, no sums, no output).  It is a reference, not a bound:
+ * lookup kernels have been measured beating it (their prefetch schedule is better than its), so it
+ * says how far a kernel is from this simple loop, not what any implementation could gain.
  *
  * Each thread takes a contiguous slice of the index list, prefetches `distance` indices ahead into
  * L1 or L2 (`into_l2`; one prefetch per line, plus the row's last byte for rows that straddle a

@@ -23,6 +23,7 @@ from ..._variants import (BAG_SHAPES, QUICK_BAG_SHAPES, QUICK_ZIPF_BAG_SHAPE, TA
 from ...benchsuite import Case, torch_or_none, zipf_indices
 
 _live: list[list] = []   # the holders filled now (one case's inputs alive at a time)
+_wrapped: list[dict] = []   # the torch views (and torch-own copies) of those inputs
 #: the largest table that also gets a copy in torch's own memory (the "torch-own" baseline)
 OWN_COPY_MAX_BYTES = 1 << 30
 
@@ -55,6 +56,9 @@ def _fill(holder: list, *args) -> tuple:
     for h in _live:
         h.clear()
     _live.clear()
+    for t in _wrapped:   # a case's torch views and copies would keep its inputs alive
+        t.clear()
+    _wrapped.clear()
     x = make_inputs(*args)
     holder.append((x["weight"], x["indices"], x["offsets"], x["out"]))
     _live.append(holder)
@@ -91,6 +95,7 @@ def bag_case(seed, name, rows, dim, num_bags, bag_len, dtype_name, dist="uniform
                       if w.dtype == TABLE_DTYPES["bfloat16"] else torch.from_numpy(w))
                 tensors.clear()
                 tensors.update(key=x, t=(tw, torch.from_numpy(i), torch.from_numpy(o)))
+                _wrapped.append(tensors)
             return tensors["t"]
 
         def torch_bag():
