@@ -24,7 +24,9 @@ def _git(cwd, *args):
                           text=True).stdout.strip()
 
 
-def test_last_commits_follow_first_parents_through_a_merge(tmp_path, monkeypatch):
+def _new_repo(tmp_path, monkeypatch):
+    """An empty git repository on branch main, and a function that commits one new file (a file
+    per commit: merges are clean) and returns the new HEAD."""
     repo = tmp_path / "repo"
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
@@ -33,11 +35,15 @@ def test_last_commits_follow_first_parents_through_a_merge(tmp_path, monkeypatch
     monkeypatch.setattr(os, "environ", {**os.environ, **env})
 
     def commit(msg):
-        (repo / msg).write_text(msg)              # a file per commit: the merge is clean
+        (repo / msg).write_text(msg)
         _git(repo, "add", msg)
         _git(repo, "commit", "-q", "-m", msg)
         return _git(repo, "rev-parse", "HEAD")
+    return repo, commit
 
+
+def test_last_commits_follow_first_parents_through_a_merge(tmp_path, monkeypatch):
+    repo, commit = _new_repo(tmp_path, monkeypatch)
     base = commit("base")
     _git(repo, "checkout", "-q", "-b", "side")
     side = commit("side")
@@ -281,18 +287,7 @@ def test_machine_names_keep_cpu_classes_apart():
 
 
 def _repo_with_a_merged_side_branch(tmp_path, monkeypatch):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-    monkeypatch.setattr(os, "environ", {**os.environ, **env})
-
-    def commit(msg):
-        (repo / msg).write_text(msg)
-        _git(repo, "add", msg)
-        _git(repo, "commit", "-q", "-m", msg)
-        return _git(repo, "rev-parse", "HEAD")
+    repo, commit = _new_repo(tmp_path, monkeypatch)
     base = commit("base")
     _git(repo, "checkout", "-q", "-b", "side")
     side = commit("side")
