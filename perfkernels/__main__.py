@@ -263,6 +263,26 @@ def cmd_check(args) -> int:
     return 1 if failures else 0
 
 
+#: How PyTorch is held to an ISA level: ATen's kernel dispatch and FBGEMM's JIT (which serves
+#: torch's embedding bags and quantized ops) each read one variable, once, when first used.
+TORCH_CAP_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}}
+
+
+def cap_isa(level: str) -> str:
+    """Hold both sides of the bench to ``level``, as on a CPU with nothing above it: PyTorch
+    through :data:`TORCH_CAP_ENV` (set here, before torch is imported) and perfkernels through
+    :func:`perfkernels.use_isa` (entered by the caller).  Returns the line that says so.
+
+    The cores stay this CPU's, so this stands in for an AVX2-only CPU's instruction mix, not for
+    its microarchitecture (an AMD Zen 1 has 128-bit vector units, a Zen 4 or a Xeon 256/512-bit
+    ones)."""
+    if "torch" in sys.modules:
+        raise SystemExit("error: --cap-isa must take effect before PyTorch is imported")
+    os.environ.update(TORCH_CAP_ENV[level])
+    settings = ", ".join(f"{k}={v}" for k, v in TORCH_CAP_ENV[level].items())
+    return f"both sides held to {level}: perfkernels at {level}, PyTorch with {settings}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perfkernels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -282,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--threads", metavar="N,M,...",
                    help="thread counts of the scaling view (default: 1 up to the cores this "
                         "process may use)")
+    b.add_argument("--cap-isa", choices=sorted(TORCH_CAP_ENV),
+                   help="hold PyTorch and perfkernels to this ISA level, as on a CPU that has "
+                        "nothing above it (e.g. an AVX2-only AMD EPYC measured on an AVX-512 CPU)")
     c = sub.add_parser("check", help="compare every ISA path with the NumPy references on small inputs")
     c.add_argument("--family", action="append", choices=_registry.FAMILY_NAMES,
                    help="only this family (repeatable)")
@@ -300,6 +323,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "history":
         return _history.cmd_history(args)
 
+    stack = contextlib.ExitStack()
+    if args.cap_isa:
+        import perfkernels
+        if args.isa and set(args.isa) != {args.cap_isa}:
+            raise SystemExit(f"error: --isa {' '.join(args.isa)} contradicts --cap-isa {args.cap_isa}")
+        args.isa = [args.cap_isa]
+        print(cap_isa(args.cap_isa))
+        stack.enter_context(perfkernels.use_isa(args.cap_isa))
+    with stack:
+        return _bench(args)
+
+
+def _bench(args) -> int:
+    """The ``bench`` subcommand."""
     if args.family and "dlrm" in args.family:
         # end to end with PyTorch at its default thread count, so before OMP_NUM_THREADS below
         from perfkernels.benchsuite import dlrm

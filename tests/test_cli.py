@@ -137,3 +137,19 @@ def test_bench_dlrm_takes_the_model_class(monkeypatch):
     assert seen == [(True, "rm2")]
     with pytest.raises(SystemExit):
         cli.main(["bench", "--family", "dlrm", "--model", "rm9"])
+
+
+@pytest.mark.skipif("avx2" not in pk.available_isas(), reason="this CPU cannot run avx2")
+def test_bench_cap_isa_holds_both_sides_to_avx2():
+    """--cap-isa avx2 times our avx2 kernels only, and PyTorch really dispatches at AVX2."""
+    pytest.importorskip("torch")
+    proc = run("bench", "--quick", "--family", "convert", "--repeat", "1", "--cap-isa", "avx2")
+    assert proc.returncode == 0, proc.stderr
+    assert "both sides held to avx2" in proc.stdout
+    assert "levels timed: avx2\n" in proc.stdout
+    probe = run_python(["-c", "from perfkernels.__main__ import cap_isa; cap_isa('avx2'); "
+                              "import torch; print(torch.backends.cpu.get_cpu_capability())"])
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "AVX2"
+    bad = run("bench", "--quick", "--family", "convert", "--isa", "scalar", "--cap-isa", "avx2")
+    assert bad.returncode != 0 and "contradicts --cap-isa avx2" in bad.stderr
