@@ -71,17 +71,22 @@ PK_INLINE int64_t index_at(const void *indices, int64_t j, const int idx64)
 }
 
 /* One prefetch per 64 bytes from the start of the block (nbytes is a compile-time constant for the
- * fixed-D paths, so this unrolls), as FBGEMM does.  A row that straddles one more line (NumPy's
- * arrays start 16 bytes past a line) gets that line by demand load: a prefetch of the block's last
- * byte as well measured no faster there, and slower on skewed indices. */
-PK_INLINE void prefetch_bytes(const char *p, size_t nbytes, const int far)
+ * fixed-D paths, so this unrolls), as FBGEMM does; where the blocks do not start on a line
+ * (`straddle`: NumPy's arrays start 16 bytes past one, or the rows are not whole lines), the
+ * block's last byte too, whose line the others then miss.  Without it each row of a 1M x 64
+ * float16 NumPy table costs a demand miss to DRAM: 4.5x slower than on a placed table on an AMD
+ * EPYC, and behind PyTorch there.  Blocks that start on lines (placed tables, torch's tensors)
+ * get no extra prefetch. */
+PK_INLINE void prefetch_bytes(const char *p, size_t nbytes, const int far, const int straddle)
 {
     if (far) {
         PK_UNROLL(WIDE_VECS)
         for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t1(p + off);
+        if (straddle) pk_prefetch_t1(p + nbytes - 1);
     } else {
         PK_UNROLL(WIDE_VECS)
         for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t0(p + off);
+        if (straddle) pk_prefetch_t0(p + nbytes - 1);
     }
 }
 
@@ -94,7 +99,7 @@ PK_INLINE int add_row(const void *indices, int64_t padding, const float *weights
                       int64_t begin, int64_t j, int64_t col, v_tail tail, vf *acc,
                       int64_t *skipped, const int NV, const int has_tail, const int type,
                       const int idx64, const int weighting, const int padded, const int far,
-                      const int64_t distance, const int prefetch)
+                      const int straddle, const int64_t distance, const int prefetch)
 {
     const size_t elem = type == TABLE_F32 ? 4 : 2;
     const size_t block_bytes = (size_t)(NV * VL + (has_tail ? v_tail_len(tail) : 0)) * elem;
@@ -103,7 +108,8 @@ PK_INLINE int add_row(const void *indices, int64_t padding, const float *weights
     if (prefetch) {
         const int64_t ahead = index_at(indices, j + distance, idx64);
         if ((uint64_t)ahead < (uint64_t)rows)
-            prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes, far);
+            prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes, far,
+                           straddle);
     }
     if (padded && idx == padding) {
         ++*skipped;
@@ -145,6 +151,9 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
     const size_t block_bytes = (size_t)(NV * VL + (has_tail ? v_tail_len(tail) : 0))
                                * (type == TABLE_F32 ? 4 : 2);
     const int64_t distance = far ? FAR_DISTANCE : PREFETCH_DISTANCE(block_bytes);
+    /* blocks that do not start on a 64-byte line span one more line than their length needs */
+    const int straddle = (((uintptr_t)table + (size_t)col * (type == TABLE_F32 ? 4 : 2))
+                          | row_bytes) % 64 != 0;
     const int64_t last_ahead = bags->n_indices - distance;
     const int64_t pf_end = end < last_ahead ? end : (last_ahead > begin ? last_ahead : begin);
     vf acc[2][WIDE_VECS + 1];  /* constant indices only, so they live in registers */
@@ -153,7 +162,8 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
     int64_t skipped = 0, j = begin;
 #define ADD_ROW(J, SET, PREFETCH)                                                                 \
     if (add_row(indices, padding, weights, table, rows, row_bytes, begin, (J), col, tail,        \
-                acc[SET], &skipped, NV, has_tail, type, idx64, weighting, padded, far, distance,  \
+                acc[SET], &skipped, NV, has_tail, type, idx64, weighting, padded, far, straddle, \
+                distance,                                                                         \
                 (PREFETCH))) {                                                                    \
         *bad_pos = (J);                                                                           \
         return PK_ERR_INDEX;                                                                      \
