@@ -111,6 +111,36 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+#: x86 CPU families (cpuinfo's "cpu family", "model") whose generation a VM's bare model name
+#: ("AMD EPYC", "Intel(R) Xeon(R) Processor") hides; the label records it.
+_GENERATIONS = {(23, range(0x00, 0x30)): "Zen 1/Zen+", (23, range(0x30, 0x100)): "Zen 2",
+                (25, range(0x00, 0x10)): "Zen 3", (25, range(0x10, 0x20)): "Zen 4",
+                (25, range(0x20, 0x60)): "Zen 3", (25, range(0x60, 0x100)): "Zen 4",
+                (26, range(0x00, 0x100)): "Zen 5"}
+
+
+def cpu_signature(cpuinfo: str | None = None) -> str:
+    """``family F, model M`` of the first CPU in /proc/cpuinfo (decimal, as cpuinfo prints
+    them), with the AMD generation where it is known (``family 25, model 17: Zen 4``); "" where
+    cpuinfo has no such lines (not Linux, not x86)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                cpuinfo = f.read(8192)
+        except OSError:
+            return ""
+    fields = dict(re.findall(r"^(cpu family|model|vendor_id)\s*:\s*(\S+)", cpuinfo, re.M))
+    try:
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return ""
+    generation = next((name for (fam, models), name in _GENERATIONS.items()
+                       if fam == family and model in models), None)
+    if fields.get("vendor_id") != "AuthenticAMD":
+        generation = None
+    return f"family {family}, model {model}" + (f": {generation}" if generation else "")
+
+
 def machine_name(model: str, cores: int, levels) -> str:
     """The asv machine name of a CPU class: its family, core count and highest ISA level, e.g.
     ``xeon-2core-avx512`` or ``epyc-2core-avx2``.  Results of AVX2-only and AVX-512 machines
@@ -133,7 +163,8 @@ def machine_info(levels) -> dict[str, str]:
     except (ValueError, OSError, AttributeError):
         ram = ""
     return {"machine": machine_name(model, cores, levels),
-            "cpu": f"{model}; ISA levels {', '.join(levels)}",
+            "cpu": f"{model}{f' ({sig})' if (sig := cpu_signature()) else ''}; "
+                   f"ISA levels {', '.join(levels)}",
             "arch": platform.machine(), "num_cpu": str(cores),
             "os": f"{platform.system()} {platform.release()}", "ram": ram}
 
@@ -745,6 +776,6 @@ def add_parser(sub) -> None:
 
 
 __all__ = ["add_parser", "cmd_history", "localize_html", "last_commits", "environment_names",
-           "machine_name", "machine_info", "publish", "stage_results", "finish_html",
+           "machine_name", "machine_info", "cpu_signature", "publish", "stage_results", "finish_html",
            "order_and_prune", "latest_points", "summary_text", "summary_html", "commits_behind",
            "newest_result", "first_parent_home", "refused_points"]

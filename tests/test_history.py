@@ -286,6 +286,20 @@ def test_machine_names_keep_cpu_classes_apart():
     assert info["cpu"].startswith(_history.cpu_model())
 
 
+def test_the_cpu_label_names_the_generation_a_vm_hides():
+    """A VM's "AMD EPYC" says neither Zen 1 (AVX2 on 128-bit units) nor Zen 4 (AVX-512)."""
+    amd = "vendor_id\t: AuthenticAMD\ncpu family\t: {}\nmodel\t\t: {}\nmodel name\t: AMD EPYC\n"
+    assert _history.cpu_signature(amd.format(25, 17)) == "family 25, model 17: Zen 4"
+    assert _history.cpu_signature(amd.format(23, 1)) == "family 23, model 1: Zen 1/Zen+"
+    assert _history.cpu_signature(amd.format(23, 49)) == "family 23, model 49: Zen 2"
+    intel = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+    assert _history.cpu_signature(intel) == "family 6, model 143"
+    assert _history.cpu_signature("processor\t: 0\n") == ""
+    sig = _history.cpu_signature()
+    info = _history.machine_info(("scalar",))
+    assert (f"({sig}); ISA levels" in info["cpu"]) if sig else "(" not in info["cpu"]
+
+
 def _repo_with_a_merged_side_branch(tmp_path, monkeypatch):
     repo, commit = _new_repo(tmp_path, monkeypatch)
     base = commit("base")
