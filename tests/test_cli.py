@@ -153,3 +153,16 @@ def test_bench_cap_isa_holds_both_sides_to_avx2():
     assert probe.stdout.strip() == "AVX2"
     bad = run("bench", "--quick", "--family", "convert", "--isa", "scalar", "--cap-isa", "avx2")
     assert bad.returncode != 0 and "contradicts --cap-isa avx2" in bad.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cache_bag_probe_runs_and_rejects_bad_sizes(dtype):
+    """benchmarks/ceiling/cache_bag.py, the interleaved probe of one bag shape."""
+    pytest.importorskip("torch")
+    script = str(ROOT / "benchmarks" / "ceiling" / "cache_bag.py")
+    proc = run_python([script, "--dtype", dtype, "--rows", "300", "--dim", "17", "--bags", "8",
+                       "--bag-len", "5", "--rounds", "2", "--calls", "2"])
+    assert proc.returncode == 0, proc.stderr
+    assert f"{dtype} 300 x 17, B 8, L 5" in proc.stdout and "PyTorch / ours" in proc.stdout
+    bad = run_python([script, "--rows", "0"])
+    assert bad.returncode == 2 and "--rows must be at least 1, got 0" in bad.stderr
