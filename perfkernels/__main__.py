@@ -8,7 +8,8 @@ bench  time every kernel family on its default workload, for every ISA level thi
        .convert(), both at PyTorch's default thread count (``--model rm1|rm2|rm3``: the
        embedding-heavy model classes instead of the Criteo-shaped one).
        ``--scaling``: the thread-scaling view instead (ours at 1, 2, ... threads, PyTorch at 1
-       thread and at its default)
+       thread and at its default).  ``--cap-isa avx2``: both sides held to AVX2, as on a CPU
+       that has nothing above it
 check  run small inputs of every kernel on every ISA level and compare with perfkernels.reference
 history  asv performance history: time HEAD (--current) or the last N commits at every ISA level of
          this CPU, or publish the committed results (--publish-only); from a checkout
