@@ -8,9 +8,9 @@
  * D <= MAX_VECS * VL are single passes, and so is an unweighted float32 D = 128 on AVX2 (all 16
  * registers, WIDE_VECS); otherwise AVX2's D = 128, 256 are several passes over the bag (whose rows
  * stay in L1 between passes): of 8 vectors, or for an unweighted bag as wide as the registers allow
- * (a 16-bit D = 128: 15 and 1; a float32 D = 256: 16 and 16); any other D is cut into blocks of MAX_VECS, 8, 4, 2, 1
- * vectors and a tail (a masked load, or a bounded copy where the ISA has no masked 16-bit load;
- * never touching memory past the row). */
+ * (a 16-bit D = 128: 15 and 1; a float32 D = 256: 16 and 16); any other D is cut into blocks of
+ * MAX_VECS, 8, 4, 2, 1 vectors and a tail (a masked load, or a bounded copy where the ISA has no
+ * masked 16-bit load; never touching memory past the row). */
 #ifndef PK_EMBEDDING_BODY_H
 #define PK_EMBEDDING_BODY_H
 
@@ -151,13 +151,14 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
     const int64_t padding = bags->padding_idx;
     const float *weights = bags->weights;
     const int split = (NV + has_tail) * 2 <= MAX_VECS / 2;
-    const size_t block_bytes = (size_t)(NV * VL + (has_tail ? v_tail_len(tail) : 0))
-                               * (type == TABLE_F32 ? 4 : 2);
+    const size_t elem = type == TABLE_F32 ? 4 : 2;
+    const size_t block_bytes = (size_t)(NV * VL + (has_tail ? v_tail_len(tail) : 0)) * elem;
     const int64_t distance = far ? FAR_DISTANCE : PREFETCH_DISTANCE(block_bytes);
     /* do the blocks span one more line than their length needs?  (Always possible where rows
      * are not whole lines; otherwise every block starts at the same offset in its line.) */
-    const size_t line_off = ((uintptr_t)table + (size_t)col * (type == TABLE_F32 ? 4 : 2)) % 64;
-    const int straddle = row_bytes % 64 != 0 || line_off + block_bytes > (block_bytes + 63) / 64 * 64;
+    const size_t line_off = ((uintptr_t)table + (size_t)col * elem) % 64;
+    const int straddle = row_bytes % 64 != 0
+                         || line_off + block_bytes > (block_bytes + 63) / 64 * 64;
     const int64_t last_ahead = bags->n_indices - distance;
     const int64_t pf_end = end < last_ahead ? end : (last_ahead > begin ? last_ahead : begin);
     vf acc[2][WIDE_VECS + 1];  /* constant indices only, so they live in registers */
@@ -167,8 +168,7 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
 #define ADD_ROW(J, SET, PREFETCH)                                                                 \
     if (add_row(indices, padding, weights, table, rows, row_bytes, begin, (J), col, tail,        \
                 acc[SET], &skipped, NV, has_tail, type, idx64, weighting, padded, far, straddle, \
-                distance,                                                                         \
-                (PREFETCH))) {                                                                    \
+                distance, (PREFETCH))) {                                                          \
         *bad_pos = (J);                                                                           \
         return PK_ERR_INDEX;                                                                      \
     }
