@@ -164,5 +164,10 @@ def test_cache_bag_probe_runs_and_rejects_bad_sizes(dtype):
                        "--bag-len", "5", "--rounds", "2", "--calls", "2"])
     assert proc.returncode == 0, proc.stderr
     assert f"{dtype} 300 x 17, B 8, L 5" in proc.stdout and "PyTorch / ours" in proc.stdout
+    if shutil.which("cc"):    # the touch-only loop beside them (compiled at run time)
+        proc = run_python([script, "--dtype", dtype, "--rows", "300", "--dim", "17", "--bags",
+                           "8", "--bag-len", "5", "--rounds", "2", "--calls", "2", "--loop"])
+        assert proc.returncode == 0, proc.stderr
+        assert "touch loop" in proc.stdout and "loop / ours" in proc.stdout
     bad = run_python([script, "--rows", "0"])
     assert bad.returncode == 2 and "--rows must be at least 1, got 0" in bad.stderr

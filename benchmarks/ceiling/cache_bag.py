@@ -5,12 +5,14 @@ from L3): the probe behind the "below 1.0x" rows of docs/benchmarking.md, meant 
 kernel change against the one before it (run it before and after, alternating builds).  Both
 sides read the same table, placed by ``perfkernels.empty_table`` (rows on 64-byte lines, huge
 pages where the size allows).  ``--cap-isa avx2`` holds both sides to AVX2, as ``python -m
-perfkernels bench --cap-isa avx2`` does.
+perfkernels bench --cap-isa avx2`` does.  ``--loop`` adds the touch-only loop of
+``gather_touch.c`` (one byte of every line of every row the bags name, at its best prefetch
+setting; needs ``cc``) to the rounds, on the same table and thread.
 
     python benchmarks/ceiling/cache_bag.py --dtype float16 [--dim 128] [--rows 20000] [--cap-isa avx2]
 
-Prints the medians of both times and the median (and quartiles) of the per-round ratios
-PyTorch's time / ours: above 1 ours is faster.
+Prints the medians of the times and the median (and quartiles) of the per-round ratios
+PyTorch's time / ours (above 1 ours is faster), and with --loop the loop's time / ours.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=25)
     p.add_argument("--calls", type=int, default=40, help="calls per timed sample")
     p.add_argument("--cap-isa", choices=["avx2"], help="hold both sides to this ISA level")
+    p.add_argument("--loop", action="store_true", help="time the touch-only loop beside them")
     args = p.parse_args(argv)
     for name in ("rows", "dim", "bags", "bag_len", "rounds", "calls"):
         if getattr(args, name) < 1:
@@ -83,12 +86,14 @@ def run(args) -> int:
             fn()
         return (time.perf_counter() - start) / args.calls
 
-    ours_t, theirs_t, ratios = [], [], []
+    loop = touch_loop(table, indices) if args.loop else None
+    ours_t, theirs_t, loop_t = [], [], []
     for _ in range(args.rounds):
-        a, b = sample(ours), sample(theirs)
-        ours_t.append(a)
-        theirs_t.append(b)
-        ratios.append(b / a)
+        ours_t.append(sample(ours))
+        theirs_t.append(sample(theirs))
+        if loop:
+            loop_t.append(sample(loop))
+    ratios = [b / a for a, b in zip(ours_t, theirs_t)]
     q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
     print(f"{args.dtype} {args.rows} x {args.dim}, B {args.bags}, L {args.bag_len}, 1 thread, "
           f"perfkernels at {pk.active_isa()}, PyTorch at "
@@ -96,7 +101,37 @@ def run(args) -> int:
     print(f"ours {statistics.median(ours_t) * 1e6:.1f} us, PyTorch "
           f"{statistics.median(theirs_t) * 1e6:.1f} us, PyTorch / ours "
           f"{statistics.median(ratios):.3f} (quartiles {q1:.3f}-{q3:.3f}, {args.rounds} rounds)")
+    if loop:
+        print(f"touch loop {statistics.median(loop_t) * 1e6:.1f} us ({loop.setting}), loop / ours "
+              f"{statistics.median(c / a for a, c in zip(ours_t, loop_t)):.3f}")
     return 0
+
+
+def touch_loop(table, indices):
+    """gather_touch.c on one thread over the rows ``indices`` names, at the best of
+    gather_ceiling's prefetch settings (chosen by three timings each); a callable with the
+    setting in ``.setting``."""
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gather_ceiling import SETTINGS, build_library
+    dll = build_library(Path(tempfile.mkdtemp(prefix="cache_bag_")))
+
+    def make(setting):
+        def run():
+            dll.gather_touch(table.ctypes.data, table.strides[0], indices.ctypes.data,
+                             indices.size, 1, *setting, None, None)
+        run.setting = f"distance {setting[0]}, {'L2' if setting[1] else 'L1'}"
+        return run
+
+    def cost(fn):
+        fn()
+        start = time.perf_counter()
+        for _ in range(3):
+            fn()
+        return time.perf_counter() - start
+    return min((make(s) for s in SETTINGS), key=cost)
 
 
 if __name__ == "__main__":
