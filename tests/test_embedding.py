@@ -89,6 +89,41 @@ def test_specialised_dims_long_bags(isa, rng, dtype, D):
              mode="mean", padding_idx=5)
 
 
+def lined_table(rows, D, dtype):
+    """An uninitialised [rows, D] table whose rows start on 64-byte lines (a placed table's
+    layout, built here with NumPy: a line-aligned start, the row stride padded to whole lines)."""
+    itemsize = np.dtype(dtype).itemsize
+    stride = -(-D * itemsize // 64) * 64
+    raw = np.empty(rows * stride + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    table = raw[start:start + rows * stride].reshape(rows, stride)[:, :D * itemsize].view(dtype)
+    assert table.ctypes.data % 64 == 0 and table.strides[0] % 64 == 0
+    return table
+
+
+@pytest.mark.parametrize("dtype", TABLE_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("D", [32, 96, 120, 128, 136, 160, 256, 288, 1000, 1024])
+def test_placed_tables_several_passes(isa, rng, dtype, D):
+    """Tables whose rows start on 64-byte lines (perfkernels.empty_table), so that a pass over a
+    block that lies in lines an earlier pass of the bag prefetched prefetches nothing (AVX2's
+    16-bit D = 128: 15 vectors, then 1), with bags near the end of the index list too (whose rows
+    have no row to prefetch ahead of them), weights, padding and mean; and a placed table from
+    perfkernels.empty_table."""
+    rows = 400
+    weight = lined_table(rows, D, dtype)
+    weight[:] = random_table(rng, rows, D, dtype)
+    indices = rng.integers(0, rows, size=300)
+    offsets = np.array([0, 1, 1, 40, 250, 290, 299])
+    run_both(weight, indices, offsets)
+    run_both(weight, indices.astype(np.int32), offsets, mode="mean", padding_idx=int(indices[3]),
+             per_sample_weights=rng.standard_normal(300).astype(np.float32))
+    # a column slice: rows on lines, the block starts do not divide the row
+    run_both(weight[:, 8:], indices, offsets)
+    placed = perfkernels.empty_table(rows, D, dtype)
+    placed[:] = weight
+    run_both(placed, indices, offsets, mode="mean")
+
+
 def test_empty_bags_and_no_indices(isa, rng):
     weight = random_table(rng, 10, 17, np.float32)
     got = run_both(weight, np.array([1, 2], np.int64), np.array([0, 0, 2, 2]), mode="mean")

@@ -7,7 +7,10 @@ sides read the same table, placed by ``perfkernels.empty_table`` (rows on 64-byt
 pages where the size allows).  ``--cap-isa avx2`` holds both sides to AVX2, as ``python -m
 perfkernels bench --cap-isa avx2`` does.  ``--loop`` adds the touch-only loop of
 ``gather_touch.c`` (one byte of every line of every row the bags name, at its best prefetch
-setting; needs ``cc``) to the rounds, on the same table and thread.
+setting; needs ``cc``) to the rounds, on the same table and thread.  Each side returns a new
+output array, as ``torch.nn.functional.embedding_bag`` does; ``--out`` times ours writing a
+preallocated ``out=`` instead (which first takes a checked copy of the indices, so that ``out=``
+is never half-written: see docs/benchmarking.md).
 
     python benchmarks/ceiling/cache_bag.py --dtype float16 [--dim 128] [--rows 20000] [--cap-isa avx2]
 
@@ -35,6 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=40, help="calls per timed sample")
     p.add_argument("--cap-isa", choices=["avx2"], help="hold both sides to this ISA level")
     p.add_argument("--loop", action="store_true", help="time the touch-only loop beside them")
+    p.add_argument("--out", action="store_true",
+                   help="time ours writing a preallocated out= (default: a new output, as torch)")
     args = p.parse_args(argv)
     for name in ("rows", "dim", "bags", "bag_len", "rounds", "calls"):
         if getattr(args, name) < 1:
@@ -74,7 +79,9 @@ def run(args) -> int:
     t_idx, t_off = torch.from_numpy(indices), torch.from_numpy(offsets)
 
     def ours():
-        pk.embedding_bag(table, indices, offsets, out=out)
+        if args.out:
+            return pk.embedding_bag(table, indices, offsets, out=out)
+        return pk.embedding_bag(table, indices, offsets)
 
     def theirs():
         torch.nn.functional.embedding_bag(t_idx, t_table, t_off, mode="sum")
@@ -96,6 +103,7 @@ def run(args) -> int:
     ratios = [b / a for a, b in zip(ours_t, theirs_t)]
     q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
     print(f"{args.dtype} {args.rows} x {args.dim}, B {args.bags}, L {args.bag_len}, 1 thread, "
+          f"ours {'into out=' if args.out else 'to a new output'}, "
           f"perfkernels at {pk.active_isa()}, PyTorch at "
           f"{torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores")
     print(f"ours {statistics.median(ours_t) * 1e6:.1f} us, PyTorch "

@@ -118,19 +118,20 @@ PK_INLINE int add_row(const void *indices, int64_t padding, const float *weights
         ++*skipped;
         return 0;
     }
-    const char *row = table + (size_t)idx * row_bytes;
+    /* the block's start, so that each vector is a constant offset from one register */
+    const char *block = table + (size_t)idx * row_bytes + (size_t)col * elem;
     if (weighting == UNWEIGHTED) {  /* acc + x is fma(1, x, acc) exactly, and needs no register for 1 */
         PK_UNROLL(WIDE_VECS)
-        for (int v = 0; v < NV; v++) acc[v] = v_add(acc[v], load_row(row, col + v * VL, type));
-        if (has_tail) acc[NV] = v_add(acc[NV], load_row_tail(row, col + NV * VL, tail, type));
+        for (int v = 0; v < NV; v++) acc[v] = v_add(acc[v], load_row(block, v * VL, type));
+        if (has_tail) acc[NV] = v_add(acc[NV], load_row_tail(block, NV * VL, tail, type));
         return 0;
     }
     const vf w = v_set1(weights[weighting == POSITIONAL ? j - begin : j]);
     PK_UNROLL(WIDE_VECS)
     for (int v = 0; v < NV; v++)
-        acc[v] = v_fmadd(w, load_row(row, col + v * VL, type), acc[v]);
+        acc[v] = v_fmadd(w, load_row(block, v * VL, type), acc[v]);
     if (has_tail)
-        acc[NV] = v_fmadd(w, load_row_tail(row, col + NV * VL, tail, type), acc[NV]);
+        acc[NV] = v_fmadd(w, load_row_tail(block, NV * VL, tail, type), acc[NV]);
     return 0;
 }
 
@@ -142,7 +143,7 @@ PK_INLINE int add_row(const void *indices, int64_t padding, const float *weights
  * loop of their own, so only those last few test whether they have one. */
 PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t rows,
                              size_t row_bytes, int64_t begin, int64_t end, int64_t col,
-                             v_tail tail, float *out_row, int64_t *bad_pos,
+                             v_tail tail, float *out_row, int64_t *bad_pos, int prefetch,
                              const int NV, const int has_tail, const int type, const int idx64,
                              const int weighting, const int padded, const int far)
 {
@@ -160,7 +161,8 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
     const int straddle = row_bytes % 64 != 0
                          || line_off + block_bytes > (block_bytes + 63) / 64 * 64;
     const int64_t last_ahead = bags->n_indices - distance;
-    const int64_t pf_end = end < last_ahead ? end : (last_ahead > begin ? last_ahead : begin);
+    const int64_t pf_end = !prefetch ? begin
+                           : end < last_ahead ? end : (last_ahead > begin ? last_ahead : begin);
     vf acc[2][WIDE_VECS + 1];  /* constant indices only, so they live in registers */
     PK_UNROLL(WIDE_VECS + 1)
     for (int v = 0; v <= NV; v++) acc[0][v] = acc[1][v] = v_zero();
@@ -202,11 +204,20 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
     return PK_OK;
 }
 
+/* A pass over columns [col, col + NV * VL + tail).  Its rows are prefetched unless the block lies
+ * in the lines an earlier pass of the bag prefetched (`fetched`, bytes from the row's start; only
+ * where rows start on lines): AVX2's 16-bit D = 128 is a pass of 15 vectors, whose prefetches
+ * cover the last vector's 16 bytes, then one of 1, which then reads each index once more and
+ * nothing else. */
 #define PASS(NV_, HAS_TAIL_, TAIL_)                                                               \
     do {                                                                                          \
+        const size_t stop_ = (size_t)(col + (NV_) * VL + ((HAS_TAIL_) ? v_tail_len(TAIL_) : 0)) * elem; \
+        const int fetch_ = !lined || stop_ > fetched;                                             \
         pk_status s_ = bag_pass(bags, tab, rows, row_bytes, begin, end, col, (TAIL_), out,        \
-                                bad_pos, (NV_), (HAS_TAIL_), type, idx64, weighting, padded, far);        \
+                                bad_pos, fetch_, (NV_), (HAS_TAIL_), type, idx64, weighting,      \
+                                padded, far);                                                     \
         if (s_ != PK_OK) return s_;                                                               \
+        if (fetch_) fetched = (stop_ + 63) / 64 * 64;                                             \
         col += (NV_) * VL;                                                                        \
     } while (0)
 
@@ -217,12 +228,15 @@ PK_INLINE pk_status bags_fixed(const pk_bags *bags, const void *table, int64_t r
                                const int padded, const int far)
 {
     const char *tab = (const char *)table;
-    const size_t row_bytes = (size_t)row_stride * (type == TABLE_F32 ? 4 : 2);
+    const size_t elem = type == TABLE_F32 ? 4 : 2, row_bytes = (size_t)row_stride * elem;
+    const int lined = 0;
     for (int64_t b = 0; b < bags->num_bags; b++) {
         const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
         float *out = bags->out + b * bags->out_stride;
         int64_t col = 0;
+        size_t fetched = 0;
         PASS(NV, 0, 0);
+        (void)fetched;
     }
     return PK_OK;
 }
@@ -237,12 +251,14 @@ PK_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int64_t
                                  const int padded, const int far)
 {
     const char *tab = (const char *)table;
-    const size_t row_bytes = (size_t)row_stride * (type == TABLE_F32 ? 4 : 2);
+    const size_t elem = type == TABLE_F32 ? 4 : 2, row_bytes = (size_t)row_stride * elem;
     const v_tail tail = v_tail_of((uint64_t)dim % VL);
+    const int lined = (uintptr_t)tab % 64 == 0 && row_bytes % 64 == 0;   /* rows start on lines */
     for (int64_t b = 0; b < bags->num_bags; b++) {
         const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
         float *out = bags->out + b * bags->out_stride;
         int64_t col = 0;
+        size_t fetched = 0;   /* the first bytes of a row that an earlier pass prefetched */
 #if VL == 8
         /* AVX2, unweighted: FBGEMM's widest passes, every register an accumulator but the one a
          * 16-bit row is widened into (a float row is added straight from memory).  A 16-bit
