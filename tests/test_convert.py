@@ -110,6 +110,22 @@ def test_streaming_size_with_unaligned_output_start(isa, name, rng):
     assert_same_bits(buf[[0, -1]], guard)
 
 
+@pytest.mark.parametrize("clip", [False, True])
+def test_one_nan_anywhere_in_a_block_and_inf_pairs(isa, clip, rng):
+    """The float16 kernels test blocks of four vectors for NaN at once (their sum): a signalling
+    NaN at every position of a 160-float array keeps its bits, and inf beside -inf (a NaN sum,
+    no NaN) converts as NumPy does, with and without clip."""
+    base = (rng.standard_normal(160) * 100).astype(np.float32)
+    snan = np.array(0x7f800001, np.uint32).view(np.float32)
+    for k in range(len(base)):
+        x = base.copy()
+        x[k] = snan
+        assert_same_bits(pk.float_to_half(x, clip=clip), ref.float_to_half(x, clip=clip))
+    x = base.copy()
+    x[::7], x[3::7] = np.inf, -np.inf
+    assert_same_bits(pk.float_to_half(x, clip=clip), ref.float_to_half(x, clip=clip))
+
+
 def test_clip_saturates_and_keeps_nan(isa):
     x = np.array([65504, 65519, 65520, 70000, 1e30, np.inf, -np.inf, -70000, 1.0, np.nan, -np.nan,
                   6e-8, -0.0] * 5, dtype=np.float32)

@@ -13,6 +13,12 @@ Placement, two views: ours, NumPy and ``torch`` read the same table, placed by
 ``perfkernels.empty_table`` (2 MiB-aligned, huge pages: kernel against kernel on one placement);
 ``torch-own`` is PyTorch on a copy in memory torch allocated (its default placement: what a user
 gets), for tables of at most :data:`OWN_COPY_MAX_BYTES`.
+
+Every side returns a new output array, as PyTorch's functions do (PyTorch has no ``out=`` for
+bags).  Ours into a preallocated ``out=`` first takes a checked copy of the index list (so that
+``out=`` is never half-written, even when another thread rewrites the indices during the call):
+one more pass over the indices, which costs 3-14% of a call on the cache-resident shape
+(``benchmarks/ceiling/cache_bag.py --out``); asv's suite times that form.
 """
 from __future__ import annotations
 
@@ -41,7 +47,7 @@ def random_table(rng: np.random.Generator, rows: int, dim: int, dtype) -> np.nda
 
 def make_inputs(seed: int, rows: int, dim: int, num_bags: int, bag_len: int, dtype,
                 dist: str = "uniform") -> dict:
-    """Seeded inputs of one case: table, int64 indices and offsets, an out= array."""
+    """Seeded inputs of one case: table, int64 indices and offsets, an output-shaped array."""
     rng = np.random.default_rng(seed)
     n = num_bags * bag_len
     indices = (zipf_indices(rng, rows, n) if dist == "zipf"
@@ -73,9 +79,9 @@ def bag_case(seed, name, rows, dim, num_bags, bag_len, dtype_name, dist="uniform
     holder: list = []
     args = (seed, rows, dim, num_bags, bag_len, dtype, dist)
 
-    def ours():
-        w, i, o, out = holder[0] if holder else _fill(holder, *args)
-        return pk.embedding_bag(w, i, o, out=out)
+    def ours():   # a new output, as torch.nn.functional.embedding_bag returns (see the module doc)
+        w, i, o, _ = holder[0] if holder else _fill(holder, *args)
+        return pk.embedding_bag(w, i, o)
 
     def numpy():
         w, i, o, _ = holder[0] if holder else _fill(holder, *args)

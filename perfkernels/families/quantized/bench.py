@@ -46,9 +46,8 @@ def lookup_case(rng, name, rows, dim, num_bags, bag_len, bits, dist="uniform") -
     else:
         indices = rng.integers(0, rows, n, dtype=np.int64)
     offsets = np.arange(num_bags, dtype=np.int64) * bag_len
-    out = np.empty((num_bags, dim), np.float32)
     row_bytes = packed.shape[1]
-    nbytes = n * row_bytes + indices.nbytes + offsets.nbytes + out.nbytes
+    nbytes = n * row_bytes + indices.nbytes + offsets.nbytes + num_bags * dim * 4
     baselines = {}
     torch = torch_or_none()
     if torch is not None:
@@ -59,7 +58,8 @@ def lookup_case(rng, name, rows, dim, num_bags, bag_len, bits, dist="uniform") -
             own = tp.clone()                  # where torch's allocator puts it
             baselines["torch-own"] = lambda: op(own, ti, to, mode=0, include_last_offset=False)
     return Case("quantized", f"bag {bits}-bit {name} B={num_bags} L={bag_len} {dist}", nbytes,
-                lambda: pk.embedding_bag_quantized(packed, indices, offsets, bits=bits, out=out),
+                # a new output, as torch's op returns (see embedding/bench.py on out=)
+                lambda: pk.embedding_bag_quantized(packed, indices, offsets, bits=bits),
                 baselines)
 
 
