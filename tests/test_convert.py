@@ -126,6 +126,21 @@ def test_one_nan_anywhere_in_a_block_and_inf_pairs(isa, clip, rng):
     assert_same_bits(pk.float_to_half(x, clip=clip), ref.float_to_half(x, clip=clip))
 
 
+def test_one_half_nan_anywhere_in_a_block_and_false_alarms(isa, rng):
+    """half_to_float tests blocks of four vectors for NaN at once (the sum of the widened
+    vectors): a signalling NaN at every position of a 160-half array keeps its payload, and inf
+    with -inf in the same lane of another vector of its block (a NaN sum, no NaN) converts as
+    NumPy does."""
+    base = (rng.standard_normal(160) * 100).astype(np.float16)
+    for k in range(len(base)):
+        h = base.copy()
+        h.view(np.uint16)[k] = 0x7c01          # a signalling NaN
+        assert_same_bits(pk.half_to_float(h), ref.half_to_float(h))
+    h = base.copy()
+    h[0::32], h[16::32] = np.inf, -np.inf      # 16 lanes apart: one lane of two vectors
+    assert_same_bits(pk.half_to_float(h), ref.half_to_float(h))
+
+
 def test_clip_saturates_and_keeps_nan(isa):
     x = np.array([65504, 65519, 65520, 70000, 1e30, np.inf, -np.inf, -70000, 1.0, np.nan, -np.nan,
                   6e-8, -0.0] * 5, dtype=np.float32)
