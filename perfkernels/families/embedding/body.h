@@ -8,7 +8,7 @@
  * D <= MAX_VECS * VL are single passes, and so is an unweighted float32 D = 128 on AVX2 (all 16
  * registers, WIDE_VECS); otherwise AVX2's D = 128, 256 are several passes over the bag (whose rows
  * stay in L1 between passes): of 8 vectors, or for an unweighted bag as wide as the registers allow
- * (a 16-bit D = 128: 15 and 1; a float32 D = 256: 16 and 16); any other D is cut into blocks of
+ * (a 16-bit D = 128: one of 16; a float32 D = 256: 16 and 16); any other D is cut into blocks of
  * MAX_VECS, 8, 4, 2, 1 vectors and a tail (a masked load, or a bounded copy where the ISA has no
  * masked 16-bit load; never touching memory past the row). */
 #ifndef PK_EMBEDDING_BODY_H
@@ -206,7 +206,7 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
 
 /* A pass over columns [col, col + NV * VL + tail).  Its rows are prefetched unless the block lies
  * in the lines an earlier pass of the bag prefetched (`fetched`, bytes from the row's start; only
- * where rows start on lines): AVX2's 16-bit D = 128 is a pass of 15 vectors, whose prefetches
+ * where rows start on lines): AVX2's 16-bit D = 248 is two passes of 15 vectors, whose prefetches
  * cover the last vector's 16 bytes, then one of 1, which then reads each index once more and
  * nothing else. */
 #define PASS(NV_, HAS_TAIL_, TAIL_)                                                               \
@@ -241,6 +241,14 @@ PK_INLINE pk_status bags_fixed(const pk_bags *bags, const void *table, int64_t r
     return PK_OK;
 }
 
+/* Passes over a bag for `vecs` whole vectors in passes of `wide`, then of MAX_VECS, 8, 4, 2, 1 (as
+ * bags_generic takes them; the tail's pass is the same either way). */
+PK_INLINE int64_t pass_count(int64_t vecs, int64_t wide)
+{
+    const int64_t rest = vecs % wide;
+    return vecs / wide + rest / MAX_VECS + __builtin_popcountll((unsigned long long)(rest % MAX_VECS));
+}
+
 /* Any D: blocks of MAX_VECS, 8, 4, 2, 1 vectors, then a tail; on AVX2 an unweighted bag first takes
  * passes as wide as the registers allow (below).  (An earlier measurement on a Xeon found passes
  * of WIDE_VECS for every D 4-6% slower at D = 256, 1000, 129; the AVX2 passes below were measured
@@ -254,18 +262,28 @@ PK_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int64_t
     const size_t elem = type == TABLE_F32 ? 4 : 2, row_bytes = (size_t)row_stride * elem;
     const v_tail tail = v_tail_of((uint64_t)dim % VL);
     const int lined = (uintptr_t)tab % 64 == 0 && row_bytes % 64 == 0;   /* rows start on lines */
+#if VL == 8
+    /* AVX2, unweighted: every register an accumulator (a float row is added straight from
+     * memory), or for a 16-bit row all but the one it is widened into, FBGEMM's 15 (D = 120, 240,
+     * 960 are passes of 15 and nothing else).  Where passes of 16 vectors take fewer passes
+     * (D = 128, 256, 384, 512, 1024: 128 is one pass of 16 instead of 15 and 1) they win, although
+     * GCC then keeps one accumulator on the stack (a store-forwarded load and store per row): each
+     * pass more reads every index of the bag again.  (16-bit, L3-resident 20K x 128 table, AMD
+     * EPYC, interleaved: 6-9% faster; D = 256 2-7%, D = 1024 4%.) */
+    const int64_t whole = dim / VL;
+    const int sixteen = type != TABLE_F32 && pass_count(whole, V_REGS) < pass_count(whole, V_REGS - 1);
+#endif
     for (int64_t b = 0; b < bags->num_bags; b++) {
         const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
         float *out = bags->out + b * bags->out_stride;
         int64_t col = 0;
         size_t fetched = 0;   /* the first bytes of a row that an earlier pass prefetched */
 #if VL == 8
-        /* AVX2, unweighted: FBGEMM's widest passes, every register an accumulator but the one a
-         * 16-bit row is widened into (a float row is added straight from memory).  A 16-bit
-         * D = 128 is then a pass of 15 vectors and one of 1 instead of two of 8: 9% faster on an
-         * L3-resident table (AMD EPYC, interleaved), and D = 256 rows 3% faster. */
+        /* AVX2, unweighted: passes as wide as the registers allow (below). */
         if (weighting == UNWEIGHTED) {
             if (type == TABLE_F32)
+                while (dim - col >= V_REGS * VL) PASS(V_REGS, 0, 0);
+            else if (sixteen)
                 while (dim - col >= V_REGS * VL) PASS(V_REGS, 0, 0);
             else
                 while (dim - col >= (V_REGS - 1) * VL) PASS(V_REGS - 1, 0, 0);
@@ -309,6 +327,41 @@ PK_INLINE pk_status bags_by_dim(const pk_bags *bags, const void *table, int64_t 
     }
 }
 
+/* bags_by_dim for one (table type, index width, weighting, padding, prefetch mode), in a function
+ * of its own.  Inlined all into one exported kernel, the 72 loop nests made one function too large
+ * for GCC's register allocator to treat each loop on its own: it kept 2 of the 15 accumulators of
+ * AVX2's 16-bit pass on the stack (a load and a store per row each) and left a register unused;
+ * apart, no accumulator of a pass of at most 15 vectors leaves the registers. */
+typedef pk_status (*bags_fn)(const pk_bags *, const void *, int64_t, int64_t, int64_t, int64_t *);
+#define BAGS_FN(TYPE, IDX64, WEIGHTING, PADDED, FAR)                                               \
+    static __attribute__((noinline)) pk_status                                                     \
+    bags_##TYPE##_##IDX64##_##WEIGHTING##_##PADDED##_##FAR(const pk_bags *bags, const void *table, \
+                                                           int64_t rows, int64_t dim,             \
+                                                           int64_t row_stride, int64_t *bad_pos)  \
+    {                                                                                              \
+        return bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, TYPE, IDX64, WEIGHTING,   \
+                           PADDED, FAR);                                                           \
+    }
+#define BAGS_FN_PF(T, I, W) BAGS_FN(T, I, W, 0, 0) BAGS_FN(T, I, W, 0, 1) BAGS_FN(T, I, W, 1, 0) \
+                            BAGS_FN(T, I, W, 1, 1)
+#define BAGS_FN_W(T, I) BAGS_FN_PF(T, I, UNWEIGHTED) BAGS_FN_PF(T, I, PER_SAMPLE) \
+                        BAGS_FN_PF(T, I, POSITIONAL)
+#define BAGS_FNS(T) BAGS_FN_W(T, 0) BAGS_FN_W(T, 1)                                               \
+    static const bags_fn bags_##T[2][3][2][2] = {BAGS_ROW_I(T, 0), BAGS_ROW_I(T, 1)};
+#define BAGS_ROW_PF(T, I, W) {{bags_##T##_##I##_##W##_0_0, bags_##T##_##I##_##W##_0_1}, \
+                              {bags_##T##_##I##_##W##_1_0, bags_##T##_##I##_##W##_1_1}}
+#define BAGS_ROW_I(T, I) {BAGS_ROW_PF(T, I, UNWEIGHTED), BAGS_ROW_PF(T, I, PER_SAMPLE), \
+                          BAGS_ROW_PF(T, I, POSITIONAL)}
+BAGS_FNS(TABLE_F32)
+BAGS_FNS(TABLE_F16)
+BAGS_FNS(TABLE_BF16)
+#undef BAGS_FNS
+#undef BAGS_FN_W
+#undef BAGS_FN_PF
+#undef BAGS_FN
+#undef BAGS_ROW_I
+#undef BAGS_ROW_PF
+
 PK_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, int64_t rows,
                                   int64_t dim, int64_t row_stride, int64_t *bad_pos,
                                   const int type)
@@ -321,18 +374,10 @@ PK_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, int64_
     /* a call without padding_idx (the common one) compiles no padding test and no count */
     const int padded = bags->padding_idx >= 0;
     const int far = use_far_prefetch(rows, row_stride, type);
-#define BY(IDX64, WEIGHTING, PADDED, FAR) \
-    bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, type, IDX64, WEIGHTING, PADDED, FAR)
-#define BY_DIM(IDX64, WEIGHTING)                                                                   \
-    (padded ? (far ? BY(IDX64, WEIGHTING, 1, 1) : BY(IDX64, WEIGHTING, 1, 0))                      \
-            : (far ? BY(IDX64, WEIGHTING, 0, 1) : BY(IDX64, WEIGHTING, 0, 0)))
-    if (bags->weights == NULL)
-        return bags->index_64 ? BY_DIM(1, UNWEIGHTED) : BY_DIM(0, UNWEIGHTED);
-    if (!bags->positional)
-        return bags->index_64 ? BY_DIM(1, PER_SAMPLE) : BY_DIM(0, PER_SAMPLE);
-    return bags->index_64 ? BY_DIM(1, POSITIONAL) : BY_DIM(0, POSITIONAL);
-#undef BY_DIM
-#undef BY
+    const int weighting = bags->weights == NULL ? UNWEIGHTED : bags->positional ? POSITIONAL : PER_SAMPLE;
+    const bags_fn (*fns)[3][2][2] = type == TABLE_F32 ? bags_TABLE_F32
+                                    : type == TABLE_F16 ? bags_TABLE_F16 : bags_TABLE_BF16;
+    return fns[bags->index_64 != 0][weighting][padded][far](bags, table, rows, dim, row_stride, bad_pos);
 }
 
 /* The exported kernels (declared in perfkernels/embedding.h under their level's names). */
