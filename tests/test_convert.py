@@ -111,11 +111,12 @@ def test_streaming_size_with_unaligned_output_start(isa, name, rng):
 
 
 @pytest.mark.parametrize("name, kw", [("float_to_half", {}), ("float_to_half", {"clip": True}),
-                                      ("half_to_float", {})])
+                                      ("half_to_float", {}), ("float_to_bfloat16", {})])
 def test_one_nan_anywhere_in_a_block_and_false_alarms(isa, name, kw, rng):
-    """The float16 kernels test blocks of four vectors for NaN at once (the sum of their float32
-    side): a signalling NaN at every position of a 160-element array keeps its bits, and inf with
-    -inf in the same lane of two vectors of a block (a NaN sum, no NaN) converts as NumPy does."""
+    """The float16 kernels and float_to_bfloat16 test blocks of four vectors for NaN at once (the
+    sum of their float32 side): a signalling NaN at every position of a 160-element array converts
+    as the reference says (float16 keeps its bits), and inf with -inf in the same lane of two
+    vectors of a block (a NaN sum, no NaN) converts as the reference does."""
     dtype = INPUT_DTYPE[name]
     base = (rng.standard_normal(160) * 100).astype(dtype)
     snan = 0x7f800001 if dtype == np.float32 else 0x7c01

@@ -140,17 +140,28 @@ PK_INLINE int vh_any_f16_nan(vh h)
                                              _mm_set1_epi16(0x7c00)));
 }
 PK_INLINE vf v_from_bf16(vh h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+/* bfloat16 bits of x rounded to nearest even, in the low half of each lane; right for every x
+ * but NaN (inf stays inf, a float past bfloat16's largest rounds to inf). */
+PK_INLINE __m256i v_bf16_round_(__m256i b)
+{
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    return _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+}
+PK_INLINE vh v_pack_u32_u16_(__m256i w)
+{
+    return _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+}
+/* x to bfloat16 where no lane is NaN */
+PK_INLINE vh v_to_bf16_no_nan(vf x) { return v_pack_u32_u16_(v_bf16_round_(_mm256_castps_si256(x))); }
 PK_INLINE vh v_to_bf16(vf x)
 {
     const __m256i b = _mm256_castps_si256(x);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i r = v_bf16_round_(b);
     const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
                                            _mm256_set1_epi32(0x7f800000));
     const __m256i qnan = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x8000)),
                                          _mm256_set1_epi32(0x7fc0));
-    const __m256i w = _mm256_blendv_epi8(r, qnan, nan);
-    return _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    return v_pack_u32_u16_(_mm256_blendv_epi8(r, qnan, nan));
 }
 PK_INLINE uint16_t s_to_f16(float f) { return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 PK_INLINE float s_from_f16(uint16_t h) { return _cvtsh_ss(h); }

@@ -71,11 +71,19 @@ PK_INLINE int vh_any_f16_nan(vh h)
     return _mm256_cmpgt_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x7c00)) != 0;
 }
 PK_INLINE vf v_from_bf16(vh h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+/* bfloat16 bits of x rounded to nearest even, in the low half of each lane; right for every x
+ * but NaN (inf stays inf, a float past bfloat16's largest rounds to inf). */
+PK_INLINE __m512i v_bf16_round_(__m512i b)
+{
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+}
+/* x to bfloat16 where no lane is NaN */
+PK_INLINE vh v_to_bf16_no_nan(vf x) { return _mm512_cvtepi32_epi16(v_bf16_round_(_mm512_castps_si512(x))); }
 PK_INLINE vh v_to_bf16(vf x)
 {
     const __m512i b = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i r = v_bf16_round_(b);
     const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
                                                   _mm512_set1_epi32(0x7f800000));
     const __m512i qnan = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x8000)),

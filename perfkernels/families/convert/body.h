@@ -58,12 +58,19 @@ PK_INLINE vh narrow(vf x, const int kind)
     return __builtin_expect(v_any_nan(x) != 0, 0) ? f16_exact(x) : h;
 }
 
-/* Four vectors to float16 with one NaN test: their sum is NaN where any of them holds a NaN
- * (and where inf meets -inf, a false alarm), and then each is converted on its own, checked.  A
- * test per vector costs AVX2 a compare, a mask test and a branch per 8 floats, which an
- * L2-resident conversion pays in full (64Ki floats: 0.99x PyTorch's unchecked vcvtps2ph before,
- * AMD EPYC, both held to AVX2). */
-PK_INLINE void narrow_f16_x4(const float *src, uint16_t *dst, const int stream, const int kind)
+/* x converted where no lane is NaN: float16's vcvtps2ph, or bfloat16's rounding without the
+ * lanes' NaN test and blend. */
+PK_INLINE vh narrow_no_nan(vf x, const int kind)
+{
+    return kind == TO_BF16 ? v_to_bf16_no_nan(x) : v_to_f16(x);
+}
+
+/* Four vectors with one NaN test: their sum is NaN where any of them holds a NaN (and where inf
+ * meets -inf, a false alarm), and then each is converted on its own, checked.  A test per vector
+ * costs AVX2 a compare, a mask test and a branch per 8 floats (for bfloat16 also a blend), which
+ * an L2-resident conversion pays in full (64Ki floats to float16: 0.99x PyTorch's unchecked
+ * vcvtps2ph before, AMD EPYC, both held to AVX2). */
+PK_INLINE void narrow_x4(const float *src, uint16_t *dst, const int stream, const int kind)
 {
     const vf x0 = clip_for(v_load(src), kind), x1 = clip_for(v_load(src + VL), kind);
     const vf x2 = clip_for(v_load(src + 2 * VL), kind), x3 = clip_for(v_load(src + 3 * VL), kind);
@@ -71,7 +78,8 @@ PK_INLINE void narrow_f16_x4(const float *src, uint16_t *dst, const int stream, 
     if (__builtin_expect(v_any_nan(v_add(v_add(x0, x1), v_add(x2, x3))) != 0, 0)) {
         h0 = narrow(x0, kind), h1 = narrow(x1, kind), h2 = narrow(x2, kind), h3 = narrow(x3, kind);
     } else {
-        h0 = v_to_f16(x0), h1 = v_to_f16(x1), h2 = v_to_f16(x2), h3 = v_to_f16(x3);
+        h0 = narrow_no_nan(x0, kind), h1 = narrow_no_nan(x1, kind);
+        h2 = narrow_no_nan(x2, kind), h3 = narrow_no_nan(x3, kind);
     }
     if (stream) {
         vh_stream(dst, h0), vh_stream(dst + VL, h1);
@@ -125,8 +133,7 @@ PK_INLINE void narrow_all(const float *src, uint16_t *dst, size_t n, const int k
     const int stream = PK_SHOULD_STREAM(n);
     size_t i = stream ? head_until_aligned(dst, 2, sizeof(vh), n) : 0;
     if (i) narrow_part(src, dst, i, kind);
-    if (kind != TO_BF16)
-        for (; i + 4 * VL <= n; i += 4 * VL) narrow_f16_x4(src + i, dst + i, stream, kind);
+    for (; i + 4 * VL <= n; i += 4 * VL) narrow_x4(src + i, dst + i, stream, kind);
     for (; i + VL <= n; i += VL) {
         const vh h = narrow(v_load(src + i), kind);
         if (stream) vh_stream(dst + i, h);
