@@ -70,9 +70,16 @@ PK_INLINE vf load_codes(const int bits, const uint8_t *row, int64_t c)
     return v_load_u2(row + c / 4);
 }
 
-/* The first codes of tail t from c on. */
+/* The first codes of tail t from c on.  The row's trailer (8 bytes after 8-bit codes, 4 after 4-
+ * and 2-bit ones) follows its codes, so where a full load of VL codes takes no more bytes than one
+ * code's byte and the trailer hold (AVX2's 8, 4, 2 bytes; AVX-512's 2-bit 4), that load stays
+ * inside the row: it replaces the tail load's copy through a buffer (on AVX2 a call to memcpy of a
+ * variable size, for every row, around which the compiler spilled the accumulators).  Lanes past
+ * the tail then hold codes read from the trailer: finite, and never stored. */
 PK_INLINE vf load_codes_tail(const int bits, const uint8_t *row, int64_t c, v_tail t)
 {
+    const int load_bytes = bits == 8 ? VL : VL * bits / 8, trailer = bits == 8 ? 8 : 4;
+    if (load_bytes <= 1 + trailer) return load_codes(bits, row, c);
     if (bits == 8) return v_load_u8_tail(row + c, t);
     if (bits == 4) return v_load_u4_tail(row + c / 2, t);
     return v_load_u2_tail(row + c / 4, t);
