@@ -25,7 +25,7 @@ from torch import Tensor
 import perfkernels as pk
 
 from . import _compat, _tensor_bags
-from ._bridge import IndexOutOfRangeError, as_numpy, cuda_call
+from ._bridge import as_numpy, cuda_call, index_error
 from ._double_backward import refuse_double_backward
 
 MODES = ("sum", "mean")
@@ -56,7 +56,7 @@ def lookup(table: Tensor, indices: Tensor, offsets: Optional[Tensor],
         else:
             out = pk.embedding_bag(as_numpy(table), ix, off, **kwargs)
     except IndexError as exc:
-        raise IndexOutOfRangeError(str(exc)) from None
+        raise index_error(exc) from None
     return torch.from_numpy(out)
 
 

@@ -39,12 +39,26 @@ class IndexOutOfRangeError(IndexError, RuntimeError):
         super().__init__(_NUMPY_INDEX_MESSAGE.sub(_TORCH_INDEX_MESSAGE, str(message)))
 
 
-def quantized_index_error(exc: IndexError) -> IndexOutOfRangeError:
-    """The NumPy API's IndexError in the wording of torch's quantized embedding-bag ops."""
+def index_error(exc: BaseException, *, quantized: bool = False) -> IndexOutOfRangeError:
+    """The torch-layer exception for the NumPy API's ``IndexError`` ``exc``: the one place where
+    the torch layer builds its index errors.  ``quantized``: in the wording of torch's quantized
+    embedding-bag ops (``Index 3 is out of bounds: 1000, range 0 to 1000``) rather than that of
+    ``F.embedding_bag``.  Callers write ``raise index_error(exc) from None``."""
+    if isinstance(exc, IndexOutOfRangeError) and not quantized:
+        return exc
     message = _NUMPY_INDEX_MESSAGE.sub(_TORCH_INDEX_MESSAGE, str(exc))
-    return IndexOutOfRangeError(re.sub(
-        r"Index (\d+) of input takes value (-?\d+) which is not in the valid range \[0, (\d+)\)",
-        r"Index \1 is out of bounds: \2, range 0 to \3", message))
+    if quantized:
+        message = re.sub(
+            r"Index (\d+) of input takes value (-?\d+) which is not in the valid range \[0, (\d+)\)",
+            r"Index \1 is out of bounds: \2, range 0 to \3", message)
+    return IndexOutOfRangeError(message)
+
+
+def index_error_at(position: int, value: int, rows: int) -> IndexOutOfRangeError:
+    """The torch-layer exception for index ``value`` at flattened ``position`` of a lookup into a
+    table of ``rows`` rows."""
+    return index_error(IndexError(f"indices[{position}] = {value} is out of range for a table of "
+                                  f"{rows} rows"))
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
@@ -78,7 +92,7 @@ def cuda_call(fn_name: str, *args: Any, **kwargs: Any) -> torch.Tensor:
         try:
             result = getattr(pk_cuda, fn_name)(*args, **kwargs)
         except IndexError as exc:
-            raise IndexOutOfRangeError(str(exc)) from None
+            raise index_error(exc) from None
     if isinstance(result, tuple):
         return tuple(torch.from_dlpack(r) for r in result)
     return torch.from_dlpack(result)

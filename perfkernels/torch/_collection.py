@@ -16,7 +16,7 @@ from torch import Tensor
 import perfkernels as pk
 
 from . import _bags
-from ._bridge import IndexOutOfRangeError, as_numpy
+from ._bridge import as_numpy, index_error
 from ._embedding_bag import EmbeddingBag
 
 #: perfkernels' multi-table lookup, when this build has it (else one call per feature)
@@ -292,7 +292,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                                 modes=[b.mode for b in bags],
                                 padding_idx=[b.padding_idx for b in bags])
         except IndexError as exc:
-            raise IndexOutOfRangeError(str(exc)) from None
+            raise index_error(exc) from None
         out = torch.from_numpy(out)
         order = [f for f, _, _ in self._feature_table]
         if order != keys:      # the input's key order differs from the tables' feature order
@@ -357,7 +357,7 @@ def embedding_bag_collection_op(weights: list[Tensor], values: Tensor, offsets: 
                 modes=["mean" if mean[t] else "sum" for t in tables],
                 padding_idx=[None if padding_idx[t] < 0 else padding_idx[t] for t in tables])
         except IndexError as exc:
-            raise IndexOutOfRangeError(str(exc)) from None
+            raise index_error(exc) from None
         return torch.from_numpy(out)
     pooled = []
     for f, t in zip(features, tables):

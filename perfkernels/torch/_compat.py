@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._bridge import IndexOutOfRangeError
+from ._bridge import index_error_at
 
 #: torch's own function, kept so that routing (and our fallbacks) never call ourselves
 TORCH_EMBEDDING_BAG = F.embedding_bag
@@ -105,8 +105,7 @@ def torch_verdict(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
     except RuntimeError as exc:
         bad = _first_bad_index(input, weight.shape[0]) if weight.dim() == 2 else None
         if bad is not None:   # torch's wording of a bad index varies; ours is always the same
-            raise IndexOutOfRangeError(f"Index {bad[0]} of input takes value {bad[1]} which is "
-                                       f"not in the valid range [0, {weight.shape[0]})") from None
+            raise index_error_at(bad[0], bad[1], weight.shape[0]) from None
         raise exc.with_traceback(None) from None
     except Exception as exc:
         raise exc.with_traceback(None) from None

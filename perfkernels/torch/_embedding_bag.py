@@ -10,7 +10,7 @@ from torch import Tensor
 import perfkernels as pk
 
 from . import _bags, _compat, _fused, _placement, _tensor_bags
-from ._bridge import IndexOutOfRangeError, TableViewCache
+from ._bridge import TableViewCache, index_error
 from ._fallback import unsupported_reason, warn_once
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -165,7 +165,7 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                     mode=self.mode, include_last_offset=self.include_last_offset,
                     padding_idx=self.padding_idx))
             except IndexError as exc:
-                raise IndexOutOfRangeError(str(exc)) from None
+                raise index_error(exc) from None
             except (ValueError, TypeError):
                 if self.strict_offsets:
                     raise

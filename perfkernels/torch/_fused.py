@@ -22,7 +22,7 @@ from torch import Tensor
 import perfkernels as pk
 
 from . import _placement
-from ._bridge import IndexOutOfRangeError, as_numpy
+from ._bridge import as_numpy, index_error
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 _OPTIONS = {"lr", "eps", "weight_decay", "stochastic_rounding", "initial_accumulator_value"}
@@ -151,7 +151,7 @@ class FusedOptimizer:
                 stochastic_rounding=self.stochastic_rounding,
                 seed=self._step)   # reproducible runs; a new seed every step
         except IndexError as exc:
-            raise IndexOutOfRangeError(str(exc)) from None
+            raise index_error(exc) from None
 
 
 def _delivers_gradient(node: Any) -> bool:

@@ -63,6 +63,19 @@ def place_state_like_weight(module: torch.nn.Module) -> None:
         place_tensor_attr(module, "momentum1", "auto")
 
 
+#: The module classes whose tables :func:`place` places: torch's own embedding modules, and
+#: those of perfkernels that are not their subclasses (each registers itself with
+#: :func:`register_table_module` where it is defined, so this module imports none of them).
+TABLE_MODULES: list[type] = [torch.nn.EmbeddingBag, torch.nn.Embedding]
+
+
+def register_table_module(cls: type) -> type:
+    """Let :func:`place` place the tables of ``cls``'s instances; returns ``cls`` (a decorator)."""
+    if cls not in TABLE_MODULES:
+        TABLE_MODULES.append(cls)
+    return cls
+
+
 def place(module: torch.nn.Module, placement: str = "auto") -> torch.nn.Module:
     """Place the tables of every embedding module in ``module`` (perfkernels' modules and torch's
     own ``nn.EmbeddingBag`` / ``nn.Embedding``): their ``weight``, ``packed_weight`` and fused
@@ -70,8 +83,7 @@ def place(module: torch.nn.Module, placement: str = "auto") -> torch.nn.Module:
     torch model gives its tables what ``THP_MEM_ALLOC_ENABLE=1`` gives torch's allocations
     (2 MiB alignment and ``MADV_HUGEPAGE``), for comparisons on the same placement."""
     check_placement(placement)
-    from ._quantized import QuantizedEmbeddingBag
-    kinds = (torch.nn.EmbeddingBag, torch.nn.Embedding, QuantizedEmbeddingBag)
+    kinds = tuple(TABLE_MODULES)
     for m in module.modules():
         if isinstance(m, kinds):
             for name in TABLE_ATTRIBUTES:

@@ -12,7 +12,7 @@ from torch import Tensor
 import perfkernels as pk
 
 from . import _bags, _placement
-from ._bridge import TableViewCache, as_numpy, quantized_index_error
+from ._bridge import TableViewCache, as_numpy, index_error
 from ..families.quantized.layout import packed_row_bytes
 
 #: torch's quantized dtypes for each bit width (2-bit has no torch.ao module, only the ops)
@@ -48,6 +48,7 @@ def _from_quantized_tensor(qweight: Tensor, bits: int) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(packed))
 
 
+@_placement.register_table_module
 class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
     """Drop-in replacement for :class:`torch.ao.nn.quantized.EmbeddingBag`: row-wise quantized
     tables (8-bit with float32 scale/bias, 4-bit and 2-bit with float16 scale/bias).
@@ -132,7 +133,7 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
                 dim=self.embedding_dim, per_sample_weights=per_sample_weights, mode=mode,
                 include_last_offset=self.include_last_offset, padding_idx=self.padding_idx)
         except IndexError as exc:
-            raise quantized_index_error(exc) from None
+            raise index_error(exc, quantized=True) from None
         except (ValueError, TypeError) as exc:
             raise RuntimeError(str(exc)) from None    # torch's ops raise RuntimeError
         return torch.from_numpy(out)
@@ -309,7 +310,7 @@ def _rowwise_offsets(bits: int, torch_name: str):
         try:
             return _bags.lookup(*args)
         except IndexError as exc:
-            raise quantized_index_error(exc) from None
+            raise index_error(exc, quantized=True) from None
         except (ValueError, TypeError) as exc:
             raise RuntimeError(str(exc)) from None    # torch's ops raise RuntimeError
     op.__name__ = op.__qualname__ = torch_name

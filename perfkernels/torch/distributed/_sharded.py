@@ -34,7 +34,8 @@ from torch import Tensor
 
 import perfkernels as pk
 import perfkernels.torch as pt
-from perfkernels.torch import BagBackward, FusedOptimizer, IndexOutOfRangeError, KeyedTensor
+from perfkernels.torch import BagBackward, FusedOptimizer, KeyedTensor
+from perfkernels.torch._bridge import index_error
 from perfkernels.torch import _bags
 
 from ._comm import Group, int_tensor
@@ -555,7 +556,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 per_sample_weights=None if weights is None else _numpy(weights),
                 modes=modes, bits=bits if any(bits) else None, dims=dims)
         except IndexError as exc:
-            raise IndexOutOfRangeError(str(exc)) from None
+            raise index_error(exc) from None
         return torch.from_numpy(out)
 
     def _lookup_local(self, per_feature: list, batch: int) -> Tensor:
