@@ -147,3 +147,20 @@ def test_the_add_a_family_steps_are_the_registrys():
 def test_the_add_a_level_steps_are_the_registrys():
     listed = _doc_table("Adding an ISA level")
     assert listed == list(_registry.LEVEL_EDITS) + _registry.level_files(NEW_LEVEL)
+
+
+def _calls_of_every_function(text: str) -> set[str]:
+    """The registry's public functions that ``text`` names as ``pk.<function>``."""
+    return {fn for family in _registry.FAMILIES for fn in family.functions
+            if re.search(rf"\bpk\.{fn}\b", text)}
+
+
+@pytest.mark.parametrize("where", ["tests/test_threads.py", "tests/emulated/smoke.py",
+                                   "tests/test_leaks.py"])
+def test_every_kernel_lists_cover_the_registry(where):
+    """The tests that run "every kernel" (thread-count independence and fork, the emulated CPUs,
+    leaks) call every public function of every family in the registry: a new family fails here
+    until it is added to them."""
+    text = (ROOT / where).read_text()
+    every = {fn for family in _registry.FAMILIES for fn in family.functions}
+    assert every - _calls_of_every_function(text) == set(), where

@@ -314,6 +314,10 @@ def every_family(nt):
            pk.float_to_bfloat16(x, num_threads=nt),
            pk.bfloat16_to_float(x.astype(ml_dtypes.bfloat16), num_threads=nt),
            *pk.lstm_unit(w[:4096], w[:4096], np.tile(w[:4096], 4), num_threads=nt)]
+    table, state = w.copy(), np.zeros(20000, np.float32)
+    pk.embedding_bag_backward_update(table, ix, off, grad_output=out[0], optimizer="rowwise_adagrad",
+                                     state=state, lr=0.01, num_threads=nt)
+    out += [table, state]
     return [a.tobytes() for a in out]
 
 def run_in_forked_child(check):

@@ -49,6 +49,32 @@ def check_all() -> None:
         np.testing.assert_allclose(pk.embedding_bag_quantized(packed, indices, offsets, bits=bits, dim=D),
                                    exp, rtol=1e-4, atol=1e-4)
 
+    # several tables in one call: a float32 and an 8-bit feature, each against its own reference
+    packed = pk.quantize_rowwise(table, bits=8)
+    deq = pk.dequantize_rowwise(packed, bits=8)
+    lengths = np.diff(bounds)
+    multi = pk.embedding_bags_multi([table, packed], np.concatenate([indices, indices]),
+                                    lengths=np.concatenate([lengths, lengths]), bits=[None, 8])
+    for f, t in enumerate((table, deq)):
+        exp = np.stack([t[indices[s:e]].astype(np.float64).sum(0) for s, e in zip(bounds[:-1], bounds[1:])])
+        np.testing.assert_allclose(multi[:, f * D:(f + 1) * D], exp, rtol=1e-4, atol=1e-4)
+
+    # the fused backward + row-wise Adagrad step, against the formula in float64
+    grad = rng.standard_normal((len(offsets), D)).astype(np.float32)
+    state = rng.random(40, dtype=np.float32)
+    w64, h64 = table.astype(np.float64), state.astype(np.float64)
+    g = np.zeros((40, D))
+    for b, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        np.add.at(g, indices[s:e], grad[b].astype(np.float64))
+    touched = np.unique(indices)
+    h64[touched] += (g[touched] ** 2).mean(1)
+    w64[touched] -= 0.1 * g[touched] / (np.sqrt(h64[touched])[:, None] + 1e-8)
+    updated = table.copy()
+    pk.embedding_bag_backward_update(updated, indices, offsets, grad_output=grad,
+                                     optimizer="rowwise_adagrad", state=state, lr=0.1)
+    np.testing.assert_allclose(state, h64, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(updated, w64, rtol=1e-4, atol=1e-5)
+
     n = 6
     h_prev, c_prev = rng.standard_normal((2, n, D)).astype(np.float32)
     gates = rng.standard_normal((n, 4 * D)).astype(np.float32)
