@@ -37,62 +37,12 @@ import sys
 import time
 from pathlib import Path
 
+from ._history_pages import (FIRST, LOCAL_ASSETS, OPTIONAL_ASSETS, RATIO_BENCHMARK,  # noqa: F401
+                             _has_values, _ratio_table, _result_files, finish_html, latest_points, localize_html,
+                             order_and_prune, summary_html, summary_text)
+
 #: The history subset: every benchmark of benchmarks/headline.py.
 HEADLINE = r"^headline\."
-
-#: Local copies of the libraries asv's index.html loads from CDNs, by the URL's file name.
-#: Flot must be 0.8.3 (the version asv is written for), which Debian ships in libghc-js-flot-data.
-LOCAL_ASSETS = {
-    "jquery-3.3.1.min.js": "/usr/share/javascript/jquery/jquery.min.js",
-    "jquery.flot.min.js": "/usr/share/haskell-js-flot/jquery.flot.min.js",
-    "jquery.flot.time.min.js": "/usr/share/haskell-js-flot/jquery.flot.time.min.js",
-    "jquery.flot.selection.min.js": "/usr/share/haskell-js-flot/jquery.flot.selection.min.js",
-    "jquery.flot.categories.min.js": "/usr/share/haskell-js-flot/jquery.flot.categories.min.js",
-    "stupidtable.min.js": "/usr/share/javascript/jquery-stupidtable/stupidtable.min.js",
-    "md5.min.js": "/usr/share/javascript/blueimp-md5/md5.min.js",
-    "bootstrap.min.js": "/usr/share/javascript/bootstrap/js/bootstrap.min.js",
-    "bootstrap.min.css": "/usr/share/javascript/bootstrap/css/bootstrap.min.css",
-}
-#: Plugins whose absence only degrades a view (bar order in the by-parameter plot); an offline page
-#: drops them instead of failing to load.
-OPTIONAL_ASSETS = {"jquery.flot.orderBars.js"}
-
-_CDN_TAG = re.compile(r'<(script|link)\b[^>]*?(?:src|href)="(https://[^"]+)"[^>]*>(?:</script>)?')
-
-
-def localize_html(html_dir: str | os.PathLike) -> list[str]:
-    """Point index.html at local copies of its CDN libraries where they are installed.
-
-    Copies them into ``<html_dir>/vendor/``; a library with no local copy keeps its CDN address,
-    except the optional plugins, which are dropped once everything else is local.  Returns the
-    CDN addresses still used (empty: the pages need no network)."""
-    html_dir = Path(html_dir)
-    index = html_dir / "index.html"
-    text = index.read_text(encoding="utf-8")
-    vendor = html_dir / "vendor"
-    remaining: list[str] = []
-
-    def replace(m: re.Match) -> str:
-        kind, url = m.group(1), m.group(2)
-        name = url.rsplit("/", 1)[-1]
-        local = LOCAL_ASSETS.get(name)
-        if local is None or not os.path.isfile(local):
-            remaining.append(url)
-            return m.group(0)
-        vendor.mkdir(exist_ok=True)
-        shutil.copyfile(local, vendor / name)
-        if kind == "link":
-            return f'<link rel="stylesheet" href="vendor/{name}">'
-        return f'<script src="vendor/{name}" onerror="js_load_failure()"></script>'
-
-    text = _CDN_TAG.sub(replace, text)
-    if remaining and all(u.rsplit("/", 1)[-1] in OPTIONAL_ASSETS for u in remaining):
-        for url in remaining:
-            text = re.sub(r'<script\b[^>]*src="' + re.escape(url) + r'"[^>]*></script>\s*', "", text)
-        remaining = []
-    index.write_text(text, encoding="utf-8")
-    return remaining
-
 
 #: CPU families named in /proc/cpuinfo's model name, by the word that names them there.
 CPU_FAMILIES = ("xeon", "epyc", "ryzen", "threadripper", "opteron", "core", "atom", "neoverse")
@@ -167,289 +117,6 @@ def machine_info(levels) -> dict[str, str]:
                    f"ISA levels {', '.join(levels)}",
             "arch": platform.machine(), "num_cpu": str(cores),
             "os": f"{platform.system()} {platform.release()}", "ram": ram}
-
-
-# --- the published pages: what asv cannot show by itself ---------------------------------------
-
-#: The graphs a reader sees first, in this order: the ratios, then the times behind them.
-FIRST = ("headline.", ".track_time_ratio_vs_torch", ".track_seconds_", ".track_ratio_spread")
-#: The headline graphs whose unit is a ratio to PyTorch's time (a line is drawn at 1 on them).
-RATIO_BENCHMARK = re.compile(r"^headline\.\w+\.track_time_ratio_vs_torch(_1thread)?$")
-
-#: Loaded after asv's scripts: wraps flot's $.plot so that every graph of a ratio to PyTorch has
-#: a line at 1 (parity) kept in view, the main graph's commit axis is labelled with commit hashes,
-#: every headline graph says which way is better (its box in the grid, its y axis), and the grid's
-#: headline boxes draw points as well as lines (a history of one commit is one point).
-READING_JS = r"""/* perfkernels: how to read the history (written by `python -m perfkernels history`). */
-(function ($) {
-    var RATIO = /PyTorch's time/, PARITY = {yaxis: {from: 1, to: 1}, color: "#222", lineWidth: 1};
-    function benchmarkOf(placeholder) {
-        var box = $(placeholder).closest('.benchmark-plot[id^="summarygrid-"]');
-        if (box.length) return box.attr("id").slice("summarygrid-".length);
-        if ($(placeholder).is("#main-graph, #overview"))
-            return decodeURIComponent(window.location.hash.slice(1)).split("?")[0];
-        return null;
-    }
-    function yRange(data) {
-        var lo = Infinity, hi = -Infinity;
-        $.each(data, function (i, series) {
-            $.each(series.data || series, function (j, p) {
-                if (p && p[1] !== null && isFinite(p[1])) { lo = Math.min(lo, p[1]); hi = Math.max(hi, p[1]); }
-            });
-        });
-        return [lo, hi];
-    }
-    var plot = $.plot;
-    $.plot = function (placeholder, data, options) {
-        var name = benchmarkOf(placeholder), json = $.asv && $.asv.main_json;
-        var bm = name && json && json.benchmarks[name];
-        options = options || {};
-        if (bm && RATIO.test(bm.unit || "")) {
-            options.grid = options.grid || {};
-            options.grid.markings = (options.grid.markings || []).concat([PARITY]);
-            options.yaxis = options.yaxis || {};
-            var r = yRange(data), y = options.yaxis;      // keep the parity line in view
-            if (Math.max(y.max == null ? r[1] : y.max, r[1]) < 1.1) y.max = 1.1;
-            if (Math.min(y.min == null ? r[0] : y.min, r[0]) > 0.9) y.min = 0.9;
-            if (isFinite(r[0]) && isFinite(r[1])) {        // and no point on the frame's edge
-                var lo = y.min == null ? r[0] : Math.min(y.min, r[0]);
-                var hi = y.max == null ? r[1] : Math.max(y.max, r[1]);
-                var pad = 0.05 * Math.max(hi - lo, 0.1);
-                y.min = Math.max(0, Math.min(lo, r[0] - pad));
-                y.max = Math.max(hi, r[1] + pad);
-            }
-        }
-        var headline = bm && /^headline\./.test(name);
-        if (headline && $(placeholder).closest('.benchmark-plot[id^="summarygrid-"]').length) {
-            options.series = options.series || {};        // a single commit's point shows too
-            options.series.points = {show: true, radius: 2, lineWidth: 1};
-            options.yaxis = options.yaxis || {};          // and not on the frame's top edge
-            options.yaxis.max = Math.max(options.yaxis.max == null ? 0 : options.yaxis.max,
-                                         yRange(data)[1] * 1.15);
-            var box = $(placeholder).parent();
-            if (!box.find(".pk-reading").length) {
-                box.css("position", "relative").append(
-                    $('<div class="pk-reading" style="position: absolute; right: 8px; bottom: 6px; '
-                      + 'font-size: 11px; color: #333; background: rgba(255,255,255,0.8)">')
-                    .text((RATIO.test(bm.unit) ? "our time / PyTorch's, 1 = parity: " : "")
-                          + "lower is better"));
-            }
-        }
-        if (headline && $(placeholder).is("#main-graph")) {
-            options.series = options.series || {};        // a lone point as a filled dot
-            options.series.points = $.extend({}, options.series.points,
-                                             {show: true, radius: 4, fill: true, fillColor: false});
-        }
-        if (headline && $(placeholder).is("#main-graph") && options.yaxis
-                && !/lower is better/.test(options.yaxis.axisLabel || "")) {
-            options.yaxis.axisLabel = (options.yaxis.axisLabel || "") + " (lower is better)";
-        }
-        if (bm && $(placeholder).is("#main-graph") && options.xaxis && options.xaxis.mode !== "time") {
-            var revs = [];
-            $.each(data, function (i, series) {
-                $.each(series.data || series, function (j, p) { if (p && revs.indexOf(p[0]) < 0) revs.push(p[0]); });
-            });
-            revs.sort(function (a, b) { return a - b; });
-            var step = Math.max(1, Math.ceil(revs.length / 8));
-            options.xaxis.ticks = revs.filter(function (v, i) { return i % step === 0; });
-            options.xaxis.tickFormatter = function (v) {
-                var hash = json.revision_to_hash[Math.round(v)];
-                return hash ? hash.slice(0, 8) : "";
-            };
-            options.xaxis.axisLabel = "commit";
-        }
-        return plot.call(this, placeholder, data, options);
-    };
-    $.extend($.plot, plot);
-})(jQuery);
-"""
-
-
-def _has_values(path: Path) -> bool:
-    """Whether an asv graph file holds at least one finite value."""
-    try:
-        points = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-
-    def finite(v):
-        if isinstance(v, list):
-            return any(finite(x) for x in v)
-        return isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
-    return any(finite(p[1:]) for p in points if isinstance(p, list))
-
-
-def order_and_prune(html_dir: str | os.PathLike) -> list[str]:
-    """Keep in the published index only the benchmarks that have a value to draw, the headline
-    graphs first (ratios, then times, then spreads); return the names kept, in order.
-
-    asv's grid and list show every benchmark of the suite, grouped in the order of index.json,
-    which is alphabetical: the headline group came last, after boxes with nothing in them."""
-    html_dir = Path(html_dir)
-    index = json.loads((html_dir / "index.json").read_text())
-    summary = html_dir / "graphs" / "summary"
-    kept = [n for n in index["benchmarks"] if _has_values(summary / f"{n}.json")]
-
-    def rank(name):
-        headline = name.startswith(FIRST[0])
-        kind = next((i for i, part in enumerate(FIRST[1:]) if part in name), len(FIRST))
-        return (not headline, kind if headline else 0, name)
-    kept.sort(key=rank)
-    index["benchmarks"] = {n: index["benchmarks"][n] for n in kept}
-    (html_dir / "index.json").write_text(json.dumps(index))
-    return kept
-
-
-def finish_html(html_dir: str | os.PathLike, results_dir: str | os.PathLike) -> list[str]:
-    """Everything ``history`` adds to ``asv publish``'s pages: local libraries
-    (:func:`localize_html`), the index pruned and ordered (:func:`order_and_prune`), the reading
-    aids (parity line, commit hashes, "lower is better": ``READING_JS``) and ``summary.html``, the
-    latest ratios per machine class with links to the graphs, linked from the navigation bar.
-    Returns the CDN addresses the pages still load."""
-    html_dir = Path(html_dir)
-    remaining = localize_html(html_dir)
-    order_and_prune(html_dir)
-    (html_dir / "perfkernels-history.js").write_text(READING_JS, encoding="utf-8")
-    (html_dir / "summary.html").write_text(summary_html(results_dir), encoding="utf-8")
-    index = html_dir / "index.html"
-    text = index.read_text(encoding="utf-8")
-    if "perfkernels-history.js" not in text:
-        text = text.replace("</head>", '    <script src="perfkernels-history.js"></script>\n  </head>', 1)
-        text = re.sub(r'(<li id="nav-li-regressions">.*?</li>)',
-                      r'\1\n\t<li id="nav-li-perfkernels-summary"><a href="summary.html">'
-                      r'Latest ratios (how to read)</a></li>', text, count=1)
-        index.write_text(text, encoding="utf-8")
-    return remaining
-
-
-# --- the latest ratios, per machine class ---------------------------------------------------------
-
-def _level_rank(level: str) -> int:
-    from . import _registry
-    return _registry.NAMES.index(level) if level in _registry.NAMES else -1
-
-
-def latest_points(results_dir: str | os.PathLike) -> list[dict]:
-    """The newest result of every machine and ISA level (by commit date), highest level first, as
-    rows: machine, cpu, level, commit, date, the commit measured when the result sits on a merge,
-    and per headline benchmark and parameters its value (None: refused or failed)."""
-    rows = []
-    for machine_json in sorted(Path(results_dir).glob("*/machine.json")):
-        machine = json.loads(machine_json.read_text())
-        newest = {}
-        for path in _result_files(results_dir, machine_json.parent.name):
-            data = json.loads(path.read_text())
-            level = data.get("env_vars", {}).get("PERFKERNELS_ISA", "default")
-            if level not in newest or data.get("date", 0) > newest[level].get("date", 0):
-                newest[level] = data
-        # the highest level first: the one a user's call dispatches to on this machine class
-        for level, data in sorted(newest.items(), key=lambda item: -_level_rank(item[0])):
-            columns = data.get("result_columns", ["result", "params"])
-            values = {}
-            for name, row in data.get("results", {}).items():
-                if not name.startswith("headline."):
-                    continue
-                row = dict(zip(columns, row))
-                combos = list(itertools.product(*row["params"])) if row.get("params") else [()]
-                results = (row["result"] if isinstance(row["result"], list)
-                           else [row["result"]] * len(combos))     # None: every combination failed
-                for value, combo in zip(results, combos):
-                    values[name, combo] = value
-            rows.append({"machine": machine.get("machine", machine_json.parent.name),
-                         "cpu": machine.get("cpu", ""), "level": level,
-                         "commit": data["commit_hash"], "date": data.get("date"),
-                         "measured_at": data.get("measured_at"),
-                         "values": values})
-    return rows
-
-
-def _ratio_table(row: dict) -> list[tuple]:
-    """(class, params, graph name, ratio, ratio at 1 thread, spread, spread at 1 thread) of a
-    latest_points row."""
-    out = []
-    for (name, combo), value in sorted(row["values"].items()):
-        if not RATIO_BENCHMARK.match(name) or name.endswith("_1thread"):
-            continue
-        cls = name.split(".")[1]
-        base = name.rsplit(".", 1)[0]
-        one = row["values"].get((name + "_1thread", combo))
-        spread = row["values"].get((base + ".track_ratio_spread", combo))
-        spread1 = row["values"].get((base + ".track_ratio_spread_1thread", combo))
-        out.append((cls, ", ".join(str(c).strip("'") for c in combo), name, value, one, spread,
-                    spread1))
-    return out
-
-
-def _fmt(v: float | None, spec: str = ".3g") -> str:
-    if v is None:
-        return "refused"
-    if v != v:
-        return "skipped"
-    return format(v, spec)
-
-
-def summary_text(results_dir) -> str:
-    """The latest ratios per machine class and level, as plain text (what ``history`` prints)."""
-    lines = ["latest headline points (our time / PyTorch's: below 1 we are faster; lower is better)"]
-    for row in latest_points(results_dir):
-        date = time.strftime("%Y-%m-%d", time.gmtime(row["date"] / 1000)) if row["date"] else "?"
-        where = row["commit"][:8] + (f", measured at {row['measured_at'][:8]}"
-                                     if row["measured_at"] else "")
-        lines.append(f"\n{row['machine']} [{row['level']}] ({row['cpu']}) at {where} ({date})")
-        lines.append(f"  {'benchmark':<18} {'params':<20} {'default':>9} {'1 thread':>9} "
-                     f"{'spreads':>15}")
-        for cls, params, _, ratio, one, spread, spread1 in _ratio_table(row):
-            lines.append(f"  {cls:<18} {params:<20} {_fmt(ratio):>9} {_fmt(one):>9} "
-                         f"{_fmt(spread, '.0%'):>7} {_fmt(spread1, '.0%'):>7}")
-    return "\n".join(lines)
-
-
-def summary_html(results_dir) -> str:
-    """summary.html: how to read the history, and the latest ratios per machine class and ISA
-    level, each with its commit and date and a link to its graph."""
-    import html
-    parts = ["""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>perfkernels: latest ratios to PyTorch</title>
-<style>body{font-family:sans-serif;margin:2em;max-width:70em} table{border-collapse:collapse;margin-bottom:2em}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:right} td:first-child,td:nth-child(2),th{text-align:left}
-.win{color:#060}.lose{color:#a00}</style></head><body>
-<h1>perfkernels against PyTorch: the latest points</h1>
-<p>Every number is <b>our time / PyTorch 2.13 CPU's time</b> for the same call on the same inputs:
-<b>lower is better</b>, 1 is parity (the line drawn at 1 on the graphs), below 1 we are faster
-(0.5: twice as fast). <i>default</i>: PyTorch at its default thread count and ours at ours, as a
-user runs them; <i>1 thread</i>: both on one thread, kernel against kernel. Each is the median of
-the per-round ratios of interleaved rounds; <i>spread</i> is (q75 - q25) / median of those
-rounds. A point whose rounds did not settle is <i>refused</i> and drawn as a gap, never as a value.
-The graphs: <a href="index.html">benchmark grid</a> (the headline graphs first; hover a point for
-its commit, the x axis is labelled with commit hashes). A machine class is its CPU family, core
-count and highest ISA level: AVX2-only and AVX-512 machines are separate lines.</p>
-"""]
-    rows = latest_points(results_dir)
-    if not rows:
-        parts.append("<p>No results yet.</p>")
-    for row in rows:
-        date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(row["date"] / 1000)) if row["date"] else "?"
-        parts.append(f"<h2>{html.escape(row['machine'])}, level {html.escape(row['level'])}</h2>"
-                     f"<p>{html.escape(row['cpu'])}; commit <code>{row['commit'][:8]}</code> "
-                     f"({date})" + (f", measured at <code>{row['measured_at'][:8]}</code> (a "
-                                   "side branch's commit, merged here)" if row["measured_at"]
-                                   else "") + "</p>")
-        parts.append("<table><tr><th>benchmark</th><th>parameters</th><th>default</th>"
-                     "<th>1 thread</th><th>spread</th><th>spread, 1 thread</th><th>graph</th></tr>")
-        for cls, params, name, ratio, one, spread, spread1 in _ratio_table(row):
-            link = (f"index.html#{name}?machine={row['machine']}"
-                    f"&env-PERFKERNELS_ISA={row['level']}")
-            cells = []
-            for v in (ratio, one):
-                cls_ = "" if v is None or v != v else (' class="win"' if v < 1 else ' class="lose"')
-                cells.append(f"<td{cls_}>{_fmt(v)}</td>")
-            parts.append(f"<tr><td>{html.escape(cls)}</td><td>{html.escape(params)}</td>"
-                         + "".join(cells) + f"<td>{_fmt(spread, '.0%')}</td>"
-                         f"<td>{_fmt(spread1, '.0%')}</td>"
-                         f'<td><a href="{html.escape(link)}">graph</a></td></tr>')
-        parts.append("</table>")
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
 
 
 def _git(*args: str) -> str:
@@ -643,11 +310,6 @@ def _machine_levels(isas: list[str] | None, full: bool) -> tuple[list[str], list
     return (isas or have), have
 
 
-def _result_files(results_dir: str | os.PathLike, machine: str) -> list[Path]:
-    folder = Path(results_dir) / machine
-    return sorted(p for p in folder.glob("*.json") if p.name != "machine.json")
-
-
 def refused_points(results_dir, machine: str, commits: list[str]) -> list[str]:
     """``benchmark [params] @ commit (environment)`` of each headline ratio of ``commits`` on
     ``machine`` that has no value (a measurement refused as unreliable, or a failure)."""
@@ -668,6 +330,41 @@ def refused_points(results_dir, machine: str, commits: list[str]) -> list[str]:
     return refused
 
 
+#: How far the newest committed result may trail HEAD (first-parent commits): every
+#: kernel-changing submission appends its commit (docs/performance.md, "Add a point").
+MAX_BEHIND = 20
+
+
+def check_current(results_dir: str | os.PathLike, max_behind: int = MAX_BEHIND) -> int:
+    """``history --check``: 0 when the newest committed result is at most ``max_behind``
+    first-parent commits behind HEAD, else 1 with what to run.  A shallow clone (whose history
+    does not hold the results' commits) is reported and passes."""
+    try:
+        shallow = _git("rev-parse", "--is-shallow-repository")
+    except (subprocess.CalledProcessError, OSError) as exc:
+        print(f"history --check: no git history here ({exc}); nothing to check")
+        return 0
+    if shallow == "true":
+        print("history --check: a shallow clone; the commits of the committed results are not all "
+              "here, nothing to check")
+        return 0
+    newest = newest_result(results_dir)
+    if newest is None:
+        print(f"history --check: no committed result in {results_dir} has its commit in this "
+              "repository's history", file=sys.stderr)
+        return 1
+    behind, commit, machine = newest
+    if behind > max_behind:
+        print(f"history --check: the newest committed result ({machine} at {commit[:8]}) is "
+              f"{behind} first-parent commits behind HEAD (at most {max_behind}): append a point "
+              "with `python -m perfkernels history --current` and commit benchmarks/results/",
+              file=sys.stderr)
+        return 1
+    print(f"history --check: the newest committed result ({machine} at {commit[:8]}) is {behind} "
+          f"first-parent commit(s) behind HEAD (at most {max_behind})")
+    return 0
+
+
 def cmd_history(args) -> int:
     """The ``history`` subcommand (see :func:`add_parser`)."""
     start = time.perf_counter()
@@ -675,12 +372,17 @@ def cmd_history(args) -> int:
     if not os.path.isfile(config):
         raise SystemExit(f"error: {config} not found: run this from the repository's top directory "
                          "(a git checkout of perfkernels), or pass --config")
-    if shutil.which("asv") is None:
-        raise SystemExit("error: asv is not installed: pip install asv")
-    from asv import util
+    try:
+        from asv import util
+    except ImportError:
+        raise SystemExit("error: asv is not installed: pip install asv") from None
     conf = util.load_json(config, js_comments=True)
     results_dir = os.path.join(os.path.dirname(os.path.abspath(config)),
                                conf.get("results_dir", "results"))
+    if getattr(args, "check", False):
+        return check_current(results_dir)
+    if shutil.which("asv") is None:
+        raise SystemExit("error: asv is not installed: pip install asv")
     rc = 0
     if not args.publish_only:
         rc = _run_history(args, config, results_dir)
@@ -758,6 +460,9 @@ def add_parser(sub) -> None:
                        help="the last N first-parent commits of --rev (default 10)")
     which.add_argument("--publish-only", action="store_true",
                        help="run nothing: publish the results in benchmarks/results/")
+    which.add_argument("--check", action="store_true",
+                       help=f"run nothing: exit 1 when the newest committed result is more than "
+                            f"{MAX_BEHIND} first-parent commits behind HEAD (a CI step)")
     h.add_argument("--rev", default="HEAD", help="the last commit (default HEAD); earlier ones "
                    "follow its first parents")
     h.add_argument("--full", action="store_true",
@@ -778,4 +483,4 @@ def add_parser(sub) -> None:
 __all__ = ["add_parser", "cmd_history", "localize_html", "last_commits", "environment_names",
            "machine_name", "machine_info", "cpu_signature", "publish", "stage_results", "finish_html",
            "order_and_prune", "latest_points", "summary_text", "summary_html", "commits_behind",
-           "newest_result", "first_parent_home", "refused_points"]
+           "newest_result", "first_parent_home", "refused_points", "check_current"]

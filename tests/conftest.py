@@ -87,3 +87,19 @@ def cuda_sim_libraries():
     if cuda_sim.build.compiler() is None:
         pytest.skip("g++ is not on this machine: the CUDA warp simulator cannot be built")
     return cuda_sim.prebuild()
+
+
+#: Test modules that build, start processes (spawned ranks, fresh interpreters, qemu, a browser)
+#: or run large inputs: every test in them carries the ``slow`` marker, so that
+#: ``pytest -m "not slow"`` is the quick set.  Measured with ``pytest --durations``.
+SLOW_MODULES = frozenset({
+    "test_build.py", "test_cuda_sim.py", "test_distributed.py", "test_dlrm_example.py",
+    "test_emulated_cpus.py", "test_history.py", "test_history_html.py", "test_install.py",
+    "test_large_sizes.py", "test_leaks.py", "test_readme.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
