@@ -438,3 +438,35 @@ def test_decreasing_offsets_refused_whatever_torch_threads():
                     module(IX, L([0, 3, 1]))
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_large_dense_float32_gradient_takes_our_autograd(mode, weighted):
+    """A float32 lookup with a dense gradient past the size where ours is faster runs our autograd
+    function (reached as a user reaches it: no route is forced) and gives torch's output, weight
+    gradient and per_sample_weights gradient."""
+    from perfkernels.torch import _bags
+    if weighted and mode == "mean":
+        pytest.skip("torch refuses per_sample_weights in mode mean")
+    gen = torch.Generator().manual_seed(11)
+    rows, dim = 3000, 64
+    n = _bags.DENSE_GRAD_MIN_VALUES // dim + 37
+    ix = torch.randint(0, rows, (n,), generator=gen)
+    off = torch.cat([torch.tensor([0]), torch.sort(torch.randint(0, n, (255,), generator=gen))[0]])
+    ref = torch.nn.EmbeddingBag(rows, dim, mode=mode, padding_idx=5)
+    ours = pt.EmbeddingBag(rows, dim, mode=mode, padding_idx=5)
+    with torch.no_grad():
+        ours.weight.copy_(ref.weight)
+    psw_ref = torch.rand(n, generator=gen, requires_grad=True) if weighted else None
+    psw_ours = psw_ref.detach().clone().requires_grad_() if weighted else None
+    out_ref = ref(ix, off, per_sample_weights=psw_ref)
+    out = ours(ix, off, per_sample_weights=psw_ours)
+    assert type(out.grad_fn).__name__ == "BagFunctionBackward", type(out.grad_fn).__name__
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
+    up = torch.randn(out.shape, generator=gen)
+    out_ref.backward(up)
+    out.backward(up)
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad, rtol=1e-5, atol=1e-5)
+    if weighted:
+        torch.testing.assert_close(psw_ours.grad, psw_ref.grad, rtol=1e-4, atol=1e-4)
