@@ -69,8 +69,8 @@ def test_options_match_torch(default_dtype, table_dtype, mode):
 def test_options_match_torch_on_our_autograd_path(default_dtype, table_dtype, mode, monkeypatch):
     """The same matrix with every gradient computed by our autograd function (small and sparse
     lookups otherwise take torch's, which is faster there)."""
-    from perfkernels.torch import _bags
-    monkeypatch.setattr(_bags, "torch_autograd_is_faster", lambda *args: False)
+    from perfkernels.torch import _route
+    monkeypatch.setattr(_route, "torch_autograd_is_faster", lambda *args: False)
     _check_options(table_dtype, mode)
 
 

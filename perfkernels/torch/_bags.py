@@ -24,9 +24,10 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _compat, _tensor_bags
+from . import _compat, _route, _tensor_bags
 from ._bridge import as_numpy, cuda_call, index_error
 from ._double_backward import refuse_double_backward
+from ._route import DENSE_GRAD_MIN_VALUES, Route, torch_autograd_is_faster  # noqa: F401
 
 MODES = ("sum", "mean")
 
@@ -301,23 +302,27 @@ def _embedding_bag_quantized_fake(packed, indices, offsets, per_sample_weights, 
 
 def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
                 per_sample_weights: Optional[Tensor], spec: BagSpec,
-                output_dtype: Optional[torch.dtype] = None) -> Tensor:
-    """A float-table lookup by the cheapest route that keeps autograd and tracing right, with
-    torch's answer wherever the NumPy API would answer differently (see ``_compat``)."""
+                output_dtype: Optional[torch.dtype] = None,
+                route: Optional[Route] = None) -> Tensor:
+    """A float-table lookup by our kernel on ``route`` (:func:`_route.route`'s decision; asked
+    here, with our autograd for any gradient, when None), with torch's answer wherever the NumPy
+    API would answer differently (see ``_compat``)."""
     dtype = output_dtype or weight.dtype
-    if ((per_sample_weights is not None and _compat.weights_refused(
-            input, per_sample_weights, spec.mode, dtype, spec.weighted_mean))
-            or _compat.input_refused(input)
-            or weight.device.type not in ("cpu", "cuda")):       # meta tensors, other devices
+    if route is None:
+        route = _route.route(weight, input, per_sample_weights, mode=spec.mode, sparse=spec.sparse,
+                             needs_ours=True, weighted_mean=spec.weighted_mean,
+                             output_dtype=output_dtype)
+    if route is Route.DEVICE or route is Route.REFUSED or route is Route.TORCH:
         return torch_answer(input, weight, offsets, per_sample_weights, spec, dtype)
-    if torch.compiler.is_compiling():
+    if route is Route.OP:
         out = torch.ops.perfkernels.embedding_bag(weight, input, offsets, per_sample_weights,
                                                   spec.mode, spec.include_last_offset,
                                                   spec.padding_idx)
         return out if dtype is torch.float32 else out.to(dtype)
+    if route is not Route.OUR_AUTOGRAD and route is not Route.KERNEL and route is not Route.CUDA:
+        raise AssertionError(f"bag_forward cannot take the route {route.value!r}")
     try:
-        if torch.is_grad_enabled() and (weight.requires_grad or (
-                per_sample_weights is not None and per_sample_weights.requires_grad)):
+        if route is Route.OUR_AUTOGRAD:
             out = BagFunction.apply(weight, per_sample_weights, input, offsets, spec)
         else:
             out = lookup(weight, input, offsets, per_sample_weights, spec.mode,
@@ -336,27 +341,7 @@ def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
     return out if dtype is torch.float32 else out.to(dtype)
 
 
-#: below this many gathered values (indices x D), torch's dense-gradient embedding bag (forward
-#: and backward) takes less time than ours, whose backward is a chain of torch ops run from
-#: Python (measured on one thread; benchmarks/torch_small.py)
-DENSE_GRAD_MIN_VALUES = 1 << 17
 _tensor_bags.set_dense_grad_min_values(DENSE_GRAD_MIN_VALUES)
-
-
-def torch_autograd_is_faster(weight: Tensor, input: Tensor, sparse: bool,
-                             needs_ours: bool) -> bool:
-    """Whether a lookup with a gradient is better left to torch's own kernel and autograd:
-    a sparse gradient (torch builds it in one C++ pass, ours in several torch ops: slower at every
-    size measured), or a small one (the Python of our backward costs more than the work), unless
-    the lookup ``needs_ours`` (a custom weight backward such as a fused optimizer, or weights in
-    mode "mean", which torch refuses), the table is on CUDA, or it is float16 / bfloat16 (torch's
-    kernel rounds partial results to the table's dtype, and may overflow where ours, accumulating
-    in float32, does not). A table of zero columns keeps ours too (torch's kernel raises
-    "Expected i < index_size" on any non-empty input there)."""
-    dim = weight.shape[1]
-    if needs_ours or weight.device.type != "cpu" or weight.dtype is not torch.float32 or not dim:
-        return False
-    return sparse or input.numel() * dim < DENSE_GRAD_MIN_VALUES
 
 
 def needs_ours(weight_backward: Optional[WeightBackward], weighted_mean: bool, mode: str,

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _bags, _placement, _tensor_bags
+from . import _bags, _placement, _route, _tensor_bags
+from ._route import Route
 from ._embedding_bag import EmbeddingBag
 from ._fallback import unsupported_reason, warn_once
 
@@ -213,25 +214,23 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor] = Non
                                   True)
         if out is not None:
             return out
-    reason = unsupported_reason(mode=mode, max_norm=max_norm,
-                                scale_grad_by_freq=scale_grad_by_freq, dtype=weight.dtype)
-    if reason is not None:
+    spec = _bags.BagSpec(mode, include_last_offset, padding_idx, sparse, None, weighted_mean,
+                         strict_offsets)
+    route = _route.route(weight, input, per_sample_weights, mode=mode, sparse=sparse,
+                         max_norm=max_norm, scale_grad_by_freq=scale_grad_by_freq,
+                         needs_ours=_bags.needs_ours(None, weighted_mean, mode, per_sample_weights),
+                         weighted_mean=weighted_mean)
+    if route is Route.TORCH:
         if mode in ("sum", "mean", "max"):
-            warn_once(reason)
+            warn_once(unsupported_reason(mode=mode, max_norm=max_norm,
+                                         scale_grad_by_freq=scale_grad_by_freq, dtype=weight.dtype))
         return _TORCH_EMBEDDING_BAG(input, weight, offsets, max_norm, norm_type,
                                     scale_grad_by_freq, mode, sparse, per_sample_weights,
                                     include_last_offset, padding_idx)
-    spec = _bags.BagSpec(mode, include_last_offset, padding_idx, sparse, None, weighted_mean,
-                         strict_offsets)
-    if (not torch.compiler.is_compiling() and torch.is_grad_enabled()
-            and (weight.requires_grad or (per_sample_weights is not None
-                                          and per_sample_weights.requires_grad))
-            and _bags.torch_autograd_is_faster(weight, input, sparse,
-                                               _bags.needs_ours(None, weighted_mean, mode,
-                                                                per_sample_weights))):
+    if route is Route.TORCH_AUTOGRAD:
         return _bags.torch_answer(input, weight, offsets, per_sample_weights, spec, weight.dtype,
                                   check_offsets=False)
-    return _bags.bag_forward(weight, input, offsets, per_sample_weights, spec)
+    return _bags.bag_forward(weight, input, offsets, per_sample_weights, spec, route=route)
 
 
 class route_functional:

@@ -9,11 +9,11 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _compat, _fused, _placement, _tensor_bags
+from . import _bags, _compat, _fused, _placement, _route, _tensor_bags
+from ._route import Route
 from ._bridge import TableViewCache, index_error
 from ._fallback import unsupported_reason, warn_once
 
-_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _module_lookup = _tensor_bags.module_lookup
 
 
@@ -125,22 +125,21 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         w = self._parameters.get("weight")
         if w is None:                       # a plain tensor assigned in place of the Parameter
             w = self.weight
-        if (self.max_norm is not None or self.scale_grad_by_freq
-                or (self.mode != "sum" and self.mode != "mean") or w.dtype not in _KERNEL_DTYPES):
+        route = _route.route(w, input, per_sample_weights, mode=self.mode, sparse=self.sparse,
+                             max_norm=self.max_norm, scale_grad_by_freq=self.scale_grad_by_freq,
+                             needs_ours=_bags.needs_ours(self.weight_backward, self.weighted_mean,
+                                                         self.mode, per_sample_weights),
+                             weighted_mean=self.weighted_mean, output_dtype=self.output_dtype)
+        if route is Route.TORCH:
             return self._torch_forward(input, offsets, per_sample_weights)
-        if torch.compiler.is_compiling():
+        if route is Route.TORCH_AUTOGRAD:
+            return _compat.torch_verdict(input, w, offsets, per_sample_weights, self.mode,
+                                         self.sparse, self.include_last_offset,
+                                         self.padding_idx, self.output_dtype or w.dtype,
+                                         check_offsets=False)
+        if route is not Route.KERNEL:
             return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
-                                     self.output_dtype)
-        if torch.is_grad_enabled() and (w.requires_grad or (
-                per_sample_weights is not None and per_sample_weights.requires_grad)):
-            if _bags.torch_autograd_is_faster(w, input, self.sparse, _bags.needs_ours(
-                    self.weight_backward, self.weighted_mean, self.mode, per_sample_weights)):
-                return _compat.torch_verdict(input, w, offsets, per_sample_weights, self.mode,
-                                             self.sparse, self.include_last_offset,
-                                             self.padding_idx, self.output_dtype or w.dtype,
-                                             check_offsets=False)
-            return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
-                                     self.output_dtype)
+                                     self.output_dtype, route)
         # Inference, the cheapest path (a tiny lookup costs about as much as the Python around
         # it): straight to the kernel on the cached NumPy view of a CPU weight (the check of
         # TableViewCache._table_array, inlined).
@@ -153,11 +152,6 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         if table is not None:
             dtype = self.output_dtype or w.dtype
             psw = per_sample_weights
-            if psw is not None and _compat.weights_refused(input, psw, self.mode, dtype,
-                                                           self.weighted_mean):
-                return self._torch_answer(input, w, offsets, psw, dtype)
-            if _compat.input_refused(input):
-                return self._torch_answer(input, w, offsets, per_sample_weights, dtype)
             try:
                 out = torch.from_numpy(pk.embedding_bag(
                     table, input.numpy(), None if offsets is None else offsets.numpy(),
@@ -174,7 +168,7 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                 return self._torch_answer(input, w, offsets, per_sample_weights, dtype)
             return out if dtype is torch.float32 else out.to(dtype)
         return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
-                                 self.output_dtype)
+                                 self.output_dtype, route)
 
     def _torch_answer(self, input, w, offsets, per_sample_weights, dtype):
         return _bags.torch_answer(input, w, offsets, per_sample_weights, self._spec(), dtype)
