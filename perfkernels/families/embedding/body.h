@@ -52,26 +52,9 @@ PK_INLINE vf load_row_tail(const void *row, int64_t col, v_tail t, const int typ
 #define PREFETCH_DISTANCE(block_bytes) \
     ((block_bytes) <= 128 ? 2 * PK_BAGS_PREFETCH_DISTANCE : PK_BAGS_PREFETCH_DISTANCE)
 
-/* "Far" mode, for tables of FAR_MIN_BYTES and more (about half an L3 and beyond): rows are
- * prefetched into L2 (T1), FAR_DISTANCE indices ahead, which keeps more misses in flight without
- * evicting the bag's rows from L1.  Measured interleaved on huge-page tables (Xeon, AVX-512): a
- * model's worth of tables (32 x 250K x 64 float32, 2 GB, 120 lookups per bag) is 15-40% faster in
- * far mode than with L1 prefetches 16 ahead, on uniform and Zipf indices alike; one 256 MB table
- * queried again and again (whose pages and lines stay warm between calls) is 5-15% slower, so that
- * benchmark understates what a model gets.  The mode is chosen once per call and compiled in.
- * (Far mode from 4 MB on measured 7-35% slower on an L3-resident 10 MB table, AMD EPYC.) */
-#define FAR_MIN_BYTES ((uint64_t)16 << 20)
-#define FAR_DISTANCE 48
-
-PK_INLINE int use_far_prefetch(int64_t rows, int64_t row_stride, const int type)
-{
-    return (uint64_t)rows * (uint64_t)row_stride * (type == TABLE_F32 ? 4 : 2) >= FAR_MIN_BYTES;
-}
-
-PK_INLINE int64_t index_at(const void *indices, int64_t j, const int idx64)
-{
-    return idx64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
-}
+/* Far mode (include/perfkernels/bags.h: tables of PK_BAGS_FAR_MIN_BYTES and more, rows into L2,
+ * PK_BAGS_FAR_DISTANCE indices ahead) is chosen once per call and compiled in. */
+#define FAR_DISTANCE PK_BAGS_FAR_DISTANCE
 
 /* One prefetch per 64 bytes from the start of the block (nbytes is a compile-time constant for the
  * fixed-D paths, so this unrolls), as FBGEMM does; where the blocks do not start on a line
@@ -106,10 +89,10 @@ PK_INLINE int add_row(const void *indices, int64_t padding, const float *weights
 {
     const size_t elem = type == TABLE_F32 ? 4 : 2;
     const size_t block_bytes = (size_t)(NV * VL + (has_tail ? v_tail_len(tail) : 0)) * elem;
-    const int64_t idx = index_at(indices, j, idx64);
+    const int64_t idx = pk_index_at(indices, j, idx64);
     if ((uint64_t)idx >= (uint64_t)rows) return 1;
     if (prefetch) {
-        const int64_t ahead = index_at(indices, j + distance, idx64);
+        const int64_t ahead = pk_index_at(indices, j + distance, idx64);
         if ((uint64_t)ahead < (uint64_t)rows)
             prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes, far,
                            straddle);
@@ -373,7 +356,7 @@ PK_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, int64_
     }
     /* a call without padding_idx (the common one) compiles no padding test and no count */
     const int padded = bags->padding_idx >= 0;
-    const int far = use_far_prefetch(rows, row_stride, type);
+    const int far = pk_bags_far_table(rows, (uint64_t)row_stride * (type == TABLE_F32 ? 4 : 2));
     const int weighting = bags->weights == NULL ? UNWEIGHTED : bags->positional ? POSITIONAL : PER_SAMPLE;
     const bags_fn (*fns)[3][2][2] = type == TABLE_F32 ? bags_TABLE_F32
                                     : type == TABLE_F16 ? bags_TABLE_F16 : bags_TABLE_BF16;

@@ -7,14 +7,9 @@
 
 #include "perfkernels/bags.h"
 
-/* Rows ahead for the two prefetch modes (see prefetch_row). */
-#ifndef PREFETCH_NEAR
+/* Rows ahead for the two prefetch modes (include/perfkernels/bags.h; see prefetch_row). */
 #define PREFETCH_NEAR PK_BAGS_PREFETCH_DISTANCE
-#endif
-#ifndef PREFETCH_FAR
-#define PREFETCH_FAR 48
-#endif
-#define FAR_TABLE_BYTES ((int64_t)16 << 20)   /* tables of this size and more are far */
+#define PREFETCH_FAR PK_BAGS_FAR_DISTANCE
 
 /* What the bag loop reads per row, hoisted out of pk_bags once per call. */
 typedef struct bag_loop {
@@ -26,22 +21,13 @@ typedef struct bag_loop {
     int far;   /* prefetch mode of the call, see prefetch_row */
 } bag_loop;
 
-PK_INLINE int64_t index_at(const int index_64, const void *indices, int64_t j)
-{
-    return index_64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
-}
-
-/* Prefetch of the row PREFETCH_NEAR or PREFETCH_FAR indices ahead.  A call on a table of
- * FAR_TABLE_BYTES or more (whose rows cannot stay in cache, and seldom do in a model that has many
- * such tables) is "far": T1 (to L2), PREFETCH_FAR ahead, on the row's first byte, its last byte and
- * every 64th byte from the first that is more than 64 bytes before the last (every line of a row of
- * up to 64 bytes and of a 72-byte row at an 8-byte offset): rows from DRAM need more misses in
- * flight than 16 rows ahead give, and L2 holds them without evicting the bag's working set from
- * L1.  A smaller table keeps T0 on every line PREFETCH_NEAR ahead: its rows mostly hit in L2/L3,
- * and bringing them to L1 early is what helps there.  (The choice follows the table, not the rows
- * one call touches: an RM2-class model's calls each touch 2 MB of 18 MB tables, and are 1.3x
- * faster far.)  Prefetches never fault, so an index not yet checked is harmless here; the address
- * is formed in integers. */
+/* Prefetch of the row PREFETCH_NEAR or PREFETCH_FAR indices ahead (the policy of
+ * include/perfkernels/bags.h).  Far: T1 (to L2) on the row's first byte, its last byte and every
+ * 64th byte from the first that is more than 64 bytes before the last (every line of a row of up
+ * to 64 bytes and of a 72-byte row at an 8-byte offset).  Near: T0 on every line: the rows of a
+ * smaller table mostly hit in L2/L3, and bringing them to L1 early is what helps there.
+ * Prefetches never fault, so an index not yet checked is harmless here; the address is formed in
+ * integers. */
 PK_INLINE void prefetch_row(const uint8_t *packed, int64_t idx, int64_t row_bytes, const int far)
 {
     const uintptr_t p = (uintptr_t)packed + (uint64_t)idx * (uint64_t)row_bytes;
@@ -112,10 +98,10 @@ PK_INLINE int64_t bag_block(const int bits, const int nv, const int has_tail, v_
     const int pairs = bits == 4 && nv % 2 == 0;
     int64_t count = 0;
     for (int64_t j = begin; j < end; j++) {
-        const int64_t idx = index_at(index_64, indices, j);
+        const int64_t idx = pk_index_at(indices, j, index_64);
         if ((uint64_t)idx >= rows) { *bad_pos = j; return -1; }
         if (j < pf_end) {
-            const int64_t next = index_at(index_64, indices, j + ahead);
+            const int64_t next = pk_index_at(indices, j + ahead, index_64);
             if (prefetch == 2) prefetch_row(packed, next, row_bytes, 1);
             else prefetch_row(packed, next, row_bytes, 0);
         }
@@ -237,7 +223,7 @@ pk_status PK_ISA_FN(pk_embedding_bag_quantized)(int bits, const pk_bags *bags, c
 {
     const bag_loop a = {bags->indices, bags->weights, bags->positional, bags->mean,
                         bags->n_indices, bags->padding_idx, rows, packed,
-                        row_bytes > 0 && rows >= FAR_TABLE_BYTES / row_bytes};
+                        pk_bags_far_table(rows, (uint64_t)row_bytes)};
 #define BY_DIM(BITS)                                                                              \
     switch (row_bytes == (int64_t)pk_quantized_row_bytes(BITS, (size_t)dim) ? dim : 0) {          \
     case 32: return bags_##BITS##bit_d32(&a, bags, dim, row_bytes, bad_pos);                      \

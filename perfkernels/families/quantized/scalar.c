@@ -1,6 +1,7 @@
 /* Row-wise quantized tables, portable C (any architecture; the reference the vector paths match). */
 #include "quantized/levels.h"
 #include "quantized/rows.h"
+#include "common/bags_scalar.h"
 
 static pk_status quantize_row_scalar(int bits, int half_input, const void *row, size_t dim,
                                      uint8_t *out)
@@ -58,34 +59,33 @@ void pk_dequantize_rowwise_scalar(int bits, const uint8_t *packed, size_t rows, 
     }
 }
 
+typedef struct packed_table {
+    const uint8_t *packed;
+    size_t row_bytes, codes_bytes;
+    int bits;
+} packed_table;
+
+/* out += w * row idx dequantised: (w * scale) * q + (out + w * bias), FBGEMM's order. */
+static inline void add_row_quantized(const void *table, int64_t idx, float w, float *out,
+                                     int64_t dim)
+{
+    const packed_table *t = (const packed_table *)table;
+    const unsigned bits = (unsigned)t->bits, per = 8u / bits, mask = (1u << bits) - 1u;
+    const uint8_t *row = t->packed + (size_t)idx * t->row_bytes;
+    float scale, bias;
+    pk_q_read_trailer(t->bits, row, t->codes_bytes, &scale, &bias);
+    const float ws = w * scale, wb = w * bias;
+    for (int64_t d = 0; d < dim; d++) {
+        unsigned q = (row[d / per] >> ((d % per) * bits)) & mask;
+        out[d] = (float)q * ws + (out[d] + wb);
+    }
+}
+
 pk_status pk_embedding_bag_quantized_scalar(int bits, const pk_bags *bags, const uint8_t *packed,
                                             int64_t rows, int64_t row_bytes, int64_t dim,
                                             int64_t *bad_pos)
 {
-    const size_t codes_bytes = bits == 8 ? (size_t)dim : pk_q_codes_bytes(bits, (size_t)dim);
-    const unsigned per = 8u / (unsigned)bits, mask = (1u << bits) - 1u;
-    for (int64_t b = 0; b < bags->num_bags; b++) {
-        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
-        float *out = bags->out + b * bags->out_stride;
-        int64_t count = 0;
-        for (int64_t d = 0; d < dim; d++) out[d] = 0.0f;
-        for (int64_t j = begin; j < end; j++) {
-            int64_t idx;
-            float w;
-            const int use = pk_bags_entry(bags, j, begin, rows, &idx, &w, bad_pos);
-            if (use < 0) return PK_ERR_INDEX;
-            if (!use) continue;
-            count++;
-            const uint8_t *row = packed + (size_t)idx * (size_t)row_bytes;
-            float scale, bias;
-            pk_q_read_trailer(bits, row, codes_bytes, &scale, &bias);
-            const float ws = w * scale, wb = w * bias;
-            for (int64_t d = 0; d < dim; d++) {
-                unsigned q = (row[d / per] >> ((d % per) * (unsigned)bits)) & mask;
-                out[d] = (float)q * ws + (out[d] + wb);
-            }
-        }
-        pk_bags_finish_mean(bags, out, dim, count);
-    }
-    return PK_OK;
+    const packed_table t = {packed, (size_t)row_bytes,
+                            bits == 8 ? (size_t)dim : pk_q_codes_bytes(bits, (size_t)dim), bits};
+    return pk_bags_scalar(bags, rows, dim, bad_pos, add_row_quantized, &t);
 }

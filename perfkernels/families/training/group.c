@@ -181,6 +181,29 @@ static int64_t find_groups(pk_training_work *work, int64_t m, const pk_parallel_
     return u;
 }
 
+/* The key of each entry, as pk_bag_entries visits them (m counts the non-padding entries). */
+typedef struct key_ctx {
+    pk_training_work *work;
+    int payload_bits;
+    int64_t bag, m;
+} key_ctx;
+
+static inline void key_of_bag(void *ctx, int64_t j, int64_t idx, float w)
+{
+    key_ctx *k = (key_ctx *)ctx;
+    (void)j, (void)w;
+    k->work->keys[k->m++] = ((uint64_t)idx << k->payload_bits) | (uint64_t)k->bag;
+}
+
+static inline void key_of_entry(void *ctx, int64_t j, int64_t idx, float w)
+{
+    key_ctx *k = (key_ctx *)ctx;
+    (void)j;
+    k->work->keys[k->m] = ((uint64_t)idx << k->payload_bits) | (uint64_t)k->m;
+    k->work->entry_bag[k->m] = k->bag;
+    k->work->entry_coef[k->m++] = w;
+}
+
 pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work *work,
                             int64_t *bad_pos, const pk_parallel_api *pool, int threads,
                             int chunks)
@@ -195,30 +218,20 @@ pk_status pk_training_group(const pk_bags *bags, int64_t rows, pk_training_work 
     work->per_entry = per_entry;
 
     /* every entry read once, every index checked, before anything outside the workspace is written */
-    uint64_t *keys = work->keys;
+    key_ctx k = {work, payload_bits, 0, 0};
     int64_t m = 0;
     for (int64_t b = 0; b < bags->num_bags; b++) {
-        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1], first = m;
-        for (int64_t j = begin; j < end; j++) {
-            int64_t idx;
-            float w;
-            const int use = pk_bags_entry(bags, j, begin, rows, &idx, &w, bad_pos);
-            if (use < 0) return PK_ERR_INDEX;
-            if (!use) continue;
-            if (per_entry) {
-                keys[m] = ((uint64_t)idx << payload_bits) | (uint64_t)m;
-                work->entry_bag[m] = b;
-                work->entry_coef[m] = w;
-            } else {
-                keys[m] = ((uint64_t)idx << payload_bits) | (uint64_t)b;
-            }
-            m++;
-        }
+        const int64_t first = m;
+        k.bag = b;
+        const int64_t count = per_entry ? pk_bag_entries(bags, b, rows, bad_pos, key_of_entry, &k)
+                                        : pk_bag_entries(bags, b, rows, bad_pos, key_of_bag, &k);
+        if (count < 0) return PK_ERR_INDEX;
+        m = k.m;
         /* mode mean scales the bag by 1 / count, as the forward does */
         const float scale = (bags->mean && m > first) ? 1.0f / (float)(m - first) : 1.0f;
         if (per_entry) {
             if (scale != 1.0f)
-                for (int64_t k = first; k < m; k++) work->entry_coef[k] *= scale;
+                for (int64_t e = first; e < m; e++) work->entry_coef[e] *= scale;
         } else {
             work->bag_scale[b] = scale;
         }
