@@ -187,21 +187,32 @@ PK_INLINE pk_status bags_loop(const int bits, const int D, const int index_64, c
     return PK_OK;
 }
 
-/* One function per (bits, D, far); the index width and whether there are weights picked once per call. */
-#define BAGS_FOR_FAR(BITS, D, FAR)                                                                       \
+/* One function per (bits, D, far, index width, weighting), each on its own (noinline): inlined
+ * into one function per (bits, D, far), the four loop nests of each made a function too large for
+ * GCC's register allocator to treat each loop apart, and it kept accumulators of the 4-bit AVX2
+ * passes on the stack (a load and a store per row each).  The index width and whether there are
+ * weights are picked once per call. */
+#define BAGS_ONE(BITS, D, FAR, IDX64, WEIGHTED)                                                   \
+    static __attribute__((noinline)) pk_status                                                    \
+    bags_##BITS##bit_d##D##_##FAR##_##IDX64##_##WEIGHTED(const bag_loop *a, const pk_bags *g,     \
+                                                         int64_t dim, int64_t row_bytes,          \
+                                                         int64_t *bad)                            \
+    {                                                                                             \
+        return bags_loop(BITS, D, IDX64, WEIGHTED, FAR, a, g->offsets, g->num_bags, g->out,       \
+                         g->out_stride, dim, row_bytes, bad);                                     \
+    }
+#define BAGS_FOR_FAR(BITS, D, FAR)                                                                \
+    BAGS_ONE(BITS, D, FAR, 0, 0) BAGS_ONE(BITS, D, FAR, 0, 1)                                     \
+    BAGS_ONE(BITS, D, FAR, 1, 0) BAGS_ONE(BITS, D, FAR, 1, 1)                                     \
     static pk_status bags_##BITS##bit_d##D##_##FAR(const bag_loop *a, const pk_bags *g,          \
-                                           int64_t dim, int64_t row_bytes, int64_t *bad)          \
+                                                   int64_t dim, int64_t row_bytes, int64_t *bad)  \
     {                                                                                             \
         const int weighted = g->weights != NULL;                                                  \
         if (g->index_64)                                                                          \
-            return weighted ? bags_loop(BITS, D, 1, 1, FAR, a, g->offsets, g->num_bags, g->out,       \
-                                        g->out_stride, dim, row_bytes, bad)                       \
-                            : bags_loop(BITS, D, 1, 0, FAR, a, g->offsets, g->num_bags, g->out,       \
-                                        g->out_stride, dim, row_bytes, bad);                      \
-        return weighted ? bags_loop(BITS, D, 0, 1, FAR, a, g->offsets, g->num_bags, g->out,           \
-                                    g->out_stride, dim, row_bytes, bad)                           \
-                        : bags_loop(BITS, D, 0, 0, FAR, a, g->offsets, g->num_bags, g->out,           \
-                                    g->out_stride, dim, row_bytes, bad);                          \
+            return weighted ? bags_##BITS##bit_d##D##_##FAR##_1_1(a, g, dim, row_bytes, bad)      \
+                            : bags_##BITS##bit_d##D##_##FAR##_1_0(a, g, dim, row_bytes, bad);     \
+        return weighted ? bags_##BITS##bit_d##D##_##FAR##_0_1(a, g, dim, row_bytes, bad)          \
+                        : bags_##BITS##bit_d##D##_##FAR##_0_0(a, g, dim, row_bytes, bad);         \
     }
 #define BAGS_FOR(BITS, D)                                                                         \
     BAGS_FOR_FAR(BITS, D, 0) BAGS_FOR_FAR(BITS, D, 1)                                             \
@@ -214,6 +225,7 @@ PK_INLINE pk_status bags_loop(const int bits, const int D, const int index_64, c
 BAGS_FOR(8, 0) BAGS_FOR(8, 32) BAGS_FOR(8, 64) BAGS_FOR(8, 128) BAGS_FOR(8, 256)
 BAGS_FOR(4, 0) BAGS_FOR(4, 32) BAGS_FOR(4, 64) BAGS_FOR(4, 128) BAGS_FOR(4, 256)
 BAGS_FOR(2, 0)
+#undef BAGS_ONE
 #undef BAGS_FOR_FAR
 #undef BAGS_FOR
 
