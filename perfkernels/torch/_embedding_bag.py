@@ -104,7 +104,7 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         _fused.enable(self, spec)
 
     def _fused_weight_backward(self, b: _bags.BagBackward) -> None:
-        self.fused_optimizer.update(self.weight, self._buffers.get("momentum1"), b)
+        self.fused_optimizer.update(self.weight, self._buffers, b)
         return None
 
     def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
