@@ -136,8 +136,9 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
     * ``process_group``: the group (default: the default group; with none initialised, a world of
       one process);
     * ``fused_optimizer``: ``(name, options)`` as for the unsharded collection ("sgd",
-      "adagrad", "rowwise_adagrad"): owners update their rows during backward, the state next to
-      the rows; without it, the local rows get dense gradients (``shard.weight.grad``);
+      "adagrad", "rowwise_adagrad", "adam", "rowwise_adam", "adamw"): owners update their rows
+      during backward, the state next to the rows (the Adam family's step count on every rank);
+      without it, the local rows get dense gradients (``shard.weight.grad``);
     * ``gradient_division``: divide the tables' gradients by the world size, so that with each
       rank's loss a mean over its batch they match DistributedDataParallel's averaged dense
       gradients, and a single process on the global batch (TorchRec's default too);
