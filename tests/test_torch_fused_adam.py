@@ -184,6 +184,7 @@ def test_collection_fused_adam():
     (("adam", {"lr": 0.1, "betas": (1.0, 0.9)}), ValueError, r"betas\[0\]"),
     (("adam", {"lr": 0.1, "betas": (0.9, -0.1)}), ValueError, r"betas\[1\]"),
     (("adam", {"lr": 0.1, "betas": 0.9}), TypeError, "betas"),
+    (("adam", {"lr": 0.1, "betas": (0.9, 10 ** 400)}), ValueError, r"betas\[1\]"),
     (("adam", {"lr": 0.1, "betas": ("a", 0.9)}), TypeError, "betas"),
     (("adam", {"lr": 0.1, "eps": 0.0}), ValueError, "eps"),
     (("adam", {"lr": 0.1, "momentum": 0.9}), ValueError, "momentum"),

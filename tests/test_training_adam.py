@@ -334,6 +334,7 @@ def _bad_cases():
         ("beta2_neg", dict(betas=(0.9, -0.1)), ValueError, r"betas\[1\] = -0.1"),
         ("betas_shape", dict(betas=(0.9,)), TypeError, "betas"),
         ("beta_nan", dict(betas=(float("nan"), 0.9)), ValueError, "betas"),
+        ("beta_huge_int", dict(betas=(0.9, 10 ** 400)), ValueError, r"betas\[1\]"),
         ("eps_zero", dict(eps=0.0), ValueError, "eps = 0"),
         ("lr_nan", dict(lr=float("nan")), ValueError, "lr = nan"),
         ("wd_negative", dict(weight_decay=-1.0), ValueError, "weight_decay"),

@@ -74,7 +74,11 @@ def _betas_option(options: Mapping[str, Any]) -> Tuple[float, float]:
         if isinstance(b, (bool, str, bytes)) or not hasattr(type(b), "__float__"):
             raise TypeError(f"fused optimizer option betas[{i}] must be a real number; got "
                             f"{type(b).__name__}")
-        if not 0.0 <= float(b) < 1.0:
+        try:
+            value = float(b)
+        except OverflowError:
+            value = math.inf
+        if not 0.0 <= value < 1.0:
             raise ValueError(f"fused optimizer option betas[{i}] = {b} must be in [0, 1)")
         out.append(float(b))
     return out[0], out[1]

@@ -167,7 +167,10 @@ cdef double _beta(object value, str name) except? -1:
     cdef double v
     if isinstance(value, (bool, np.bool_, str, bytes)) or not hasattr(type(value), "__float__"):
         raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:   # an int past double's range
+        raise ValueError(f"{name} = {value} must be in [0, 1)") from None
     if not (0.0 <= v < 1.0):
         raise ValueError(f"{name} = {v} must be in [0, 1)")
     return v
