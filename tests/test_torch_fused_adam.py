@@ -226,3 +226,31 @@ def test_switching_optimizer_replaces_buffers():
     assert bag.momentum1.shape == (6, 3) and bag.momentum2.shape == (6,)
     bag.set_fused_optimizer(None)
     assert set(bag.state_dict()) == {"weight"}
+
+
+@pytest.mark.parametrize("name", ["adam", "rowwise_adam"])
+def test_any_thread_count_same_bits(name):
+    """The module trained with 1, 2 and 3 perfkernels threads: the same table and state, bit for
+    bit (a batch large enough for the update to be split across the pool)."""
+    import perfkernels
+    gen = torch.Generator().manual_seed(9)
+    rows, dim, B = 5000, 32, 400
+    batches = []
+    for _ in range(3):
+        ix, off = _bags(gen, rows, B, 60)
+        batches.append((ix, off, torch.randn(B, dim, generator=gen)))
+    results = []
+    before = perfkernels.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            perfkernels.set_num_threads(threads)
+            torch.manual_seed(0)
+            bag = pt.EmbeddingBag(rows, dim, mode="sum", dtype=torch.bfloat16,
+                                  fused_optimizer=(name, {"lr": 0.01, "stochastic_rounding": True}))
+            _train(bag, batches)
+            results.append(bag.state_dict())
+    finally:
+        perfkernels.set_num_threads(before)
+    for sd in results[1:]:
+        for k in sd:
+            assert torch.equal(sd[k], results[0][k]), k
