@@ -1,6 +1,6 @@
 """asv benchmarks: one training step's embedding part, embedding_bag_backward_update, beside
-PyTorch (nn.EmbeddingBag(sparse=True) backward + torch.optim.Adagrad step) and, where it imports,
-FBGEMM's CPU SplitTableBatchedEmbeddingBagsCodegen with EXACT_ROWWISE_ADAGRAD.
+PyTorch (nn.EmbeddingBag(sparse=True) backward + torch.optim.Adagrad / SparseAdam step) and,
+where it imports, FBGEMM's CPU SplitTableBatchedEmbeddingBagsCodegen with EXACT_ROWWISE_ADAGRAD.
 
 The ISA level comes from PERFKERNELS_ISA (asv.conf.json's matrix); inputs are seeded and built by
 perfkernels.families.training.bench.  Each benchmark updates its own copy of the table in place.
@@ -39,6 +39,12 @@ class TrainingStepOurs(TrainingStep):
     def time_rowwise_adagrad(self, shape):
         self._fns()["ours:rowwise_adagrad"]()
 
+    def time_adam(self, shape):
+        self._fns()["ours:adam"]()
+
+    def time_rowwise_adam(self, shape):
+        self._fns()["ours:rowwise_adam"]()
+
 
 class TrainingStepTorch(TrainingStep):
     which = ("torch",)
@@ -51,6 +57,9 @@ class TrainingStepTorch(TrainingStep):
 
     def time_torch_adagrad(self, shape):
         self.fns["torch"]()
+
+    def time_torch_sparse_adam(self, shape):
+        self.fns["torch:sparse_adam"]()
 
 
 class TrainingStepFbgemm(TrainingStep):

@@ -161,6 +161,28 @@ def _training(rng) -> list[Check]:
                                               weight_decay=kw["weight_decay"])
 
             out.append(Check("training", f"{optimizer} D={dim}", run, None, verify=verify))
+    for optimizer in ("adam", "rowwise_adam"):
+        for dim in DIMS:
+            weight0 = rng.standard_normal((50, dim)).astype(np.float32)
+            m0 = rng.standard_normal((50, dim)).astype(np.float32)
+            v0 = rng.random((50, dim) if optimizer == "adam" else 50).astype(np.float32)
+            indices, offsets, psw = _bag_inputs(rng, 50, 6)
+            grad = rng.standard_normal((offsets.size, dim)).astype(np.float32)
+            kw = dict(grad_output=grad, optimizer=optimizer, lr=0.1, eps=1e-8, weight_decay=0.01,
+                      per_sample_weights=psw, step=3)
+
+            def run(w0=weight0, m0=m0, v0=v0, i=indices, o=offsets, kw=kw):
+                w, m, v = w0.copy(), m0.copy(), v0.copy()
+                pk.embedding_bag_backward_update(w, i, o, state=(m, v), **kw)
+                return w, m, v
+
+            def verify(got, w0=weight0, m0=m0, v0=v0, i=indices, o=offsets, kw=kw):
+                exp = reference.embedding_bag_backward_adam(w0, i, o, state=(m0, v0), **kw)
+                for a, b in zip(got, (exp.weight, *exp.state)):
+                    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+                assert np.array_equal(got[0][~exp.touched], w0[~exp.touched])
+
+            out.append(Check("training", f"{optimizer} D={dim}", run, None, verify=verify))
     return out
 
 

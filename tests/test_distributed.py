@@ -29,7 +29,7 @@ from perfkernels.torch import distributed as pkd  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = [torch.float32, torch.float16, torch.bfloat16, 8, 4, 2]
 TYPES = [pkd.TABLE_WISE, pkd.ROW_WISE, pkd.TABLE_ROW_WISE, pkd.DATA_PARALLEL]
-OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad"]
+OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "rowwise_adam"]
 
 
 # ------------------------------------------------------------------------- the model under test
@@ -284,6 +284,9 @@ def check_training(world: int, rank: int, steps: int = 3) -> dict:
             (out * up[lo:hi] * world).sum().backward()
         for t in tables:
             a, b = plan_rows(ebc, t.name, rank)
+            if opt in ("adam", "rowwise_adam"):     # every rank counts every table's steps
+                assert int(ebc.embedding_bags[t.name].step) == steps == \
+                    int(ref.embedding_bags[t.name].step), f"rank {rank} {opt}: step of {t.name}"
             if b == a:
                 continue
             tol = dict(rtol=1e-5, atol=1e-6) if t.data_type is torch.float32 else \
@@ -295,6 +298,11 @@ def check_training(world: int, rank: int, steps: int = 3) -> dict:
                 assert_close(ebc.embedding_bags[t.name].momentum1,
                              ref.embedding_bags[t.name].momentum1[a:b],
                              f"rank {rank} {opt}: state of {t.name}", rtol=1e-4, atol=1e-5)
+            if opt in ("adam", "rowwise_adam"):
+                assert_close(ebc.embedding_bags[t.name].momentum2,
+                             ref.embedding_bags[t.name].momentum2[a:b],
+                             f"rank {rank} {opt}: second moment of {t.name}", rtol=1e-4,
+                             atol=1e-6)
         trained[opt] = (ebc, ref)
     return trained
 
@@ -354,6 +362,10 @@ def check_no_table_rank(world: int, rank: int) -> None:
 def save_trained(trained: dict, directory: Path, rank: int) -> None:
     """The row-wise Adagrad collection: a DCP checkpoint, the exported tables, and the
     single-process reference (its state_dict) to compare with after loading elsewhere."""
+    ebc, ref = trained["adam"]
+    pkd.save_checkpoint(ebc, directory / "ckpt_adam")
+    if rank == 0:
+        torch.save(ref.state_dict(), directory / "reference_adam.pt")
     ebc, ref = trained["rowwise_adagrad"]
     pkd.save_checkpoint(ebc, directory / "ckpt")
     exported = pkd.export_tables(ebc, directory / "tables.pt")
@@ -382,6 +394,7 @@ def check_load(directory: Path, world: int, rank: int) -> None:
             f"rank {rank}: {t.name} after loading"
         assert_close(ebc.embedding_bags[t.name].momentum1, reference[key + ".momentum1"][a:b],
                      f"rank {rank}: state of {t.name} after loading", rtol=1e-4, atol=1e-5)
+    check_load_adam(directory, world, rank)
     if rank == 0:
         # the full tables into a single-process collection, whatever the world here
         full = EmbeddingBagCollection(tables, fused_optimizer=spec)
@@ -392,6 +405,52 @@ def check_load(directory: Path, world: int, rank: int) -> None:
         for t in tables:
             assert torch.equal(full.embedding_bags[t.name].weight,
                                exported[f"embedding_bags.{t.name}.weight"]), t.name
+
+
+def check_load_adam(directory: Path, world: int, rank: int) -> None:
+    """The Adam collection saved on 2 ranks, loaded on this world's plan (resharded): tables,
+    both moments and the step counts are those saved, bit for bit (the checkpoint read whole into
+    an unsharded collection), and within float32 rounding of the single-process reference; then
+    the loaded collection and the reference train two more steps and still agree."""
+    import torch.distributed.checkpoint as dcp
+    tables = make_tables([torch.float32, torch.float16, torch.bfloat16])
+    spec = ("adam", {"lr": 0.05, "eps": 1e-3})
+    plan = pkd.plan(tables, world, batch_size=4, replicate_below=0)    # not the saved plan
+    ebc = pkd.ShardedEmbeddingBagCollection(tables, plan, fused_optimizer=spec, seed=99)
+    pkd.load_checkpoint(ebc, directory / "ckpt_adam")
+    saved = EmbeddingBagCollection(tables, fused_optimizer=spec)
+    state = {"model": saved.state_dict()}
+    dcp.load(state, checkpoint_id=str(directory / "ckpt_adam"), no_dist=True)
+    saved.load_state_dict(state["model"])
+    ref = EmbeddingBagCollection(tables, fused_optimizer=spec)
+    ref.load_state_dict(torch.load(directory / "reference_adam.pt"))
+    batch = 2 * world + 1
+    lo, hi = rank_slices(batch, world)[rank]
+    dims = sum(t.embedding_dim * len(t.feature_names) for t in tables)
+    for step in range(3):
+        for t in tables:
+            a, b = plan_rows(ebc, t.name, rank)
+            key = f"embedding_bags.{t.name}"
+            assert int(ebc.embedding_bags[t.name].step) == int(ref.embedding_bags[t.name].step) \
+                == 3 + step, f"rank {rank}: {key}.step"
+            if b == a:
+                continue
+            for field, atol in (("weight", 1e-5), ("momentum1", 1e-5), ("momentum2", 1e-6)):
+                got = getattr(ebc.embedding_bags[t.name], field)
+                if step == 0:
+                    assert torch.equal(got, getattr(saved.embedding_bags[t.name], field)[a:b]), \
+                        f"rank {rank}: {key}.{field} after loading"
+                want = getattr(ref.embedding_bags[t.name], field)[a:b]
+                if t.data_type is torch.float32 or field != "weight":
+                    assert_close(got, want, f"rank {rank}: {key}.{field} after {step} steps",
+                                 rtol=1e-4, atol=atol)
+        if step == 2:
+            break
+        keys, values, lengths, _ = global_batch(tables, batch, seed=500 + step)
+        up = torch.randn(batch, dims, generator=torch.Generator().manual_seed(50 + step))
+        (ref(local_kjt(keys, values, lengths, None, 0, batch)).values() * up).sum().backward()
+        out = ebc(local_kjt(keys, values, lengths, None, lo, hi)).values()
+        (out * up[lo:hi] * world).sum().backward()
 
 
 def worker(scenario: str, rank: int, world: int, directory: Path) -> None:

@@ -50,6 +50,22 @@ def test_dlrm_example_fused_optimizer_tracks_torch():
 
 
 @pytest.mark.skipif(not EXAMPLE.exists(), reason="examples/dlrm.py not found next to tests/")
+def test_dlrm_example_fused_adam_tracks_sparse_adam():
+    """--fused-optimizer adam: the tables updated during backward by the fused lazy Adam, against
+    torch.optim.SparseAdam on torch's sparse gradients; the loss curves must agree."""
+    spec = importlib.util.spec_from_file_location("dlrm_example", EXAMPLE)
+    dlrm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dlrm)
+    result = dlrm.run(dlrm.parse_args([
+        "--batch", "32", "--max-rows", "300", "--dim", "16", "--bag-size", "3",
+        "--train-steps", "40", "--infer-batches", "0", "--lr", "0.001",
+        "--fused-optimizer", "adam"]))
+    assert result["train"]["fused_optimizer"] == "adam"
+    assert result["train"]["max_loss_diff"] <= 1e-4
+    assert result["train"]["loss_last"] < result["train"]["loss_first"]
+
+
+@pytest.mark.skipif(not EXAMPLE.exists(), reason="examples/dlrm.py not found next to tests/")
 @pytest.mark.parametrize("model", ["rm1", "rm2", "rm3"])
 def test_dlrm_example_model_classes(model):
     """DeepRecSys's public configurations (tables x rows x dim, lookups, MLPs), at a tiny row cap:

@@ -94,14 +94,14 @@ def test_state_dict_round_trip_and_unfused():
 
 
 def test_bad_fused_optimizer():
-    with pytest.raises(ValueError, match="adam"):
-        pt.EmbeddingBag(5, 2, fused_optimizer=("adam", {"lr": 0.1}))
+    with pytest.raises(ValueError, match="nadam"):
+        pt.EmbeddingBag(5, 2, fused_optimizer=("nadam", {"lr": 0.1}))
     with pytest.raises(ValueError, match="learning rate"):
         pt.EmbeddingBag(5, 2, fused_optimizer=("sgd", {}))
     with pytest.raises(ValueError, match="lr"):
         pt.EmbeddingBag(5, 2, fused_optimizer=("sgd", {"lr": float("nan")}))
     with pytest.raises(ValueError, match="momentum"):
-        pt.EmbeddingBag(5, 2, fused_optimizer=("sgd", {"lr": 0.1, "momentum": 0.9}))
+        pt.EmbeddingBag(5, 2, fused_optimizer=("adagrad", {"lr": 0.1, "momentum": 0.9}))
     bag = pt.EmbeddingBag(5, 2, mode="sum", fused_optimizer=("sgd", {"lr": 0.1}))
     before = bag.weight.detach().clone()
     with pytest.raises(IndexError, match="not in the valid range"):

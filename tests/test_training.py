@@ -364,7 +364,7 @@ def _bad_cases():
         ("lr_negative", dict(lr=-0.1), ValueError, "lr = -0.1"),
         ("eps_nan", dict(eps=float("nan")), ValueError, "eps"),
         ("wd_negative", dict(weight_decay=-1.0), ValueError, "weight_decay"),
-        ("optimizer", dict(optimizer="adam"), ValueError, "optimizer"),
+        ("optimizer", dict(optimizer="nadam"), ValueError, "optimizer"),
         ("mode", dict(mode="max"), ValueError, "mode"),
         ("offsets", dict(offsets=np.array([1, 2])), ValueError, "offsets"),
         ("threads", dict(num_threads=0), ValueError, "num_threads"),

@@ -12,6 +12,18 @@
  *     adagrad:          g += weight_decay * w;  h += g * g (element-wise);   w -= lr * g / (sqrt(h) + eps)
  *     rowwise_adagrad:  g += weight_decay * w;  h += mean_d(g * g) (scalar); w -= lr * g / (sqrt(h) + eps)
  *
+ * and the Adam family and momentum, "lazy" (touched rows only; t is the table's step count, kept
+ * by the caller, which passes the per-step constants below):
+ *
+ *     adam:          g += weight_decay * w;  m += (1 - b1) (g - m);  v += (1 - b2) (g^2 - v);
+ *                    w -= step_size * m / (sqrt(v) + eps)      (torch.optim.SparseAdam)
+ *     adamw:         w *= decay; then adam's update without the L2 term   (torch.optim.AdamW order)
+ *     rowwise_adam:  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) mean_d(g^2) (scalar);
+ *                    w -= lr * (m / bias1 / (sqrt(v / bias2) + eps) + weight_decay * w)
+ *                    (FBGEMM PARTIAL_ROWWISE_ADAM)
+ *     momentum:      g += weight_decay * w;  b = momentum b + g;  w -= lr * b
+ *                    (nesterov: w -= lr * (g + momentum b))       (torch.optim.SGD, dampening 0)
+ *
  * and rounded back to the table type (nearest-even, or stochastically for 16-bit tables).
  *
  * Two steps:
@@ -44,7 +56,11 @@ extern "C" {
 typedef enum pk_optimizer {
     PK_OPT_SGD = 0,
     PK_OPT_ADAGRAD = 1,          /* state: rows x state_stride float32, D used per row */
-    PK_OPT_ROWWISE_ADAGRAD = 2   /* state: one float32 per row, row r at state[r * state_stride] */
+    PK_OPT_ROWWISE_ADAGRAD = 2,  /* state: one float32 per row, row r at state[r * state_stride] */
+    PK_OPT_ADAM = 3,             /* state: m, rows x state_stride; state2: v, rows x state2_stride */
+    PK_OPT_ROWWISE_ADAM = 4,     /* state: m, rows x state_stride; state2: v, one float32 per row */
+    PK_OPT_ADAMW = 5,            /* as PK_OPT_ADAM */
+    PK_OPT_MOMENTUM = 6          /* sgd with momentum; state: the momentum buffer, rows x state_stride */
 } pk_optimizer;
 
 typedef struct pk_sparse_optim {
@@ -54,6 +70,15 @@ typedef struct pk_sparse_optim {
     uint64_t seed;               /* stochastic rounding: bits are a hash of (seed, row, column) */
     float *state;                /* NULL for sgd */
     int64_t state_stride;        /* floats between the state of row r and row r + 1 */
+    /* the Adam family and momentum (unused by the others) */
+    float *state2;               /* adam family: the second moment v */
+    int64_t state2_stride;       /* floats between v of row r and row r + 1 */
+    float beta1, beta2;          /* adam family */
+    float bias1, bias2;          /* rowwise_adam: 1 - beta1^t, 1 - beta2^t (t: the step count) */
+    float step_size;             /* adam, adamw: lr * sqrt(1 - beta2^t) / (1 - beta1^t) */
+    float decay;                 /* adamw: 1 - lr * weight_decay */
+    float momentum;              /* momentum */
+    int nesterov;                /* momentum: Nesterov's form */
 } pk_sparse_optim;
 
 /* The workspace of one call, n = bags->n_indices entries (sizes in elements). */

@@ -169,7 +169,8 @@ class EmbeddingBagCollection(torch.nn.Module):
     default; set ``module.embedding_bags[name].sparse = True`` for COO gradients), or with
     ``fused_optimizer=("rowwise_adagrad", {"lr": ..., "eps": ...})`` every table is updated during
     backward and returns no gradient (FBGEMM's fused table-batched embeddings), its optimizer state
-    in ``state_dict`` as ``embedding_bags.<table name>.momentum1``.  A table shared by several
+    in ``state_dict`` as ``embedding_bags.<table name>.momentum1`` (the Adam family also
+    ``momentum2`` and the table's step count ``step``).  A table shared by several
     features is looked up once for all of them, so it is updated once per step with every
     feature's rows (duplicates across features summed first, as FBGEMM's exact optimizers do).
     ``placement=`` places every table (see :class:`EmbeddingBag`).

@@ -59,10 +59,12 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     consumed it (e.g. a fused optimizer updating the table during backward).
 
     ``fused_optimizer=("rowwise_adagrad", {"lr": 0.01, "eps": 1e-8})`` (or ``"adagrad"``,
-    ``"sgd"``; also :meth:`set_fused_optimizer`) makes backward update the table in place with
+    ``"sgd"`` (with ``momentum``), ``"adam"``, ``"rowwise_adam"``, ``"adamw"``; also
+    :meth:`set_fused_optimizer`) makes backward update the table in place with
     :func:`perfkernels.embedding_bag_backward_update` instead of returning a gradient for it
     (FBGEMM's fused table-batched embeddings work this way): ``weight.grad`` stays None, and the
-    optimizer state is the buffer ``momentum1``, saved in ``state_dict``.  Eager mode, CPU
+    optimizer state is the buffer ``momentum1`` (the Adam family also ``momentum2`` and
+    ``step``), saved in ``state_dict``.  Eager mode, CPU
     tables; under ``torch.compile`` the registered op gives the usual dense gradient instead.
     """
 
@@ -104,7 +106,7 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         _fused.enable(self, spec)
 
     def _fused_weight_backward(self, b: _bags.BagBackward) -> None:
-        self.fused_optimizer.update(self.weight, self._buffers.get("momentum1"), b)
+        self.fused_optimizer.update(self.weight, self._buffers, b)
         return None
 
     def forward(self, input: Tensor, offsets: Optional[Tensor] = None,

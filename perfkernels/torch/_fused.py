@@ -5,9 +5,12 @@ and no gradient is returned for it.
     bag = perfkernels.torch.EmbeddingBag(1000, 64, mode="sum",
                                          fused_optimizer=("rowwise_adagrad", {"lr": 0.01}))
 
-The optimizer state lives in the module as the buffer ``momentum1`` (float32 ``[rows]`` for
-``"rowwise_adagrad"``, ``[rows, D]`` for ``"adagrad"``, none for ``"sgd"``), so it is part of
-``state_dict`` and is saved and loaded with the table.  The other parameters of the model are
+The optimizer state lives in the module as buffers, so it is part of ``state_dict`` and is saved
+and loaded with the table: ``momentum1`` (float32 ``[rows]`` for ``"rowwise_adagrad"``,
+``[rows, D]`` for ``"adagrad"``, the first moment ``m`` of the Adam family, the momentum buffer of
+``"sgd"`` with ``momentum``; none for plain ``"sgd"``), ``momentum2`` (the Adam family's second
+moment ``v``: ``[rows, D]``, ``[rows]`` for ``"rowwise_adam"``) and ``step`` (the Adam family's
+step count of this table, an int64 scalar, as ``torch.optim.SparseAdam``'s ``state["step"]``).  The other parameters of the model are
 untouched: give them a torch optimizer as usual (the table's ``.grad`` stays None, so a torch
 optimizer that also holds the table skips it).
 """
@@ -24,8 +27,13 @@ import perfkernels as pk
 from . import _placement
 from ._bridge import as_numpy, index_error
 
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
-_OPTIONS = {"lr", "eps", "weight_decay", "stochastic_rounding", "initial_accumulator_value"}
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "rowwise_adam", "adamw")
+#: the optimizers with two moments and a step count
+ADAM_FAMILY = ("adam", "rowwise_adam", "adamw")
+_OPTIONS = {"lr", "eps", "weight_decay", "stochastic_rounding", "initial_accumulator_value",
+            "betas", "momentum", "nesterov"}
+#: the state buffers a fused optimizer may keep in its module
+STATE_BUFFERS = ("momentum1", "momentum2", "step")
 
 #: What ``fused_optimizer=`` accepts: ``(name, {"lr": ..., ...})``, a name alone is not enough
 #: (lr has no default), or a :class:`FusedOptimizer`.
@@ -53,14 +61,40 @@ def _float32_option(options: Mapping[str, Any], key: str, default: Optional[floa
     return v
 
 
+def _betas_option(options: Mapping[str, Any]) -> Tuple[float, float]:
+    """``options["betas"]`` (default (0.9, 0.999)): a pair of real numbers in [0, 1)."""
+    betas = options.get("betas", (0.9, 0.999))
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError):
+        raise TypeError(f"fused optimizer option betas must be a pair (beta1, beta2); got "
+                        f"{betas!r}") from None
+    out = []
+    for i, b in enumerate((b1, b2)):
+        if isinstance(b, (bool, str, bytes)) or not hasattr(type(b), "__float__"):
+            raise TypeError(f"fused optimizer option betas[{i}] must be a real number; got "
+                            f"{type(b).__name__}")
+        try:
+            value = float(b)
+        except OverflowError:
+            value = math.inf
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"fused optimizer option betas[{i}] = {b} must be in [0, 1)")
+        out.append(float(b))
+    return out[0], out[1]
+
+
 class FusedOptimizer:
     """A sparse optimizer applied to an embedding table during backward.
 
-    ``name``: ``"sgd"``, ``"adagrad"`` (element-wise state, ``torch.optim.Adagrad``'s update) or
-    ``"rowwise_adagrad"`` (one state value per row, FBGEMM's ``EXACT_ROWWISE_ADAGRAD``).
-    Options: ``lr`` (required), ``eps`` (default 1e-8), ``weight_decay`` (0),
-    ``stochastic_rounding`` (False; float16 / bfloat16 tables), ``initial_accumulator_value``
-    (0; the starting state of the adagrad variants).  The formulas are those of
+    ``name``: ``"sgd"``, ``"adagrad"`` (element-wise state, ``torch.optim.Adagrad``'s update),
+    ``"rowwise_adagrad"`` (one state value per row, FBGEMM's ``EXACT_ROWWISE_ADAGRAD``),
+    ``"adam"`` (``torch.optim.SparseAdam``'s lazy update), ``"rowwise_adam"`` (FBGEMM's
+    PARTIAL_ROWWISE_ADAM: one second moment per row) or ``"adamw"`` (decoupled weight decay).
+    Options: ``lr`` (required), ``eps`` (default 1e-8; > 0 for the Adam family),
+    ``weight_decay`` (0), ``stochastic_rounding`` (False; float16 / bfloat16 tables),
+    ``initial_accumulator_value`` (0; the starting state of the adagrad variants), ``betas``
+    ((0.9, 0.999); the Adam family), ``momentum`` (0) and ``nesterov`` (False) (``"sgd"`` only).  The formulas are those of
     :func:`perfkernels.embedding_bag_backward_update`.
     """
 
@@ -81,6 +115,28 @@ class FusedOptimizer:
         self.weight_decay = _float32_option(options, "weight_decay", 0.0)
         self.stochastic_rounding = bool(options.get("stochastic_rounding", False))
         self.initial_accumulator_value = _float32_option(options, "initial_accumulator_value", 0.0)
+        self.betas = _betas_option(options)
+        self.momentum = _float32_option(options, "momentum", 0.0)
+        nesterov = options.get("nesterov", False)
+        if not isinstance(nesterov, bool):
+            raise TypeError(f"fused optimizer option nesterov must be a bool; got "
+                            f"{type(nesterov).__name__}")
+        self.nesterov = nesterov
+        if name != "sgd" and (self.momentum != 0 or nesterov):
+            raise ValueError(f"fused optimizer options momentum and nesterov belong to 'sgd'; "
+                             f"got them with {name!r}")
+        if nesterov and self.momentum == 0:
+            raise ValueError("fused optimizer option nesterov=True needs momentum > 0")
+        if name in ADAM_FAMILY:
+            if self.eps <= 0:
+                raise ValueError(f"fused optimizer option eps = {self.eps} must be > 0 for "
+                                 f"{name!r}")
+            if not set(options) <= {"lr", "eps", "weight_decay", "stochastic_rounding", "betas"}:
+                raise ValueError(f"fused optimizer {name!r} takes lr, eps, weight_decay, betas "
+                                 f"and stochastic_rounding; got {sorted(options)}")
+        elif "betas" in options:
+            raise ValueError(f"fused optimizer option betas belongs to the Adam family; got it "
+                             f"with {name!r}")
         self._step = 0
 
     @classmethod
@@ -98,25 +154,57 @@ class FusedOptimizer:
         return cls(name, options)
 
     def options(self) -> dict:
-        return {"lr": self.lr, "eps": self.eps, "weight_decay": self.weight_decay,
-                "stochastic_rounding": self.stochastic_rounding,
-                "initial_accumulator_value": self.initial_accumulator_value}
+        out = {"lr": self.lr, "eps": self.eps, "weight_decay": self.weight_decay,
+               "stochastic_rounding": self.stochastic_rounding}
+        if self.name in ADAM_FAMILY:
+            out["betas"] = self.betas
+        else:
+            out["initial_accumulator_value"] = self.initial_accumulator_value
+        if self.name == "sgd":
+            out.update(momentum=self.momentum, nesterov=self.nesterov)
+        return out
 
     def __repr__(self) -> str:
         return f"FusedOptimizer({self.name!r}, {self.options()})"
 
     def initial_state(self, weight: Tensor) -> Optional[Tensor]:
-        """The state for a table like ``weight`` (None for sgd)."""
-        rows, dim = weight.shape
-        if self.name == "sgd":
-            return None
-        shape = (rows, dim) if self.name == "adagrad" else (rows,)
-        return torch.full(shape, self.initial_accumulator_value, dtype=torch.float32,
-                          device=weight.device)
+        """The first state buffer (``momentum1``) for a table like ``weight`` (None for plain
+        sgd); :meth:`initial_buffers` gives every buffer."""
+        return self.initial_buffers(weight).get("momentum1")
 
-    def update(self, weight: Tensor, state: Optional[Tensor], b) -> None:
-        """Step ``weight`` (and ``state``) in place for the lookup ``b`` (a
+    def initial_buffers(self, weight: Tensor) -> dict:
+        """The state buffers for a table like ``weight``: ``{"momentum1": ..., "momentum2":
+        ..., "step": ...}``, those this optimizer keeps (none for plain sgd)."""
+        rows, dim = weight.shape
+        dev = weight.device
+        if self.name == "sgd":
+            if self.momentum == 0:
+                return {}
+            return {"momentum1": torch.zeros((rows, dim), dtype=torch.float32, device=dev)}
+        if self.name in ADAM_FAMILY:
+            v_shape = (rows,) if self.name == "rowwise_adam" else (rows, dim)
+            return {"momentum1": torch.zeros((rows, dim), dtype=torch.float32, device=dev),
+                    "momentum2": torch.zeros(v_shape, dtype=torch.float32, device=dev),
+                    "step": torch.zeros((), dtype=torch.int64, device=dev)}
+        shape = (rows, dim) if self.name == "adagrad" else (rows,)
+        return {"momentum1": torch.full(shape, self.initial_accumulator_value,
+                                        dtype=torch.float32, device=dev)}
+
+    def skip(self, buffers: Mapping[str, Tensor]) -> None:
+        """Count a step in which this table had no rows to update (a rank of a sharded
+        collection that holds none of its rows), so every holder of the table keeps the same
+        step count."""
+        step = buffers.get("step")
+        if step is not None:
+            with torch.no_grad():
+                step.add_(1)
+
+    def update(self, weight: Tensor, state: Any, b) -> None:
+        """Step ``weight`` (and the state) in place for the lookup ``b`` (a
         :class:`~perfkernels.torch._bags.BagBackward`), called from the lookup's backward.
+        ``state``: the module's buffers (a mapping holding ``momentum1``, ``momentum2``,
+        ``step`` as this optimizer needs), or ``momentum1`` alone (a tensor or None) for the
+        optimizers without a second moment.
 
         The step is deferred to the end of the backward pass (an autograd engine callback), so
         every gradient of the pass, that of ``per_sample_weights`` of each use of a module used
@@ -131,8 +219,26 @@ class FusedOptimizer:
             torch.autograd.Variable._execution_engine.queue_callback(
                 lambda: self._step_now(weight, state, b))
 
-    def _step_now(self, weight: Tensor, state: Optional[Tensor], b) -> None:
-        self._step += 1
+    def _step_now(self, weight: Tensor, state: Any, b) -> None:
+        buffers = state if isinstance(state, Mapping) else {"momentum1": state}
+        m1 = buffers.get("momentum1")
+        extra: dict = {}
+        step = None
+        if self.name in ADAM_FAMILY:
+            m2, step = buffers.get("momentum2"), buffers.get("step")
+            if m1 is None or m2 is None or step is None:
+                raise RuntimeError(f"fused optimizer {self.name!r} needs the buffers momentum1, "
+                                   "momentum2 and step")
+            t = int(step) + 1
+            extra = dict(step=t, betas=self.betas)
+            np_state: Any = (as_numpy(m1), as_numpy(m2))
+            seed = t    # the table's own count: a state_dict round trip keeps the rounding bits
+        else:
+            self._step += 1
+            seed = self._step
+            np_state = None if m1 is None else as_numpy(m1)
+            if self.name == "sgd" and self.momentum != 0:
+                extra = dict(momentum=self.momentum, nesterov=self.nesterov)
         grad = b.grad_output
         if grad.dtype is not torch.float32:
             grad = grad.float()
@@ -144,14 +250,17 @@ class FusedOptimizer:
                 as_numpy(weight), as_numpy(b.indices),
                 None if b.offsets is None else as_numpy(b.offsets),
                 grad_output=as_numpy(grad), optimizer=self.name,
-                state=None if state is None else as_numpy(state), lr=self.lr, eps=self.eps,
+                state=np_state, lr=self.lr, eps=self.eps,
                 weight_decay=self.weight_decay,
                 per_sample_weights=None if psw is None else as_numpy(psw), mode=b.mode,
                 include_last_offset=b.include_last_offset, padding_idx=b.padding_idx,
                 stochastic_rounding=self.stochastic_rounding,
-                seed=self._step)   # reproducible runs; a new seed every step
+                seed=seed, **extra)   # reproducible runs; a new seed every step
         except IndexError as exc:
             raise index_error(exc) from None
+        if step is not None:
+            with torch.no_grad():
+                step.fill_(extra["step"])     # counted once the update is done
 
 
 def _delivers_gradient(node: Any) -> bool:
@@ -169,18 +278,16 @@ def _delivers_gradient(node: Any) -> bool:
 
 def enable(module: torch.nn.Module, spec: Optional[FusedOptimizerSpec]) -> None:
     """Give an embedding module (our EmbeddingBag) a fused optimizer, or remove it (None)."""
+    for name in STATE_BUFFERS:
+        if name in module._buffers:
+            del module._buffers[name]
     if spec is None:
         module.fused_optimizer = None
         module.weight_backward = None
-        if "momentum1" in module._buffers:
-            del module._buffers["momentum1"]
         return
     opt = FusedOptimizer.from_spec(spec)
     module.fused_optimizer = opt
-    state = opt.initial_state(module.weight)
-    if state is not None:
-        module.register_buffer("momentum1", state)
-        _placement.place_state_like_weight(module)
-    elif "momentum1" in module._buffers:
-        del module._buffers["momentum1"]
+    for name, buf in opt.initial_buffers(module.weight).items():
+        module.register_buffer(name, buf)
+    _placement.place_state_like_weight(module)
     module.weight_backward = module._fused_weight_backward

@@ -21,7 +21,7 @@ from .. import _placement
 from .._placement import check_placement, placement_of  # noqa: F401  (re-exported)
 
 #: module attributes holding tables (parameters or buffers) that placement moves
-TABLE_ATTRIBUTES = ("weight", "packed_weight", "momentum1")
+TABLE_ATTRIBUTES = ("weight", "packed_weight", "momentum1", "momentum2")
 
 
 def placed_tensor(t: Tensor, placement: str = "auto") -> Optional[Tensor]:
@@ -61,6 +61,7 @@ def place_state_like_weight(module: torch.nn.Module) -> None:
     state is read and written at the same rows as the table)."""
     if placement_of(module.weight) is not None:
         place_tensor_attr(module, "momentum1", "auto")
+        place_tensor_attr(module, "momentum2", "auto")
 
 
 #: The module classes whose tables :func:`place` places: torch's own embedding modules, and

@@ -15,7 +15,8 @@ from perfkernels._c_common cimport pk_status
 from perfkernels._c_bags cimport pk_bags
 from perfkernels._c_parallel cimport pk_parallel_threads_for, PK_PARALLEL_BLOCKS_PER_THREAD
 from perfkernels.families.training._c_training cimport (pk_sparse_optim, pk_training_work, PK_OPT_SGD,
-                                      PK_OPT_ADAGRAD, PK_OPT_ROWWISE_ADAGRAD,
+                                      PK_OPT_ADAGRAD, PK_OPT_ROWWISE_ADAGRAD, PK_OPT_ADAM,
+                                      PK_OPT_ROWWISE_ADAM, PK_OPT_ADAMW, PK_OPT_MOMENTUM,
                                       pk_training_update_fn, pk_training_kernels,
                                       pk_training_table, pk_training_group, pk_training_histogram,
                                       pk_training_fits)
@@ -32,7 +33,10 @@ cdef const pk_training_kernels *_kernels = NULL
 cdef int BF16_NUM = np.dtype(ml_dtypes.bfloat16).num
 cdef str _TABLE_ACCEPTED = "float32, float16 or bfloat16 (ml_dtypes.bfloat16)"
 cdef dict _OPTIMIZERS = {"sgd": PK_OPT_SGD, "adagrad": PK_OPT_ADAGRAD,
-                         "rowwise_adagrad": PK_OPT_ROWWISE_ADAGRAD}
+                         "rowwise_adagrad": PK_OPT_ROWWISE_ADAGRAD, "adam": PK_OPT_ADAM,
+                         "rowwise_adam": PK_OPT_ROWWISE_ADAM, "adamw": PK_OPT_ADAMW}
+#: the optimizers that keep a step count and two moments
+ADAM_FAMILY = ("adam", "rowwise_adam", "adamw")
 
 
 def _set_isa(int level):
@@ -93,41 +97,83 @@ cdef cnp.ndarray _table_in_place(object weight):
     return a
 
 
-cdef cnp.ndarray _state_in_place(object state, str optimizer, int64_t rows, int64_t dim,
-                                 cnp.ndarray table):
-    """The optimizer state for `optimizer`, checked: None for sgd; float32 [rows, D] (adagrad) or
-    [rows] (rowwise_adagrad), writeable, aligned, unit stride along D."""
+cdef cnp.ndarray _state_part(object state, str name, str optimizer, bint full, int64_t rows,
+                            int64_t dim, cnp.ndarray table):
+    """One optimizer state array, checked: float32 [rows, D] (full) or [rows], writeable,
+    aligned, unit stride along D, its rows apart, not sharing memory with the table."""
     cdef cnp.ndarray s
-    cdef tuple shape
-    if optimizer == "sgd":
-        if state is not None:
-            raise ValueError("optimizer='sgd' keeps no state: state must be None")
-        return None
-    shape = (rows, dim) if optimizer == "adagrad" else (<object>rows,)
-    what = "float32 [rows, D]" if optimizer == "adagrad" else "float32 [rows]"
-    if state is None:
-        raise ValueError(f"optimizer={optimizer!r} needs state, a {what} array (zeros to start)")
+    shape = (rows, dim) if full else (<object>rows,)
+    what = "float32 [rows, D]" if full else "float32 [rows]"
     if not cnp.PyArray_Check(state):
-        raise TypeError(f"state must be a numpy.ndarray ({what}, updated in place); got "
+        raise TypeError(f"{name} must be a numpy.ndarray ({what}, updated in place); got "
                         f"{type(state).__name__}")
     s = <cnp.ndarray>state
     if cnp.PyArray_TYPE(s) != cnp.NPY_FLOAT32:
-        raise TypeError(f"state must have dtype float32; got {s.dtype}")
+        raise TypeError(f"{name} must have dtype float32; got {s.dtype}")
     if (<object>s).shape != shape:
-        raise ValueError(f"state has shape {(<object>s).shape}; optimizer={optimizer!r} needs "
+        raise ValueError(f"{name} has shape {(<object>s).shape}; optimizer={optimizer!r} needs "
                          f"{shape} ({what})")
     if not cnp.PyArray_ISWRITEABLE(s):
-        raise ValueError("state is read-only: it is updated in place")
+        raise ValueError(f"{name} is read-only: it is updated in place")
     if not (cnp.PyArray_ISALIGNED(s) and cnp.PyArray_ISNOTSWAPPED(s)
             and (cnp.PyArray_SIZE(s) == 0 or (
                 cnp.PyArray_STRIDE(s, 0) >= 0 and cnp.PyArray_STRIDE(s, 0) % 4 == 0
-                and (optimizer != "adagrad" or cnp.PyArray_STRIDE(s, 1) == 4 or dim <= 1)))):
-        raise ValueError(f"state must be aligned, native byte order, with unit stride along D "
+                and (not full or cnp.PyArray_STRIDE(s, 1) == 4 or dim <= 1)))):
+        raise ValueError(f"{name} must be aligned, native byte order, with unit stride along D "
                          f"(it is updated in place); got strides {(<object>s).strides}")
-    _check_rows_apart(s, "state")
+    _check_rows_apart(s, name)
     if rows > 0 and dim > 0 and np.may_share_memory(s, table):
-        raise ValueError("state shares memory with weight")
+        raise ValueError(f"{name} shares memory with weight")
     return s
+
+
+cdef cnp.ndarray _state_in_place(object state, str optimizer, int64_t rows, int64_t dim,
+                                 cnp.ndarray table, bint momentum):
+    """The optimizer state for `optimizer`, checked: None for sgd (without momentum); float32
+    [rows, D] (adagrad, sgd with momentum) or [rows] (rowwise_adagrad)."""
+    if optimizer == "sgd" and not momentum:
+        if state is not None:
+            raise ValueError("optimizer='sgd' keeps no state without momentum: state must be None")
+        return None
+    full = optimizer != "rowwise_adagrad"
+    what = "float32 [rows, D]" if full else "float32 [rows]"
+    if state is None:
+        raise ValueError(f"optimizer={optimizer!r}{' with momentum' if momentum else ''} needs "
+                         f"state, a {what} array (zeros to start)")
+    return _state_part(state, "state", optimizer, full, rows, dim, table)
+
+
+cdef tuple _adam_state(object state, str optimizer, int64_t rows, int64_t dim,
+                       cnp.ndarray table):
+    """(m, v) of the Adam family, checked: m float32 [rows, D]; v float32 [rows, D], or [rows]
+    for rowwise_adam; m and v apart."""
+    what = ("(m, v), float32 [rows, D] and [rows]" if optimizer == "rowwise_adam"
+            else "(m, v), both float32 [rows, D]")
+    if state is None:
+        raise ValueError(f"optimizer={optimizer!r} needs state, a pair {what} (zeros to start)")
+    if not isinstance(state, (tuple, list)) or len(state) != 2:
+        raise TypeError(f"optimizer={optimizer!r} needs state, a pair {what}; got "
+                        f"{type(state).__name__}")
+    m = _state_part(state[0], "state[0] (m)", optimizer, True, rows, dim, table)
+    v = _state_part(state[1], "state[1] (v)", optimizer, optimizer != "rowwise_adam", rows, dim,
+                    table)
+    if rows > 0 and dim > 0 and np.may_share_memory(m, v):
+        raise ValueError("state[0] (m) and state[1] (v) share memory")
+    return m, v
+
+
+cdef double _beta(object value, str name) except? -1:
+    """A beta of the Adam family: a real number in [0, 1)."""
+    cdef double v
+    if isinstance(value, (bool, np.bool_, str, bytes)) or not hasattr(type(value), "__float__"):
+        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
+    try:
+        v = float(value)
+    except OverflowError:   # an int past double's range
+        raise ValueError(f"{name} = {value} must be in [0, 1)") from None
+    if not (0.0 <= v < 1.0):
+        raise ValueError(f"{name} = {v} must be in [0, 1)")
+    return v
 
 
 cdef float _finite(object value, str name) except? -1:
@@ -149,6 +195,39 @@ cdef float _finite(object value, str name) except? -1:
     if v > FLT_MAX:   # the kernels compute in float32: it would become inf there
         raise ValueError(f"{name} = {v} is too large for float32 (at most {FLT_MAX:.7g})")
     return <float>v
+
+
+cdef int _adam_constants(pk_sparse_optim *opt, str optimizer, object lr, object weight_decay,
+                         object step, object betas) except -1:
+    """The Adam family's per-step constants (computed in float64, as torch does, then float32)."""
+    cdef double b1, b2, bias1, bias2, t
+    if step is None:
+        raise ValueError(f"optimizer={optimizer!r} needs step, the table's step count including "
+                         "this update (1 for the first)")
+    if isinstance(step, (bool, np.bool_)):
+        raise TypeError(f"step must be an integer; got {type(step).__name__}")
+    try:
+        step = operator.index(step)
+    except TypeError as exc:
+        raise TypeError(f"step must be an integer; got {type(step).__name__}") from exc
+    if step < 1:
+        raise ValueError(f"step = {step} must be >= 1 (the count including this update)")
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise TypeError(f"betas must be a pair (beta1, beta2); got {betas!r}")
+    b1 = _beta(betas[0], "betas[0]")
+    b2 = _beta(betas[1], "betas[1]")
+    if opt.eps <= 0:
+        raise ValueError(f"eps = {opt.eps} must be > 0 for optimizer={optimizer!r}")
+    t = <double>step if step < 2**53 else 2.0**53
+    bias1 = 1.0 - b1 ** t
+    bias2 = 1.0 - b2 ** t
+    opt.beta1 = <float>b1
+    opt.beta2 = <float>b2
+    opt.bias1 = <float>bias1
+    opt.bias2 = <float>bias2
+    opt.step_size = <float>(float(lr) * math.sqrt(bias2) / bias1)
+    opt.decay = <float>(1.0 - float(lr) * float(weight_decay)) if optimizer == "adamw" else 1.0
+    return 0
 
 
 ctypedef struct _update_ctx:
@@ -207,8 +286,11 @@ cdef int64_t _split_groups(const pk_training_work *work, int64_t tasks,
 def embedding_bag_backward_update(
     weight: TableArray, indices: IndexArray, offsets: IndexArray | None = None, *,
     grad_output: Float32Array,
-    optimizer: Literal["sgd", "adagrad", "rowwise_adagrad"] = "sgd",
-    state: Float32Array | None = None, lr: float, eps: float = 1e-8, weight_decay: float = 0.0,
+    optimizer: Literal["sgd", "adagrad", "rowwise_adagrad", "adam", "rowwise_adam",
+                       "adamw"] = "sgd",
+    state: Float32Array | tuple[Float32Array, Float32Array] | None = None, lr: float,
+    eps: float = 1e-8, weight_decay: float = 0.0, step: int | None = None,
+    betas: tuple[float, float] = (0.9, 0.999), momentum: float = 0.0, nesterov: bool = False,
     lengths: IndexArray | None = None, per_sample_weights: npt.ArrayLike | None = None,
     mode: Mode = "sum", include_last_offset: bool = False, padding_idx: int | None = None,
     positional_weights: bool = False, num_threads: int | None = None,
@@ -232,6 +314,22 @@ def embedding_bag_backward_update(
     - ``"rowwise_adagrad"`` (one moment per row, caffe2 RowWiseSparseAdagrad, FBGEMM
       EXACT_ROWWISE_ADAGRAD): ``g += weight_decay * w; h += mean(g * g); w -= lr * g / (sqrt(h) + eps)``
 
+    The Adam family and momentum update the touched rows only ("lazy", as
+    ``torch.optim.SparseAdam``); ``step`` is the table's step count t including this update
+    (1 for the first; the caller keeps it, one count per table, as SparseAdam's
+    ``state["step"]``), ``b1, b2 = betas``:
+
+    - ``"adam"`` (exactly ``torch.optim.SparseAdam``; ``weight_decay`` as ``torch.optim.Adam``'s
+      L2 term ``g += weight_decay * w``): ``m += (1 - b1) (g - m); v += (1 - b2) (g * g - v);
+      w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)``
+    - ``"adamw"``: decoupled weight decay on the touched rows, ``torch.optim.AdamW``'s order:
+      ``w *= 1 - lr * weight_decay``, then ``"adam"``'s update without the L2 term
+    - ``"rowwise_adam"`` (FBGEMM PARTIAL_ROWWISE_ADAM: ``m`` per element, ``v`` one value per row):
+      ``m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) mean(g * g);
+      w -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * w)``
+    - ``"sgd"`` with ``momentum > 0`` (``torch.optim.SGD``, dampening 0): ``g += weight_decay * w;
+      b = momentum b + g; w -= lr * b`` (``nesterov``: ``w -= lr * (g + momentum b)``)
+
     Where caffe2 and FBGEMM differ we follow FBGEMM: ``lr`` is positive and subtracted (caffe2
     passes a negative rate and adds), and weight decay is FBGEMM's L2 mode, added to the gradient
     before the moment (caffe2's SparseAdagrad applies no decay; caffe2's row-wise form matches).
@@ -253,15 +351,25 @@ def embedding_bag_backward_update(
         The bags, exactly as for :func:`perfkernels.embedding_bag`.
     grad_output : ndarray [num_bags, D] of float32
         The gradient of the loss with respect to the bags' output.
-    optimizer : {"sgd", "adagrad", "rowwise_adagrad"}
-    state : ndarray of float32 or None
-        The optimizer state, updated in place: None for ``"sgd"``, ``[rows, D]`` for
-        ``"adagrad"``, ``[rows]`` for ``"rowwise_adagrad"`` (start from zeros, or
-        ``initial_accumulator_value`` as torch does).
+    optimizer : {"sgd", "adagrad", "rowwise_adagrad", "adam", "rowwise_adam", "adamw"}
+    state : ndarray of float32, a pair of them, or None
+        The optimizer state, updated in place: None for ``"sgd"`` (its momentum buffer
+        ``[rows, D]`` with ``momentum > 0``), ``[rows, D]`` for ``"adagrad"``, ``[rows]`` for
+        ``"rowwise_adagrad"`` (start from zeros, or ``initial_accumulator_value`` as torch does),
+        ``(m, v)`` for the Adam family: ``m`` ``[rows, D]``, ``v`` ``[rows, D]`` (``[rows]`` for
+        ``"rowwise_adam"``), zeros to start.
     lr : float
         Learning rate, finite and >= 0.
+    step : int
+        The Adam family: this update's step count t (>= 1), for the bias corrections.
+    betas : (float, float)
+        The Adam family: ``(b1, b2)``, each in [0, 1) (default torch's (0.9, 0.999)).
+    momentum : float
+        ``"sgd"`` only: the momentum, finite and >= 0 (0: plain sgd, no state).
+    nesterov : bool
+        ``"sgd"`` with ``momentum > 0`` only: Nesterov momentum.
     eps : float
-        Added to ``sqrt(h)`` (adagrad variants), finite and >= 0.  torch.optim.Adagrad's default is
+        Added to ``sqrt(h)`` (adagrad variants), finite and >= 0 (> 0 for the Adam family).  torch.optim.Adagrad's default is
         1e-10, FBGEMM's 1e-8.
     weight_decay : float
         L2 penalty, finite and >= 0, applied to the touched rows only.
@@ -337,7 +445,33 @@ def embedding_bag_backward_update(
     opt.lr = _finite(lr, "lr")
     opt.eps = _finite(eps, "eps")
     opt.weight_decay = _finite(weight_decay, "weight_decay")
-    st = _state_in_place(state, optimizer, rows, dim, table)
+    opt.momentum = _finite(momentum, "momentum")
+    opt.nesterov = 0
+    opt.beta1 = opt.beta2 = opt.bias1 = opt.bias2 = opt.step_size = opt.decay = 0.0
+    opt.state2 = NULL
+    opt.state2_stride = 0
+    if not isinstance(nesterov, (bool, np.bool_)):
+        raise TypeError(f"nesterov must be a bool; got {type(nesterov).__name__}")
+    if optimizer != "sgd" and (opt.momentum != 0 or nesterov):
+        raise ValueError(f"momentum and nesterov are options of optimizer='sgd'; got "
+                         f"momentum={momentum}, nesterov={nesterov} with optimizer={optimizer!r}")
+    if nesterov and opt.momentum == 0:
+        raise ValueError("nesterov=True needs momentum > 0")
+    if optimizer == "sgd" and opt.momentum != 0:
+        opt.optimizer = PK_OPT_MOMENTUM
+        opt.nesterov = 1 if nesterov else 0
+    if optimizer in ADAM_FAMILY:
+        _adam_constants(&opt, optimizer, lr, weight_decay, step, betas)
+        m, v = _adam_state(state, optimizer, rows, dim, table)
+        st = m
+        opt.state2 = <float *>cnp.PyArray_DATA(v)
+        opt.state2_stride = cnp.PyArray_STRIDE(v, 0) // 4
+    else:
+        if step is not None:
+            raise ValueError(f"step is an option of the Adam family; optimizer={optimizer!r} "
+                             "keeps no step count")
+        st = _state_in_place(state, optimizer, rows, dim, table, opt.momentum != 0)
+        v = None
     opt.state = NULL if st is None else <float *>cnp.PyArray_DATA(st)
     opt.state_stride = 0 if st is None else cnp.PyArray_STRIDE(st, 0) // 4
     threads = resolve_threads(num_threads)
@@ -358,7 +492,8 @@ def embedding_bag_backward_update(
         raise ValueError(f"grad_output has shape {(<object>grad).shape}; expected "
                          f"{(bags.num_bags, dim)} ([num_bags, D])")
     if grad is grad_output and bags.num_bags > 0 and dim > 0 and (
-            np.may_share_memory(grad, table) or (st is not None and np.may_share_memory(grad, st))):
+            np.may_share_memory(grad, table) or (st is not None and np.may_share_memory(grad, st))
+            or (v is not None and np.may_share_memory(grad, v))):
         grad = grad.copy()   # it is read while rows are written
     grad_stride = dim
     n = bags.n_indices

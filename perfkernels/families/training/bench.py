@@ -10,7 +10,11 @@ a 100k-row table, B 256, L 40.  Baselines, on the same table, indices and upstre
 - ``fbgemm``: FBGEMM's CPU ``SplitTableBatchedEmbeddingBagsCodegen`` with
   ``EmbOptimType.EXACT_ROWWISE_ADAGRAD`` (its backward applies the update), against ours with
   ``optimizer="rowwise_adagrad"``.  Timed only where ``fbgemm_gpu`` imports (``pip install
-  fbgemm-gpu-cpu==1.8.0``); it is a comparator, never a dependency.
+  fbgemm-gpu-cpu==1.8.0``); it is a comparator, never a dependency;
+- ``torch:sparse_adam``: ``nn.EmbeddingBag(sparse=True)`` backward + ``torch.optim.SparseAdam``,
+  the lazy update ours computes with ``optimizer="adam"``;
+- ``ours:rowwise_adagrad`` beside ``optimizer="rowwise_adam"``: the row-wise Adam step against
+  the fused row-wise Adagrad step it replaces (one more ``[rows, D]`` state read and written).
 
 Each timed call updates its own copy of the table in place, with a small learning rate, so
 repeated calls keep doing the same work.
@@ -76,6 +80,7 @@ def step_functions(x: dict, *, torch_threads: int | None = None, num_threads: in
     ti, to, tg = torch.from_numpy(indices), torch.from_numpy(offsets), torch.from_numpy(grad)
     if "torch" in which:
         fns["torch"] = _torch_step(torch, weight, ti, to, tg)
+        fns["torch:sparse_adam"] = _torch_step(torch, weight, ti, to, tg, adam=True)
     fb = fbgemm_or_none() if "fbgemm" in which else None
     if fb is not None:
         fns["fbgemm"] = _fbgemm_step(torch, fb, weight, ti, to, tg)
@@ -98,15 +103,36 @@ def _ours(weight, indices, offsets, grad, num_threads):
                                          optimizer="rowwise_adagrad", state=h_row, lr=LR,
                                          eps=EPS, num_threads=num_threads)
 
-    return {"ours:adagrad": ours_adagrad, "ours:rowwise_adagrad": ours_rowwise}
+    w_adam, m_adam, v_adam = weight.copy(), np.zeros((rows, dim), np.float32), \
+        np.zeros((rows, dim), np.float32)
+    w_radam, m_radam, v_radam = weight.copy(), np.zeros((rows, dim), np.float32), \
+        np.zeros(rows, np.float32)
+    steps = {"adam": 0, "rowwise_adam": 0}
+
+    def ours_adam():
+        steps["adam"] += 1
+        pk.embedding_bag_backward_update(w_adam, indices, offsets, grad_output=grad,
+                                         optimizer="adam", state=(m_adam, v_adam), lr=LR,
+                                         eps=EPS, step=steps["adam"], num_threads=num_threads)
+
+    def ours_rowwise_adam():
+        steps["rowwise_adam"] += 1
+        pk.embedding_bag_backward_update(w_radam, indices, offsets, grad_output=grad,
+                                         optimizer="rowwise_adam", state=(m_radam, v_radam),
+                                         lr=LR, eps=EPS, step=steps["rowwise_adam"],
+                                         num_threads=num_threads)
+
+    return {"ours:adagrad": ours_adagrad, "ours:rowwise_adagrad": ours_rowwise,
+            "ours:adam": ours_adam, "ours:rowwise_adam": ours_rowwise_adam}
 
 
-def _torch_step(torch, weight, ti, to, tg):
+def _torch_step(torch, weight, ti, to, tg, adam=False):
     rows, dim = weight.shape
     bag = torch.nn.EmbeddingBag(rows, dim, mode="sum", sparse=True)
     with torch.no_grad():
         bag.weight.copy_(torch.from_numpy(weight))
-    opt = torch.optim.Adagrad(bag.parameters(), lr=LR, eps=EPS)
+    opt = (torch.optim.SparseAdam(bag.parameters(), lr=LR, eps=EPS) if adam
+           else torch.optim.Adagrad(bag.parameters(), lr=LR, eps=EPS))
     out = bag(ti, to)
 
     def torch_step():
@@ -149,13 +175,20 @@ def cases(quick: bool) -> list[Case]:
 
     indices = make_indices(7, rows, n)
     out = []
-    for optimizer, base in (("adagrad", "torch"), ("rowwise_adagrad", "fbgemm")):
+    state_floats = {"adagrad": dim, "rowwise_adagrad": 1, "adam": 2 * dim,
+                    "rowwise_adam": dim + 1}
+    for optimizer, base in (("adagrad", "torch"), ("rowwise_adagrad", "fbgemm"),
+                            ("adam", "torch:sparse_adam"), ("rowwise_adam", "ours:rowwise_adagrad")):
         baselines = {}
         if base == "torch" and torch_or_none() is not None:
             baselines["torch"] = lambda: fns()["torch"]()
         if base == "fbgemm" and torch_or_none() is not None and fbgemm_or_none() is not None:
             baselines["fbgemm"] = lambda: fns()["fbgemm"]()
-        nbytes = step_bytes(indices, num_bags, dim, dim if optimizer == "adagrad" else 1)
+        if base == "torch:sparse_adam" and torch_or_none() is not None:
+            baselines["torch:sparse_adam"] = lambda: fns()["torch:sparse_adam"]()
+        if base == "ours:rowwise_adagrad":
+            baselines["ours:rowwise_adagrad"] = lambda: fns()["ours:rowwise_adagrad"]()
+        nbytes = step_bytes(indices, num_bags, dim, state_floats[optimizer])
         out.append(Case("training", f"backward+{optimizer} {name} B={num_bags} L={bag_len} zipf",
                         nbytes, (lambda o=optimizer: fns()["ours:" + o]()), baselines,
                         scaling=True))

@@ -5,7 +5,8 @@
  * vector) held in registers while the row's entries are walked in index order,
  * acc = fma(coef, G[bag], acc).  sgd and adagrad then update that block of the row and its state at
  * once; rowwise_adagrad first needs the whole row's mean of g^2, so it parks g in the scratch row
- * and makes a second, short pass.  A block's vector count is a compile-time constant at every call
+ * and makes a second, short pass.  adam, adamw and momentum update a block of the row and its
+ * state rows at once; rowwise_adam updates m in the first pass and reads it back in the second.  A block's vector count is a compile-time constant at every call
  * (a switch over 1 .. MAX_VECS), so the accumulators stay in registers.  The next rows (weight and
  * state) are prefetched a few groups ahead: they are the random DRAM accesses of the kernel.
  * Stochastic rounding writes the new float32 row to scratch and rounds it element by element.
@@ -56,10 +57,14 @@ typedef struct row_ctx {
     const float *grad;
     int64_t grad_stride;
     char *row;          /* the table row */
-    float *h;           /* adagrad: the state row; rowwise_adagrad: the row's scalar state */
+    float *h;           /* adagrad: the state row; rowwise_adagrad: the row's scalar state;
+                           adam family: m; momentum: the momentum buffer */
+    float *v;           /* adam family: v (rowwise_adam: the row's scalar) */
     int64_t k0, k1;     /* the group's keys */
     vf lr, eps, wd;
-    int has_wd;
+    vf b1, c1, c2, step, decay, mu;   /* adam family: beta1, 1 - beta1, 1 - beta2, step_size,
+                                         decay; momentum: mu */
+    int has_wd, nesterov;
     float *g;           /* scratch: g (rowwise_adagrad) */
     float *wout;        /* scratch: the new row before stochastic rounding, or NULL */
 } row_ctx;
@@ -115,6 +120,30 @@ PK_INLINE vf row_block(const row_ctx *c, int64_t col, const int nv, const int ta
             if (c->has_wd) gd = v_fmadd(c->wd, load_w(c, cv, n, type), gd);
             ss = v_fmadd(gd, gd, ss);          /* tail lanes are 0 */
             store_part(c->g + cv, gd, n);
+        } else if (optim == PK_OPT_ADAM || optim == PK_OPT_ADAMW) {
+            vf w = load_w(c, cv, n, type);
+            vf gd = acc[v];
+            if (optim == PK_OPT_ADAMW) w = v_mul(c->decay, w);
+            else if (c->has_wd) gd = v_fmadd(c->wd, w, gd);
+            vf m = load_part(c->h + cv, n);
+            m = v_fmadd(c->c1, v_sub(gd, m), m);
+            store_part(c->h + cv, m, n);
+            vf s2 = load_part(c->v + cv, n);
+            s2 = v_fmadd(c->c2, v_sub(v_mul(gd, gd), s2), s2);
+            store_part(c->v + cv, s2, n);
+            store_w(c, cv, v_fnmadd(c->step, v_div(m, v_add(v_sqrt(s2), c->eps)), w), n, type);
+        } else if (optim == PK_OPT_ROWWISE_ADAM) {
+            const vf gd = acc[v];
+            ss = v_fmadd(gd, gd, ss);          /* tail lanes are 0 */
+            const vf m = v_fmadd(c->b1, load_part(c->h + cv, n), v_mul(c->c1, gd));
+            store_part(c->h + cv, m, n);
+        } else if (optim == PK_OPT_MOMENTUM) {
+            const vf w = load_w(c, cv, n, type);
+            const vf gd = v_fmadd(c->wd, w, acc[v]);
+            const vf b = v_fmadd(c->mu, load_part(c->h + cv, n), gd);
+            store_part(c->h + cv, b, n);
+            const vf u = c->nesterov ? v_fmadd(c->mu, b, gd) : b;
+            store_w(c, cv, v_fnmadd(c->lr, u, w), n, type);
         } else if (optim == PK_OPT_SGD) {
             const vf w = load_w(c, cv, n, type);
             store_w(c, cv, v_fnmadd(c->lr, v_fmadd(c->wd, w, acc[v]), w), n, type);
@@ -164,20 +193,35 @@ PK_INLINE void update_rows(const pk_training_work *work, int64_t g_begin, int64_
     c.eps = v_set1(opt->eps);
     c.wd = v_set1(opt->weight_decay);
     c.has_wd = opt->weight_decay != 0.0f;
+    c.b1 = v_set1(opt->beta1);
+    c.c1 = v_set1(1.0f - opt->beta1);
+    c.c2 = v_set1(1.0f - opt->beta2);
+    c.step = v_set1(opt->step_size);
+    c.decay = v_set1(opt->decay);
+    c.mu = v_set1(opt->momentum);
+    c.nesterov = opt->nesterov;
+    c.v = NULL;
     c.g = scratch;
     c.wout = (opt->stochastic_rounding && type != TRAIN_F32) ? scratch + dim : NULL;
     for (int64_t u = g_begin; u < g_end; u++) {
         if (u + TRAIN_PREFETCH_GROUPS < g_end) {
             const int64_t pr = group_row(work, u + TRAIN_PREFETCH_GROUPS);
             prefetch_row(table_row(table, pr, row_stride, type), row_bytes);
-            if (optim == PK_OPT_ADAGRAD)
+            if (optim == PK_OPT_ADAGRAD || optim == PK_OPT_MOMENTUM || optim == PK_OPT_ADAM
+                    || optim == PK_OPT_ADAMW || optim == PK_OPT_ROWWISE_ADAM)
                 prefetch_row((const char *)(opt->state + pr * opt->state_stride), (size_t)dim * 4u);
             else if (optim == PK_OPT_ROWWISE_ADAGRAD)
                 pk_prefetch_t0(opt->state + pr * opt->state_stride);
+            if (optim == PK_OPT_ADAM || optim == PK_OPT_ADAMW)
+                prefetch_row((const char *)(opt->state2 + pr * opt->state2_stride), (size_t)dim * 4u);
+            else if (optim == PK_OPT_ROWWISE_ADAM)
+                pk_prefetch_t0(opt->state2 + pr * opt->state2_stride);
         }
         const int64_t r = group_row(work, u);
         c.row = table_row(table, r, row_stride, type);
         c.h = optim == PK_OPT_SGD ? NULL : opt->state + r * opt->state_stride;
+        if (optim == PK_OPT_ADAM || optim == PK_OPT_ADAMW || optim == PK_OPT_ROWWISE_ADAM)
+            c.v = opt->state2 + r * opt->state2_stride;
         c.k0 = work->group_start[u];
         c.k1 = work->group_start[u + 1];
         vf ss = v_zero();
@@ -199,6 +243,20 @@ PK_INLINE void update_rows(const pk_training_work *work, int64_t g_begin, int64_
                 store_w(&c, col, v_fnmadd(step, load_part(c.g + col, tail),
                                           load_w(&c, col, tail, type)), tail, type);
         }
+        if (optim == PK_OPT_ROWWISE_ADAM) {
+            *c.v = opt->beta2 * *c.v + (1.0f - opt->beta2) * (v_hsum(ss) / (float)dim);
+            const vf a = v_set1(opt->lr / (opt->bias1 * (sqrtf(*c.v / opt->bias2) + opt->eps)));
+            const vf lwd = v_set1(opt->lr * opt->weight_decay);
+            for (col = 0; col + VL <= dim; col += VL) {
+                const vf w = load_w(&c, col, 0, type);
+                store_w(&c, col, v_fnmadd(lwd, w, v_fnmadd(a, v_load(c.h + col), w)), 0, type);
+            }
+            if (tail) {
+                const vf w = load_w(&c, col, tail, type);
+                store_w(&c, col, v_fnmadd(lwd, w, v_fnmadd(a, load_part(c.h + col, tail), w)),
+                        tail, type);
+            }
+        }
         if (c.wout)
             for (int64_t d = 0; d < dim; d++) store_element(c.row, d, c.wout[d], type, opt, r);
     }
@@ -215,9 +273,21 @@ PK_INLINE void update_rows(const pk_training_work *work, int64_t g_begin, int64_
         else if (opt->optimizer == PK_OPT_ADAGRAD)                                                \
             update_rows(work, g_begin, g_end, grad, grad_stride, table, dim, row_stride, opt,    \
                         scratch, type, PK_OPT_ADAGRAD);                                           \
-        else                                                                                      \
+        else if (opt->optimizer == PK_OPT_ROWWISE_ADAGRAD)                                        \
             update_rows(work, g_begin, g_end, grad, grad_stride, table, dim, row_stride, opt,    \
                         scratch, type, PK_OPT_ROWWISE_ADAGRAD);                                   \
+        else if (opt->optimizer == PK_OPT_ADAM)                                                   \
+            update_rows(work, g_begin, g_end, grad, grad_stride, table, dim, row_stride, opt,    \
+                        scratch, type, PK_OPT_ADAM);                                              \
+        else if (opt->optimizer == PK_OPT_ADAMW)                                                  \
+            update_rows(work, g_begin, g_end, grad, grad_stride, table, dim, row_stride, opt,    \
+                        scratch, type, PK_OPT_ADAMW);                                             \
+        else if (opt->optimizer == PK_OPT_ROWWISE_ADAM)                                           \
+            update_rows(work, g_begin, g_end, grad, grad_stride, table, dim, row_stride, opt,    \
+                        scratch, type, PK_OPT_ROWWISE_ADAM);                                      \
+        else                                                                                      \
+            update_rows(work, g_begin, g_end, grad, grad_stride, table, dim, row_stride, opt,    \
+                        scratch, type, PK_OPT_MOMENTUM);                                          \
     }
 
 PK_TRAINING_VECTOR(PK_ISA_FN(pk_training_update_f32), TRAIN_F32)

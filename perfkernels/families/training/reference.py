@@ -11,7 +11,7 @@ from perfkernels._reference_base import BFLOAT16, Expected
 from perfkernels.families.embedding.reference import bag_bounds, check_indices
 
 __all__ = ["TableUpdate", "embedding_bag_table_gradient", "embedding_bag_backward_update",
-           "assert_update_close"]
+           "assert_update_close", "AdamUpdate", "embedding_bag_backward_adam"]
 
 
 def embedding_bag_table_gradient(rows: int, dim: int, indices, offsets=None, *, grad_output,
@@ -140,3 +140,65 @@ def assert_update_close(weight, state, weight0, state0, expected: TableUpdate, *
     if state is not None:
         assert np.array_equal(np.asarray(state)[~touched], np.asarray(state0)[~touched]), \
             "the state of a row not in the batch changed"
+
+
+class AdamUpdate(NamedTuple):
+    """The result of :func:`embedding_bag_backward_adam`: the new table and state (float64), the
+    mask of updated rows."""
+    weight: np.ndarray
+    state: tuple
+    touched: np.ndarray
+
+
+def embedding_bag_backward_adam(weight, indices, offsets=None, *, grad_output, optimizer: str,
+                                state, lr: float, eps: float = 1e-8, weight_decay: float = 0.0,
+                                step: int | None = None, betas=(0.9, 0.999),
+                                momentum: float = 0.0, nesterov: bool = False,
+                                **bags) -> AdamUpdate:
+    """One fused backward + lazy Adam-family or momentum step, in float64 (inputs unmodified).
+
+    ``state``: ``(m, v)`` for the Adam family, the momentum buffer for ``"sgd"`` with momentum.
+    With ``g`` the table gradient (duplicates summed first), ``t = step``, ``b1, b2 = betas``,
+    every touched row r is updated once; other rows and their state are unchanged:
+
+    - ``"adam"``: ``g += wd w; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+      w -= lr sqrt(1-b2^t) / (1-b1^t) * m / (sqrt(v) + eps)``
+    - ``"adamw"``: ``w *= 1 - lr wd``, then ``"adam"`` without the L2 term
+    - ``"rowwise_adam"``: ``m`` as adam, ``v = b2 v + (1-b2) mean(g^2)`` (one per row),
+      ``w -= lr (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd w)``
+    - ``"sgd"`` with momentum: ``g += wd w; b = mu b + g; w -= lr b`` (nesterov:
+      ``w -= lr (g + mu b)``)
+    """
+    w = np.asarray(weight).astype(np.float64)
+    rows, dim = w.shape
+    grad, touched = embedding_bag_table_gradient(rows, dim, indices, offsets,
+                                                 grad_output=grad_output, **bags)
+    r = np.flatnonzero(touched)
+    g = grad.value[r]
+    if optimizer == "sgd":
+        buf = np.asarray(state).astype(np.float64)
+        g = g + weight_decay * w[r]
+        buf[r] = momentum * buf[r] + g
+        w[r] -= lr * (g + momentum * buf[r] if nesterov else buf[r])
+        return AdamUpdate(w, (buf,), touched)
+    m = np.asarray(state[0]).astype(np.float64)
+    v = np.asarray(state[1]).astype(np.float64)
+    b1, b2 = betas
+    bias1, bias2 = 1 - b1 ** step, 1 - b2 ** step
+    if optimizer in ("adam", "adamw"):
+        if optimizer == "adamw":
+            w[r] *= 1 - lr * weight_decay
+        else:
+            g = g + weight_decay * w[r]
+        m[r] = b1 * m[r] + (1 - b1) * g
+        v[r] = b2 * v[r] + (1 - b2) * g * g
+        w[r] -= lr * np.sqrt(bias2) / bias1 * m[r] / (np.sqrt(v[r]) + eps)
+    elif optimizer == "rowwise_adam":
+        m[r] = b1 * m[r] + (1 - b1) * g
+        if dim:
+            v[r] = b2 * v[r] + (1 - b2) * np.mean(g * g, axis=1)
+        w[r] -= lr * (m[r] / bias1 / (np.sqrt(v[r] / bias2) + eps)[:, None]
+                      + weight_decay * w[r])
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r}")
+    return AdamUpdate(w, (m, v), touched)

@@ -31,6 +31,45 @@ static inline void update_scalar(const pk_training_work *work, int64_t g_begin, 
                 h[d] += gd * gd;
                 store_element(row, d, w - lr * gd / (sqrtf(h[d]) + eps), type, opt, r);
             }
+        } else if (opt->optimizer == PK_OPT_ADAM || opt->optimizer == PK_OPT_ADAMW) {
+            float *m = opt->state + r * opt->state_stride;
+            float *v = opt->state2 + r * opt->state2_stride;
+            const int adamw = opt->optimizer == PK_OPT_ADAMW;
+            const float c1 = 1.0f - opt->beta1, c2 = 1.0f - opt->beta2;
+            for (int64_t d = 0; d < dim; d++) {
+                float w = load_element(row, d, type);
+                float gd = g[d];
+                if (adamw) w *= opt->decay;
+                else gd += wd * w;
+                m[d] += c1 * (gd - m[d]);
+                v[d] += c2 * (gd * gd - v[d]);
+                store_element(row, d, w - opt->step_size * (m[d] / (sqrtf(v[d]) + eps)), type, opt, r);
+            }
+        } else if (opt->optimizer == PK_OPT_ROWWISE_ADAM) {
+            float *m = opt->state + r * opt->state_stride;
+            float *v = opt->state2 + r * opt->state2_stride;
+            const float c1 = 1.0f - opt->beta1;
+            float sum = 0.0f;
+            for (int64_t d = 0; d < dim; d++) {
+                sum += g[d] * g[d];
+                m[d] = opt->beta1 * m[d] + c1 * g[d];
+            }
+            *v = opt->beta2 * *v + (1.0f - opt->beta2) * (sum / (float)dim);
+            const float a = lr / (opt->bias1 * (sqrtf(*v / opt->bias2) + eps));
+            const float lwd = lr * wd;
+            for (int64_t d = 0; d < dim; d++) {
+                const float w = load_element(row, d, type);
+                store_element(row, d, w - a * m[d] - lwd * w, type, opt, r);
+            }
+        } else if (opt->optimizer == PK_OPT_MOMENTUM) {
+            float *b = opt->state + r * opt->state_stride;
+            const float mu = opt->momentum;
+            for (int64_t d = 0; d < dim; d++) {
+                const float w = load_element(row, d, type);
+                const float gd = g[d] + wd * w;
+                b[d] = mu * b[d] + gd;
+                store_element(row, d, w - lr * (opt->nesterov ? gd + mu * b[d] : b[d]), type, opt, r);
+            }
         } else {
             float sum = 0.0f;
             for (int64_t d = 0; d < dim; d++) {

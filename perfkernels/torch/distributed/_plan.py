@@ -22,7 +22,8 @@ SHARDING_TYPES = (TABLE_WISE, ROW_WISE, TABLE_ROW_WISE, DATA_PARALLEL)
 
 _FLOAT_FORMATS = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 _STATE_BYTES = {None: lambda dim: 0, "sgd": lambda dim: 0, "rowwise_adagrad": lambda dim: 4,
-                "adagrad": lambda dim: 4 * dim}
+                "adagrad": lambda dim: 4 * dim, "adam": lambda dim: 8 * dim,
+                "adamw": lambda dim: 8 * dim, "rowwise_adam": lambda dim: 4 * dim + 4}
 
 
 def table_format(data_type: Any) -> tuple[Optional[torch.dtype], int]:
@@ -342,8 +343,8 @@ def plan(tables: Sequence[Any], world_size: int, *, batch_size: int = 2048,
         raise ValueError(f"local_world_size {local_world_size} must divide world_size "
                          f"{world_size}")
     if optimizer not in _STATE_BYTES:
-        raise ValueError(f"optimizer must be one of sgd, adagrad, rowwise_adagrad or None; got "
-                         f"{optimizer!r}")
+        raise ValueError(f"optimizer must be one of sgd, adagrad, rowwise_adagrad, adam, "
+                         f"rowwise_adam, adamw or None; got {optimizer!r}")
     specs = [Table.from_config(t, (pooling_factors or {}).get(getattr(t, "name", None), 1.0))
              for t in tables]
     names = [t.name for t in specs]

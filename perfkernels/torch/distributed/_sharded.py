@@ -71,7 +71,7 @@ class _Slot:
 class _Shard(torch.nn.Module):
     """The rows ``[row_start, row_end)`` of one table that this rank holds (``weight``, a
     parameter for float tables, a uint8 buffer of packed rows otherwise) and their fused
-    optimizer state (``momentum1``)."""
+    optimizer state (``momentum1``; the Adam family also ``momentum2`` and ``step``)."""
 
     def __init__(self, weight: Tensor, trainable: bool) -> None:
         super().__init__()
@@ -137,8 +137,9 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
     * ``process_group``: the group (default: the default group; with none initialised, a world of
       one process);
     * ``fused_optimizer``: ``(name, options)`` as for the unsharded collection ("sgd",
-      "adagrad", "rowwise_adagrad"): owners update their rows during backward, the state next to
-      the rows; without it, the local rows get dense gradients (``shard.weight.grad``);
+      "adagrad", "rowwise_adagrad", "adam", "rowwise_adam", "adamw"): owners update their rows
+      during backward, the state next to the rows (the Adam family's step count on every rank);
+      without it, the local rows get dense gradients (``shard.weight.grad``);
     * ``gradient_division``: divide the tables' gradients by the world size, so that with each
       rank's loss a mean over its batch they match DistributedDataParallel's averaged dense
       gradients, and a single process on the global batch (TorchRec's default too);
@@ -214,9 +215,8 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
             shard = _Shard(weight, trainable=not t.bits)
             if self._fused is not None and not t.bits:
                 opt = FusedOptimizer(self._fused.name, self._fused.options())
-                state = opt.initial_state(weight)
-                if state is not None:
-                    shard.register_buffer("momentum1", state)
+                for name, buf in opt.initial_buffers(weight).items():
+                    shard.register_buffer(name, buf)
                 self._optimizers[t.name] = opt
             self.embedding_bags[t.name] = shard
 
@@ -600,6 +600,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 dp_rows.append(part[batches[s] * me:].view(batches[s], dp_width))
         total = sum(batches)
         grads: dict = {}
+        self._stepped: set = set()
         lengths_all, indices_all, weights_all = (saved["lengths_all"], saved["indices_all"],
                                                  saved["weights_all"])
         mine = self._slots[g.rank]
@@ -611,6 +612,11 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
             g_dp = torch.cat(dp_rows)
             self._update(self._dp_slots, g_dp, lengths_all[len(mine):], indices_all,
                          weights_all, saved["n_own"], total, None, grads)
+        # every rank counts every table's step, holding its rows or not, so the step counts
+        # (of the Adam family) agree across ranks and survive resharding
+        for name, opt in self._optimizers.items():
+            if name not in self._stepped:
+                opt.skip(self.embedding_bags[name]._buffers)
         return grads
 
     def _update(self, slots: Sequence[_Slot], grad: Tensor, lengths: Tensor, indices: Tensor,
@@ -636,8 +642,8 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                             None if weights is None else weights[pos:pos + n], mode or t.mode,
                             True, None, shard.weight.shape[0], shard.weight.dtype)
             if self._fused is not None:
-                self._optimizers[t.name].update(shard.weight, shard._buffers.get("momentum1"),
-                                                b)
+                self._optimizers[t.name].update(shard.weight, shard._buffers, b)
+                self._stepped.add(t.name)
             else:       # torch's dense gradient: every entry's row summed into zeros
                 dense = torch.zeros(shard.weight.shape, dtype=torch.float32,
                                     device=g_rows.device)
@@ -716,7 +722,7 @@ def _state_dict_hook(module, state_dict, prefix, local_metadata):
     for t in module._tables:
         if t.sharding.sharding_type == DATA_PARALLEL:
             continue
-        for field in ("weight", "momentum1"):
+        for field in ("weight", "momentum1", "momentum2"):
             key = f"{prefix}embedding_bags.{t.name}.{field}"
             if key in state_dict:
                 state_dict[key] = _sharded_tensor(module, t, state_dict[key])
@@ -730,7 +736,7 @@ def _load_state_dict_pre_hook(module, state_dict, prefix, local_metadata, strict
     rank = module._group.rank
     for t in module._tables:
         start, end = t.sharding.rows_of(rank)
-        for field in ("weight", "momentum1"):
+        for field in ("weight", "momentum1", "momentum2"):
             key = f"{prefix}embedding_bags.{t.name}.{field}"
             value = state_dict.get(key)
             if value is None:
