@@ -110,6 +110,10 @@ class QuantizedEmbedding(TableViewCache, torch.nn.Module):
         if torch_key in state_dict:
             state_dict = dict(state_dict)
             qweight = state_dict.pop(torch_key)
+            if _bits_of(qweight.dtype) != self.bits:
+                error_msgs.append(f"{torch_key} holds {qweight.dtype} rows; this module has "
+                                  f"{self.bits}-bit rows")
+                return
             state_dict.pop(prefix + "_packed_params.dtype", None)
             state_dict[prefix + "packed_weight"] = _from_quantized_tensor(qweight, self.bits)
         key = prefix + "packed_weight"
@@ -122,9 +126,10 @@ class QuantizedEmbedding(TableViewCache, torch.nn.Module):
     def from_torch_ao(cls, mod: torch.nn.Module, *, placement: str = "auto"
                       ) -> "QuantizedEmbedding":
         """From a :class:`torch.ao.nn.quantized.Embedding`: its quantized rows bit for bit."""
-        bits = _bits_of(mod._packed_params.dtype)
+        qweight = mod.weight()
+        bits = _bits_of(qweight.dtype)     # (its _packed_params.dtype says quint8 for 4-bit too)
         new = cls(mod.num_embeddings, mod.embedding_dim, dtype=bits,
-                  _weight=_from_quantized_tensor(mod.weight(), bits), placement=placement)
+                  _weight=_from_quantized_tensor(qweight, bits), placement=placement)
         return new
 
     @classmethod
