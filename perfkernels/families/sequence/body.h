@@ -22,7 +22,7 @@
 
 #define SEQ_NEAR 16          /* indices ahead, rows of more than 128 bytes (FBGEMM's distance) */
 #define SEQ_NEAR_SHORT 32    /* rows of at most 128 bytes take little time each: further ahead */
-#define SEQ_FAR 96           /* indices ahead in far mode */
+#define SEQ_FAR 48           /* indices ahead in far mode */
 #define SEQ_FAR_MIN_BYTES ((uint64_t)16 << 20)
 
 #define SEQ_NOINLINE static __attribute__((noinline))
