@@ -1,8 +1,9 @@
 """Benchmarks of the unpooled lookups (``torch.nn.Embedding``'s) beside NumPy and PyTorch.
 
 12,800 IDs (a batch of 256 sequences of 50) on a 1M x 64 and a 100K x 128 table, float32,
-float16 and bfloat16; and 8-bit packed rows against ``torch.ao.nn.quantized.Embedding``'s op
-(``torch.ops.quantized.embedding_byte``).  NumPy: ``weight[indices]``; PyTorch:
+float16 and bfloat16; and 8-bit packed rows against torch's 8-bit lookup with bags of one
+(``torch.ops.quantized.embedding_bag_byte_rowwise_offsets``; ``benchmarks/sequence_lookup.py``
+times ``torch.ao.nn.quantized.Embedding`` itself).  NumPy: ``weight[indices]``; PyTorch:
 ``torch.nn.functional.embedding`` on the same memory.  Every side returns a new output.
 """
 from __future__ import annotations
