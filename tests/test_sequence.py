@@ -244,3 +244,32 @@ def test_against_torch(rng):
     want = torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
         torch.from_numpy(packed), torch.from_numpy(ix), torch.arange(500), mode=0).numpy()
     np.testing.assert_allclose(embedding_quantized(packed, ix), want, rtol=1e-6, atol=1e-6)
+
+
+def test_out_never_half_written_while_indices_change(rng):
+    """Another thread writes a bad index into the caller's array during calls with out=: each
+    call either succeeds or raises IndexError with out= untouched (the kernels read a checked
+    private copy of the indices)."""
+    w = table(rng, 1000, 32, np.float32)
+    ix = rng.integers(0, 1000, 60_000)
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            ix[30_000] = 5000
+            ix[30_000] = 7
+
+    t = threading.Thread(target=flip)
+    t.start()
+    try:
+        for _ in range(40):
+            out = np.full((ix.size, 32), -1.0, np.float32)
+            try:
+                embedding(w, ix, out=out, num_threads=2)
+            except IndexError:
+                assert (out == -1.0).all()
+            else:
+                assert (out != -1.0).all()
+    finally:
+        stop.set()
+        t.join()
