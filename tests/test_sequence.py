@@ -51,7 +51,8 @@ def test_long_runs_and_prefetch_distance(isa, rng, dtype):
 
 
 def test_special_values_kept_bit_for_bit(isa):
-    """No conversion: NaN payloads (signalling ones too), infinities and -0.0 come back as stored."""
+    """No conversion: NaN payloads (signalling ones too), infinities and -0.0 come back as
+    stored."""
     bits16 = np.array([0x7C01, 0xFC00, 0x8000, 0x7E00, 0x0001, 0x7BFF, 0xFFFF], np.uint16)
     for dtype in (np.float16, BF16):
         w = np.tile(bits16, (3, 3)).view(dtype)

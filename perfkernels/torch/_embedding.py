@@ -45,8 +45,8 @@ def _as_tensor(result: np.ndarray, dtype: torch.dtype) -> Tensor:
 
 def _plain(input, weight) -> bool:
     """Whether a lookup is one our kernel answers exactly as torch: plain CPU tensors (no
-    subclass, no torch function mode, no forward-mode AD level), int32/int64 indices, a 2-D float table with unit-stride
-    rows of our dtypes.  Anything else goes to torch's function (its result or its exception)."""
+    subclass, no torch function mode, no forward-mode AD level), int32/int64 indices, a 2-D
+    float table with unit-stride rows of our dtypes.  Anything else goes to torch's function (its result or its exception)."""
     return (type(input) is Tensor and input.dtype in _INDEX_DTYPES and input.device.type == "cpu"
             and (type(weight) is torch.nn.Parameter or type(weight) is Tensor)
             and weight.device.type == "cpu" and weight.dtype in _KERNEL_DTYPES
@@ -214,7 +214,7 @@ class Embedding(TableViewCache, torch.nn.Embedding):
 
     @classmethod
     def from_torch(cls, module: torch.nn.Embedding) -> "Embedding":
-        """Ours in place of ``module``: the same attributes, hooks and weight Parameter (no copy)."""
+        """Ours in place of ``module``: its attributes, hooks and weight Parameter (no copy)."""
         new = cls.__new__(cls)
         for key, value in module.__dict__.items():
             if key == "_np_view":

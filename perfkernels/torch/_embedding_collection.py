@@ -38,7 +38,8 @@ class JaggedTensor:
                  offsets: Optional[Tensor] = None, weights: Optional[Tensor] = None) -> None:
         if lengths is None and offsets is None:
             raise ValueError("give lengths or offsets")
-        self._values, self._lengths, self._offsets, self._weights = values, lengths, offsets, weights
+        self._values, self._lengths = values, lengths
+        self._offsets, self._weights = offsets, weights
 
     def values(self) -> Tensor:
         return self._values

@@ -30,7 +30,6 @@ def lookup_case(rng, name, rows, dim, batch, seq, dtype_name, dtype) -> Case:
     baselines = {"numpy": lambda: weight[indices]}
     torch = torch_or_none()
     if torch is not None:
-        from ...torch._bridge import as_numpy  # noqa: F401  (torch present)
         tw = (torch.from_numpy(weight.view(np.int16)).view(torch.bfloat16)
               if dtype_name == "bfloat16" else torch.from_numpy(weight))
         ti = torch.from_numpy(indices)

@@ -19,7 +19,8 @@ def _checked(indices, rows: int) -> np.ndarray:
     bad = np.flatnonzero((flat < 0) | (flat >= rows))
     if bad.size:
         j = int(bad[0])
-        raise IndexError(f"indices[{j}] = {int(flat[j])} is out of range for a table of {rows} rows")
+        raise IndexError(f"indices[{j}] = {int(flat[j])} is out of range for a table of "
+                         f"{rows} rows")
     return ix
 
 
