@@ -33,6 +33,7 @@ from .families.quantized._quantized import (  # noqa: E402
 from .families.lstm._lstm import lstm_unit, lstm_unit_backward  # noqa: E402
 from .families.multi._multi import embedding_bags_multi  # noqa: E402
 from .families.training._training import embedding_bag_backward_update  # noqa: E402
+from .families.sequence._sequence import embedding, embedding_quantized  # noqa: E402
 from ._placement import as_table, empty_table, placement_of  # noqa: E402
 
 __all__ = [
@@ -43,5 +44,6 @@ __all__ = [
     "quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized",
     "lstm_unit", "lstm_unit_backward",
     "embedding_bag_backward_update",
+    "embedding", "embedding_quantized",
     "empty_table", "as_table", "placement_of",
 ]

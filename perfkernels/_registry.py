@@ -87,6 +87,7 @@ FAMILIES: tuple[Family, ...] = (
            ("lstm_unit", "lstm_unit_backward")),
     Family("multi", ("embedding_bags_multi",), None, False, False, (), ()),
     Family("training", ("embedding_bag_backward_update",), "training", True, True, (), ()),
+    Family("sequence", ("embedding", "embedding_quantized"), "sequence", True, False, (), ()),
 )
 
 FAMILY_NAMES: tuple[str, ...] = tuple(f.name for f in FAMILIES)

@@ -186,8 +186,31 @@ def _training(rng) -> list[Check]:
     return out
 
 
+def _sequence(rng) -> list[Check]:
+    """Unpooled lookups: float tables bit for bit, packed rows within float32 rounding."""
+    import perfkernels as pk
+    out = []
+    for dtype_name, dtype in TABLE_DTYPES.items():
+        for dim in DIMS:
+            weight = rng.standard_normal((50, dim)).astype(np.float32).astype(dtype)
+            indices = rng.integers(0, 50, (3, 7))
+            out.append(Check("sequence", f"embedding {dtype_name} D={dim}",
+                             lambda w=weight, i=indices: pk.embedding(w, i),
+                             reference.embedding(weight, indices)))
+    for bits in BITS:
+        for dim in DIMS:
+            packed = reference.quantize_rowwise(rng.standard_normal((50, dim)).astype(np.float32),
+                                                bits)
+            indices = rng.integers(0, 50, (3, 7))
+            out.append(Check("sequence", f"embedding {bits}-bit D={dim}",
+                             lambda p=packed, i=indices, b=bits, d=dim:
+                             pk.embedding_quantized(p, i, bits=b, dim=d),
+                             reference.embedding_quantized(packed, indices, bits, dim), 1e-6))
+    return out
+
+
 _BUILDERS = {"convert": _convert, "embedding": _embedding, "quantized": _quantized,
-             "multi": _multi, "lstm": _lstm, "training": _training}
+             "multi": _multi, "lstm": _lstm, "training": _training, "sequence": _sequence}
 
 
 def checks(families: list[str] | None = None) -> list[Check]:

@@ -37,6 +37,7 @@ from .families.lstm.reference import GATE_ORDERS, lstm_unit, lstm_unit_backward
 from .families.multi.reference import embedding_bags_multi
 from .families.quantized.reference import (dequantize_rowwise, embedding_bag_quantized,
                                            packed_row_bytes, quantize_rowwise)
+from .families.sequence.reference import embedding, embedding_quantized
 from .families.training.reference import (AdamUpdate, TableUpdate, assert_update_close,
                                           embedding_bag_backward_adam,
                                           embedding_bag_backward_update,
@@ -49,6 +50,7 @@ __all__ = [
     "float_to_half", "half_to_float", "float_to_bfloat16", "bfloat16_to_float",
     "lstm_unit", "lstm_unit_backward",
     "TableUpdate", "embedding_bag_table_gradient", "embedding_bag_backward_update",
-    "assert_update_close", "AdamUpdate", "embedding_bag_backward_adam", "BFLOAT16", "GATE_ORDERS",
+    "assert_update_close", "AdamUpdate", "embedding_bag_backward_adam", "embedding",
+    "embedding_quantized", "BFLOAT16", "GATE_ORDERS",
     "tolerance", "max_excess", "assert_close", "assert_same_bits",
 ]

@@ -27,6 +27,9 @@ except ImportError as exc:   # pragma: no cover - exercised only without torch
 from ._bridge import IndexOutOfRangeError
 from ._bags import BagBackward
 from ._embedding_bag import EmbeddingBag
+from ._embedding import Embedding, embedding
+from ._quantized_embedding import QuantizedEmbedding
+from ._embedding_collection import EmbeddingCollection, EmbeddingConfig, JaggedTensor
 from ._fused import FusedOptimizer
 from ._quantized import (QuantizedEmbeddingBag, embedding_bag_2bit_rowwise_offsets,
                          embedding_bag_4bit_rowwise_offsets, embedding_bag_byte_rowwise_offsets)
@@ -39,7 +42,8 @@ from ._placement import place, placement_report
 
 __all__ = [
     "IndexOutOfRangeError", "BagBackward",
-    "EmbeddingBag", "FusedOptimizer", "QuantizedEmbeddingBag",
+    "EmbeddingBag", "FusedOptimizer", "Embedding", "embedding", "QuantizedEmbedding",
+    "EmbeddingCollection", "EmbeddingConfig", "JaggedTensor", "QuantizedEmbeddingBag",
     "embedding_bag_byte_rowwise_offsets", "embedding_bag_4bit_rowwise_offsets",
     "embedding_bag_2bit_rowwise_offsets",
     "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor",

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _bags, _placement, _route, _tensor_bags
+from ._embedding import Embedding, embedding as _embedding_functional
 from ._route import Route
 from ._embedding_bag import EmbeddingBag
 from ._fallback import unsupported_reason, warn_once
@@ -43,6 +44,14 @@ def _torch_ao_embedding_bag():
     except ImportError:   # pragma: no cover - torch builds without quantization
         return None
     return QEmbeddingBag
+
+
+def _torch_ao_embedding():
+    try:
+        from torch.ao.nn.quantized import Embedding as QEmbedding
+    except ImportError:   # pragma: no cover - torch builds without quantization
+        return None
+    return QEmbedding
 
 
 class _Swapper:
@@ -101,17 +110,55 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
         new = QuantizedEmbeddingBag.from_torch_ao(module, placement=placement)
         report.swapped.append((name, kind, "QuantizedEmbeddingBag", f"{new.bits}-bit rows"))
         return new
+    if type(module) is torch.nn.Embedding:
+        return _swap_embedding(name, module, dtype, bits, report, placement)
+    qemb = _torch_ao_embedding()
+    if qemb is not None and type(module) is qemb:
+        from ._quantized_embedding import QuantizedEmbedding
+        new = QuantizedEmbedding.from_torch_ao(module, placement=placement)
+        report.swapped.append((name, kind, "QuantizedEmbedding", f"{new.bits}-bit rows"))
+        return new
+    if isinstance(module, torch.nn.Embedding) and not isinstance(module, Embedding):
+        report.skipped.append((name, kind, "a subclass of torch.nn.Embedding may override "
+                               "forward; only the exact class is swapped"))
     if isinstance(module, torch.nn.EmbeddingBag) and not isinstance(module, EmbeddingBag):
         report.skipped.append((name, kind, "a subclass of torch.nn.EmbeddingBag may override "
                                "forward; only the exact class is swapped"))
     return None
 
 
+def _swap_embedding(name: str, module: torch.nn.Embedding, dtype: Optional[torch.dtype],
+                    bits: Optional[int], report: ConversionReport, placement: str
+                    ) -> Optional[torch.nn.Module]:
+    """Our Embedding (unpooled lookups) in place of torch's, sharing its weight Parameter."""
+    from ._embedding import _reason
+    kind = type(module).__name__
+    reason = _reason(module.max_norm, module.scale_grad_by_freq, module.weight.dtype)
+    if reason is not None:
+        report.skipped.append((name, kind, reason))
+        return None
+    if bits is not None:
+        from ._quantized_embedding import QuantizedEmbedding
+        new = QuantizedEmbedding.from_float(module, bits=bits, placement=placement)
+        report.swapped.append((name, kind, "QuantizedEmbedding", f"{bits}-bit rows"))
+        return new
+    new = Embedding.from_torch(module)
+    _placement.place_tensor_attr(new, "weight", placement)
+    note = "same weight Parameter"
+    if dtype not in (None, module.weight.dtype):
+        note += "; dtype= applies to EmbeddingBag tables only, this table is unchanged"
+    report.swapped.append((name, kind, "Embedding", note))
+    return new
+
+
 def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
             bits: Optional[int] = None, inplace: bool = False,
             verbose: bool = False, placement: str = "auto") -> torch.nn.Module:
-    """Swap every ``torch.nn.EmbeddingBag`` and ``torch.ao.nn.quantized.EmbeddingBag`` in
-    ``model`` for perfkernels' modules; the one-line way to speed up an existing model.
+    """Swap every ``torch.nn.EmbeddingBag``, ``torch.ao.nn.quantized.EmbeddingBag`` and
+    ``torch.nn.Embedding`` in ``model`` for perfkernels' modules; the one-line way to speed up an
+    existing model.  (``dtype`` applies to the bag tables; ``bits`` turns an ``Embedding`` into a
+    :class:`~perfkernels.torch.QuantizedEmbedding`, ``torch.ao.nn.quantized.Embedding`` becomes
+    one too; an ``Embedding`` with ``max_norm`` or ``scale_grad_by_freq`` is left to torch.)
 
     Parameters
     ----------
@@ -235,7 +282,8 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor] = Non
 
 class route_functional:
     """Route the functions code calls itself to perfkernels: ``torch.nn.functional.embedding_bag``
-    (DLRM's ``QREmbeddingBag`` ...) and ``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}
+    (DLRM's ``QREmbeddingBag`` ...), ``torch.nn.functional.embedding`` (to
+    :func:`perfkernels.torch.embedding`) and ``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}
     _rowwise_offsets`` (DLRM's ``--quantize-emb-with-bit`` path, which prepacks its tables with
     ``torch.ops.quantized.embedding_bag_*_prepack``: their layout is already ours, so the packed
     tables are read in place and the prepack ops need no routing).
@@ -251,8 +299,10 @@ class route_functional:
     def __init__(self) -> None:
         from ._quantized import OP_ALIASES
         self._saved = (F.embedding_bag,
-                       {name: getattr(torch.ops.quantized, name) for name in OP_ALIASES})
+                       {name: getattr(torch.ops.quantized, name) for name in OP_ALIASES},
+                       F.embedding)
         F.embedding_bag = embedding_bag
+        F.embedding = _embedding_functional
         for name, fn in OP_ALIASES.items():
             setattr(torch.ops.quantized, name, fn)
 
@@ -260,7 +310,8 @@ class route_functional:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        function, ops = self._saved
+        function, ops, unpooled = self._saved
         F.embedding_bag = function
+        F.embedding = unpooled
         for name, op in ops.items():
             setattr(torch.ops.quantized, name, op)

@@ -1,0 +1,265 @@
+/* Unpooled lookups (one output row per index), written once over the SIMD primitives of every level
+ * (the generated per-level file includes simd/<isa>.h, then this).
+ *
+ * embedding_rows copies rows as stored: a float32 / float16 / bfloat16 row is `row_bytes` bytes,
+ * moved in float vectors (plain loads and stores, masked for the last partial vector: no value is
+ * converted, so NaN payloads survive) plus a last 2-byte piece for an odd 16-bit D.  The portable
+ * level (VL == 1) copies with memcpy.  embedding_rows_quantized dequantises each row,
+ * fma(q, scale, bias) per element, as the quantized family's dequantize_rowwise.
+ *
+ * Both prefetch the row PREFETCH_DISTANCE indices ahead, one prefetch per 64-byte line (plus the
+ * row's last byte where rows do not start on lines), as the bag kernels do: into L1 (T0) for a table
+ * under FAR_MIN_BYTES, into L2 (T1) FAR_DISTANCE ahead for a larger one, whose rows come from DRAM.
+ * Row sizes 64 .. 1024 bytes (D = 16 .. 256 float32, 32 .. 512 16-bit; quantized D = 32 .. 256)
+ * are compile-time constants, one noinline function per (size, prefetch mode, index width), so each
+ * copy is a fixed run of loads and stores. */
+#ifndef PK_SEQUENCE_BODY_H
+#define PK_SEQUENCE_BODY_H
+
+#include "perfkernels/sequence.h"
+#include "perfkernels/quantized.h"
+#include "quantized/rows.h"
+
+#define SEQ_NEAR 16          /* indices ahead, rows of more than 128 bytes (FBGEMM's distance) */
+#define SEQ_NEAR_SHORT 32    /* rows of at most 128 bytes take little time each: further ahead */
+#define SEQ_FAR 48           /* indices ahead in far mode */
+#define SEQ_FAR_MIN_BYTES ((uint64_t)16 << 20)
+
+#define SEQ_NOINLINE static __attribute__((noinline))
+
+PK_INLINE int64_t seq_index(const void *indices, int64_t j, const int idx64)
+{
+    return idx64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
+}
+
+PK_INLINE void seq_prefetch(const char *p, int64_t nbytes, const int far, const int straddle)
+{
+    if (far) {
+        for (int64_t off = 0; off < nbytes; off += 64) pk_prefetch_t1(p + off);
+        if (straddle) pk_prefetch_t1(p + nbytes - 1);
+    } else {
+        for (int64_t off = 0; off < nbytes; off += 64) pk_prefetch_t0(p + off);
+        if (straddle) pk_prefetch_t0(p + nbytes - 1);
+    }
+}
+
+/* Copy one row of nbytes (a multiple of 2) from src to dst. */
+PK_INLINE void seq_copy(char *dst, const char *src, const int64_t nbytes)
+{
+#if VL == 1
+    memcpy(dst, src, (size_t)nbytes);
+#else
+    const int64_t nf = nbytes / 4;
+    int64_t c = 0;
+    for (; c + 4 * VL <= nf; c += 4 * VL) {
+        const vf a = v_load((const float *)src + c), b = v_load((const float *)src + c + VL);
+        const vf x = v_load((const float *)src + c + 2 * VL), y = v_load((const float *)src + c + 3 * VL);
+        v_store((float *)dst + c, a);
+        v_store((float *)dst + c + VL, b);
+        v_store((float *)dst + c + 2 * VL, x);
+        v_store((float *)dst + c + 3 * VL, y);
+    }
+    for (; c + VL <= nf; c += VL) v_store((float *)dst + c, v_load((const float *)src + c));
+    if (c < nf) {
+        const v_tail t = v_tail_of((size_t)(nf - c));
+        v_store_tail((float *)dst + c, v_load_tail((const float *)src + c, t), t);
+    }
+    if (nbytes & 2) memcpy(dst + nbytes - 2, src + nbytes - 2, 2);
+#endif
+}
+
+/* Rows [0, n): NB (0: any) is the row size in bytes as a compile-time constant. */
+PK_INLINE pk_status rows_loop(const char *table, int64_t rows, int64_t row_stride,
+                              int64_t row_bytes_rt, const void *indices, int64_t n, char *out,
+                              int64_t *bad_pos, const int64_t NB, const int idx64, const int far,
+                              const int straddle)
+{
+    const int64_t nbytes = NB ? NB : row_bytes_rt;
+    const int64_t ahead = far ? SEQ_FAR : (nbytes <= 128 ? SEQ_NEAR_SHORT : SEQ_NEAR);
+    const int64_t pf_end = n - ahead;
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t idx = seq_index(indices, j, idx64);
+        if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return PK_ERR_INDEX; }
+        if (j < pf_end) {
+            const int64_t next = seq_index(indices, j + ahead, idx64);
+            /* the address is formed in integers: an unchecked index is harmless to a prefetch */
+            const uintptr_t p = (uintptr_t)table + (uint64_t)next * (uint64_t)row_stride;
+            seq_prefetch((const char *)p, nbytes, far, straddle);
+        }
+        seq_copy(out + j * nbytes, table + idx * row_stride, nbytes);
+    }
+    return PK_OK;
+}
+
+#define ROWS_FN(NB, IDX64, FAR, STRADDLE)                                                          \
+    SEQ_NOINLINE pk_status rows_##NB##_##IDX64##FAR##STRADDLE(                                     \
+        const char *table, int64_t rows, int64_t row_stride, int64_t row_bytes,                   \
+        const void *indices, int64_t n, char *out, int64_t *bad_pos)                              \
+    {                                                                                             \
+        return rows_loop(table, rows, row_stride, row_bytes, indices, n, out, bad_pos, NB, IDX64, \
+                         FAR, STRADDLE);                                                          \
+    }
+#define ROWS_FNS(NB)                                                                               \
+    ROWS_FN(NB, 0, 0, 0) ROWS_FN(NB, 0, 0, 1) ROWS_FN(NB, 0, 1, 0) ROWS_FN(NB, 0, 1, 1)           \
+    ROWS_FN(NB, 1, 0, 0) ROWS_FN(NB, 1, 0, 1) ROWS_FN(NB, 1, 1, 0) ROWS_FN(NB, 1, 1, 1)           \
+    SEQ_NOINLINE pk_status rows_##NB(const char *table, int64_t rows, int64_t row_stride,         \
+                                     int64_t row_bytes, const void *indices, int idx64, int64_t n, \
+                                     char *out, int64_t *bad_pos, int far, int straddle)           \
+    {                                                                                             \
+        const int sel = idx64 * 4 + far * 2 + straddle;                                           \
+        switch (sel) {                                                                            \
+        case 0: return rows_##NB##_000(table, rows, row_stride, row_bytes, indices, n, out, bad_pos); \
+        case 1: return rows_##NB##_001(table, rows, row_stride, row_bytes, indices, n, out, bad_pos); \
+        case 2: return rows_##NB##_010(table, rows, row_stride, row_bytes, indices, n, out, bad_pos); \
+        case 3: return rows_##NB##_011(table, rows, row_stride, row_bytes, indices, n, out, bad_pos); \
+        case 4: return rows_##NB##_100(table, rows, row_stride, row_bytes, indices, n, out, bad_pos); \
+        case 5: return rows_##NB##_101(table, rows, row_stride, row_bytes, indices, n, out, bad_pos); \
+        case 6: return rows_##NB##_110(table, rows, row_stride, row_bytes, indices, n, out, bad_pos); \
+        default: return rows_##NB##_111(table, rows, row_stride, row_bytes, indices, n, out, bad_pos); \
+        }                                                                                         \
+    }
+ROWS_FNS(0) ROWS_FNS(64) ROWS_FNS(128) ROWS_FNS(256) ROWS_FNS(512) ROWS_FNS(1024)
+#undef ROWS_FN
+#undef ROWS_FNS
+
+pk_status PK_ISA_FN(pk_embedding_rows)(const void *table, int64_t rows, int64_t row_stride,
+                                       int64_t row_bytes, const void *indices, int index_64,
+                                       int64_t n, void *out, int64_t *bad_pos)
+{
+    const char *t = (const char *)table;
+    const int far = (uint64_t)rows * (uint64_t)row_stride >= SEQ_FAR_MIN_BYTES;
+    const int straddle = ((uintptr_t)t % 64 != 0) || (row_stride % 64 != 0);
+    char *o = (char *)out;
+    const int i64 = index_64 != 0;
+    switch (row_bytes) {
+    case 64: return rows_64(t, rows, row_stride, row_bytes, indices, i64, n, o, bad_pos, far, straddle);
+    case 128: return rows_128(t, rows, row_stride, row_bytes, indices, i64, n, o, bad_pos, far, straddle);
+    case 256: return rows_256(t, rows, row_stride, row_bytes, indices, i64, n, o, bad_pos, far, straddle);
+    case 512: return rows_512(t, rows, row_stride, row_bytes, indices, i64, n, o, bad_pos, far, straddle);
+    case 1024: return rows_1024(t, rows, row_stride, row_bytes, indices, i64, n, o, bad_pos, far, straddle);
+    default: return rows_0(t, rows, row_stride, row_bytes, indices, i64, n, o, bad_pos, far, straddle);
+    }
+}
+
+/* --- quantized rows ------------------------------------------------------------------------------ */
+
+#if VL == 1
+/* code c of a packed row */
+PK_INLINE float seq_code(const int bits, const uint8_t *row, int64_t c)
+{
+    if (bits == 8) return (float)row[c];
+    const unsigned per = 8u / (unsigned)bits, mask = (1u << bits) - 1u;
+    return (float)((row[c / per] >> ((c % per) * (unsigned)bits)) & mask);
+}
+#else
+/* Codes c .. c + VL - 1 of a row (c a multiple of VL) as floats; reads only the bytes holding them. */
+PK_INLINE vf seq_codes(const int bits, const uint8_t *row, int64_t c)
+{
+    if (bits == 8) return v_load_u8(row + c);
+    if (bits == 4) return v_load_u4(row + c / 2);
+    return v_load_u2(row + c / 4);
+}
+
+/* The first codes of tail t from c on.  The row's trailer (8 bytes after 8-bit codes, 4 after 4-
+ * and 2-bit ones) follows its codes, so where a full load of VL codes takes no more bytes than one
+ * code's byte and the trailer hold, that load stays inside the row (as the quantized bags do). */
+PK_INLINE vf seq_codes_tail(const int bits, const uint8_t *row, int64_t c, v_tail t)
+{
+    const int load_bytes = bits == 8 ? VL : VL * bits / 8, trailer = bits == 8 ? 8 : 4;
+    if (load_bytes <= 1 + trailer) return seq_codes(bits, row, c);
+    if (bits == 8) return v_load_u8_tail(row + c, t);
+    if (bits == 4) return v_load_u4_tail(row + c / 2, t);
+    return v_load_u2_tail(row + c / 4, t);
+}
+#endif
+
+PK_INLINE void seq_dequant(const int bits, const uint8_t *row, int64_t codes_bytes, int64_t dim,
+                           float *o)
+{
+    float scale, bias;
+    pk_q_read_trailer(bits, row, (size_t)codes_bytes, &scale, &bias);
+#if VL == 1
+    for (int64_t c = 0; c < dim; c++) o[c] = seq_code(bits, row, c) * scale + bias;
+#else
+    const vf vscale = v_set1(scale), vbias = v_set1(bias);
+    int64_t c = 0;
+    for (; c + VL <= dim; c += VL) v_store(o + c, v_fmadd(seq_codes(bits, row, c), vscale, vbias));
+    if (c < dim) {
+        const v_tail t = v_tail_of((size_t)(dim - c));
+        v_store_tail(o + c, v_fmadd(seq_codes_tail(bits, row, c, t), vscale, vbias), t);
+    }
+#endif
+}
+
+PK_INLINE pk_status qrows_loop(const int bits, const int64_t D, const uint8_t *packed, int64_t rows,
+                               int64_t row_bytes_rt, int64_t dim_rt, const void *indices, int64_t n,
+                               float *out, int64_t *bad_pos, const int idx64, const int far)
+{
+    const int64_t dim = D ? D : dim_rt;
+    const int64_t codes_bytes = bits == 8 ? dim : (int64_t)pk_q_codes_bytes(bits, (size_t)dim);
+    const int64_t row_bytes = D ? codes_bytes + (bits == 8 ? 8 : 4) : row_bytes_rt;
+    const int64_t ahead = far ? SEQ_FAR : (row_bytes <= 128 ? SEQ_NEAR_SHORT : SEQ_NEAR);
+    const int64_t pf_end = n - ahead;
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t idx = seq_index(indices, j, idx64);
+        if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return PK_ERR_INDEX; }
+        if (j < pf_end) {
+            const int64_t next = seq_index(indices, j + ahead, idx64);
+            const uintptr_t p = (uintptr_t)packed + (uint64_t)next * (uint64_t)row_bytes;
+            seq_prefetch((const char *)p, row_bytes, far, 1);
+        }
+        seq_dequant(bits, packed + idx * row_bytes, codes_bytes, dim, out + j * dim);
+    }
+    return PK_OK;
+}
+
+#define QROWS_FN(BITS, D, IDX64, FAR)                                                               \
+    SEQ_NOINLINE pk_status qrows_##BITS##_##D##_##IDX64##FAR(                                      \
+        const uint8_t *packed, int64_t rows, int64_t row_bytes, int64_t dim, const void *indices,   \
+        int64_t n, float *out, int64_t *bad_pos)                                                    \
+    {                                                                                               \
+        return qrows_loop(BITS, D, packed, rows, row_bytes, dim, indices, n, out, bad_pos, IDX64,   \
+                          FAR);                                                                     \
+    }
+#define QROWS_FNS(BITS, D)                                                                          \
+    QROWS_FN(BITS, D, 0, 0) QROWS_FN(BITS, D, 0, 1) QROWS_FN(BITS, D, 1, 0) QROWS_FN(BITS, D, 1, 1) \
+    SEQ_NOINLINE pk_status qrows_##BITS##_##D(const uint8_t *packed, int64_t rows,                  \
+                                              int64_t row_bytes, int64_t dim, const void *indices, \
+                                              int idx64, int64_t n, float *out, int64_t *bad_pos,  \
+                                              int far)                                              \
+    {                                                                                               \
+        switch (idx64 * 2 + far) {                                                                  \
+        case 0: return qrows_##BITS##_##D##_00(packed, rows, row_bytes, dim, indices, n, out, bad_pos); \
+        case 1: return qrows_##BITS##_##D##_01(packed, rows, row_bytes, dim, indices, n, out, bad_pos); \
+        case 2: return qrows_##BITS##_##D##_10(packed, rows, row_bytes, dim, indices, n, out, bad_pos); \
+        default: return qrows_##BITS##_##D##_11(packed, rows, row_bytes, dim, indices, n, out, bad_pos); \
+        }                                                                                           \
+    }
+QROWS_FNS(8, 0) QROWS_FNS(8, 32) QROWS_FNS(8, 64) QROWS_FNS(8, 128) QROWS_FNS(8, 256)
+QROWS_FNS(4, 0) QROWS_FNS(4, 32) QROWS_FNS(4, 64) QROWS_FNS(4, 128) QROWS_FNS(4, 256)
+QROWS_FNS(2, 0)
+#undef QROWS_FN
+#undef QROWS_FNS
+
+pk_status PK_ISA_FN(pk_embedding_rows_quantized)(int bits, const uint8_t *packed, int64_t rows,
+                                                 int64_t row_bytes, int64_t dim,
+                                                 const void *indices, int index_64, int64_t n,
+                                                 float *out, int64_t *bad_pos)
+{
+    const int far = (uint64_t)rows * (uint64_t)row_bytes >= SEQ_FAR_MIN_BYTES;
+    const int i64 = index_64 != 0;
+#define BY_DIM(BITS)                                                                                \
+    switch (row_bytes == (int64_t)pk_quantized_row_bytes(BITS, (size_t)dim) ? dim : 0) {                   \
+    case 32: return qrows_##BITS##_32(packed, rows, row_bytes, dim, indices, i64, n, out, bad_pos, far); \
+    case 64: return qrows_##BITS##_64(packed, rows, row_bytes, dim, indices, i64, n, out, bad_pos, far); \
+    case 128: return qrows_##BITS##_128(packed, rows, row_bytes, dim, indices, i64, n, out, bad_pos, far); \
+    case 256: return qrows_##BITS##_256(packed, rows, row_bytes, dim, indices, i64, n, out, bad_pos, far); \
+    default: return qrows_##BITS##_0(packed, rows, row_bytes, dim, indices, i64, n, out, bad_pos, far); \
+    }
+    if (bits == 8) BY_DIM(8)
+    if (bits == 4) BY_DIM(4)
+#undef BY_DIM
+    return qrows_2_0(packed, rows, row_bytes, dim, indices, i64, n, out, bad_pos, far);
+}
+
+#endif

@@ -1,0 +1,261 @@
+"""perfkernels.torch.Embedding: torch.nn.Embedding (unpooled lookups) on perfkernels' kernels, and
+the functional ``embedding`` that :func:`~perfkernels.torch.route_functional` puts in place of
+``torch.nn.functional.embedding``."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.autograd.forward_ad as _fwad
+import torch.nn.functional as F
+from torch import Tensor
+
+import perfkernels as pk
+
+from . import _bags, _fused, _placement
+from ._bridge import TableViewCache, as_numpy
+from ._fallback import warn_once
+
+#: torch's own function, kept so that routing (and our fallbacks) never call ourselves
+_TORCH_EMBEDDING = F.embedding
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INDEX_DTYPES = (torch.int64, torch.int32)
+#: torch's message for an index out of [0, rows) (an IndexError, as torch raises it)
+TORCH_INDEX_MESSAGE = "index out of range in self"
+
+
+def _reason(max_norm: Optional[float], scale_grad_by_freq: bool, dtype: torch.dtype
+            ) -> Optional[str]:
+    """Why an Embedding with these options runs torch's implementation (None: ours)."""
+    if max_norm is not None:
+        return "max_norm renormalises rows in place during lookup, which perfkernels does not do"
+    if scale_grad_by_freq:
+        return "scale_grad_by_freq is not implemented by perfkernels"
+    if dtype not in _KERNEL_DTYPES:
+        return f"weight dtype {dtype} is not float32, float16 or bfloat16"
+    return None
+
+
+def _as_tensor(result: np.ndarray, dtype: torch.dtype) -> Tensor:
+    if dtype is torch.bfloat16:
+        return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(result)
+
+
+def _plain(input, weight) -> bool:
+    """Whether a lookup is one our kernel answers exactly as torch: plain CPU tensors (no
+    subclass, no torch function mode, no forward-mode AD level), int32/int64 indices, a 2-D
+    float table with unit-stride rows of our dtypes.  Anything else goes to torch's function (its result or its exception)."""
+    return (type(input) is Tensor and input.dtype in _INDEX_DTYPES and input.device.type == "cpu"
+            and (type(weight) is torch.nn.Parameter or type(weight) is Tensor)
+            and weight.device.type == "cpu" and weight.dtype in _KERNEL_DTYPES
+            and weight.dim() == 2 and (weight.stride(1) == 1 or weight.shape[1] <= 1)
+            and weight.stride(0) >= 0 and not weight.is_neg()
+            and not torch._C._is_torch_function_mode_enabled()
+            and _fwad._current_level < 0)   # forward-mode AD (dual tensors): torch's function
+
+
+def _numpy_lookup(table: np.ndarray, input: Tensor, dtype: torch.dtype) -> Tensor:
+    """Our kernel on a NumPy view of the table; torch's IndexError for a bad index."""
+    try:
+        out = pk.embedding(table, input.numpy())
+    except IndexError:
+        raise IndexError(TORCH_INDEX_MESSAGE) from None
+    return _as_tensor(out, dtype)
+
+
+def lookup(weight: Tensor, input: Tensor) -> Tensor:
+    """``weight[input]`` by our kernel (a plain CPU lookup, see :func:`_plain`), no autograd."""
+    return _numpy_lookup(as_numpy(weight), input, weight.dtype)
+
+
+class EmbeddingFunction(torch.autograd.Function):
+    """Our lookup with torch's gradient: the weight gradient is torch's own
+    ``aten::embedding_backward`` (dense, or sparse COO with ``sparse=True``; ``padding_idx`` rows
+    get none), or a fused optimizer's in-place update (no gradient returned)."""
+
+    @staticmethod
+    def forward(ctx, weight: Tensor, input: Tensor, padding_idx: int, sparse: bool,
+                module: Optional["Embedding"], table: Optional[np.ndarray]) -> Tensor:
+        out = (_numpy_lookup(table, input, weight.dtype) if table is not None
+               else lookup(weight, input))
+        ctx.save_for_backward(input)
+        ctx.options = (weight.shape[0], padding_idx, sparse, module, weight.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        (input,) = ctx.saved_tensors
+        rows, padding_idx, sparse, module, dtype = ctx.options
+        grad_weight = None
+        if ctx.needs_input_grad[0]:
+            if module is not None and module.fused_optimizer is not None:
+                n = input.numel()
+                b = _bags.BagBackward(grad_output.reshape(n, -1), input.reshape(n, 1), None, None,
+                                      "sum", False, None if padding_idx < 0 else padding_idx,
+                                      rows, dtype, ctx.next_functions[0][0])
+                module.fused_optimizer.update(module.weight, module._buffers.get("momentum1"), b)
+            else:
+                grad_weight = torch.ops.aten.embedding_backward(
+                    grad_output, input, rows, padding_idx, False, sparse)
+        return grad_weight, None, None, None, None, None
+
+
+# --------------------------------------------------------------------------- the registered op
+
+@torch.library.custom_op("perfkernels::embedding", mutates_args=())
+def embedding_op(weight: Tensor, indices: Tensor, padding_idx: int) -> Tensor:
+    """The unpooled lookup as a registered op (what torch.compile and torch.export see)."""
+    if _plain(indices, weight):
+        return lookup(weight, indices)
+    return torch.embedding(weight, indices, padding_idx)
+
+
+@embedding_op.register_fake
+def _embedding_fake(weight, indices, padding_idx):
+    return weight.new_empty((*indices.shape, weight.shape[1]))
+
+
+def _embedding_setup(ctx, inputs, output):
+    weight, indices, padding_idx = inputs
+    ctx.save_for_backward(indices)
+    ctx.options = (weight.shape[0], padding_idx)
+
+
+def _embedding_backward(ctx, grad_output):
+    (indices,) = ctx.saved_tensors
+    rows, padding_idx = ctx.options
+    grad_weight = None
+    if ctx.needs_input_grad[0]:
+        grad_weight = torch.ops.aten.embedding_dense_backward(grad_output, indices, rows,
+                                                              padding_idx, False)
+    return grad_weight, None, None
+
+
+embedding_op.register_autograd(_embedding_backward, setup_context=_embedding_setup)
+
+
+# --------------------------------------------------------------------------- the functional
+
+def _normalised_padding(padding_idx: Optional[int], rows: int) -> int:
+    """F.embedding's handling of padding_idx: its assertions, then -1 for none."""
+    if padding_idx is None:
+        return -1
+    if padding_idx > 0:
+        assert padding_idx < rows, "Padding_idx must be within num_embeddings"
+    elif padding_idx < 0:
+        assert padding_idx >= -rows, "Padding_idx must be within num_embeddings"
+        padding_idx = rows + padding_idx
+    return padding_idx
+
+
+def embedding(input: Tensor, weight: Tensor, padding_idx: Optional[int] = None,
+              max_norm: Optional[float] = None, norm_type: float = 2.0,
+              scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """``torch.nn.functional.embedding`` on perfkernels' kernel: the same signature, and torch's
+    result or exception for every input.  Plain CPU lookups (int32/int64 indices of any shape, a
+    float32/float16/bfloat16 table) run our kernel, with torch's gradient (dense, or sparse COO
+    with ``sparse=True``); ``max_norm`` and ``scale_grad_by_freq`` run torch's function, with a
+    one-time warning; anything else (other dtypes and devices, tensor subclasses, a torch
+    function mode, compiling) is torch's function, which answers or raises as it does."""
+    if (max_norm is not None or scale_grad_by_freq) and isinstance(weight, Tensor):
+        warn_once(_reason(max_norm, scale_grad_by_freq, weight.dtype))
+    elif (not torch.compiler.is_compiling() and (padding_idx is None or type(padding_idx) is int)
+          and _plain(input, weight)):
+        pad = _normalised_padding(padding_idx, weight.shape[0])
+        if torch.is_grad_enabled() and weight.requires_grad:
+            return EmbeddingFunction.apply(weight, input, pad, sparse, None, None)
+        return lookup(weight, input)
+    return _TORCH_EMBEDDING(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq,
+                            sparse)
+
+
+# --------------------------------------------------------------------------- the module
+
+class Embedding(TableViewCache, torch.nn.Embedding):
+    """Drop-in replacement for :class:`torch.nn.Embedding` (a subclass of it).
+
+    The constructor, :meth:`forward`, :meth:`from_pretrained`, ``state_dict`` and attributes are
+    torch's, so checkpoints load unchanged and ``isinstance(m, torch.nn.Embedding)`` holds.
+    Lookups of float32 / float16 / bfloat16 CPU tables with int32 / int64 indices of any shape
+    run perfkernels' kernel (:func:`perfkernels.embedding`); the weight gradient is torch's own
+    (``aten::embedding_backward``: dense, or with ``sparse=True`` the same uncoalesced COO
+    gradient; ``padding_idx`` rows get none), so torch optimizers work unchanged.  Under
+    ``torch.compile`` / ``torch.export`` the lookup is the registered op ``perfkernels::embedding``
+    and the gradient dense.
+
+    ``max_norm`` and ``scale_grad_by_freq`` (and other weight dtypes) run torch's implementation,
+    with a one-time warning.  Every other input torch's function would refuse (indices of another
+    dtype, a bad ``padding_idx``, tensors on other devices, subclasses) goes to torch's function,
+    which raises its own exception; an out-of-range index raises torch's
+    ``IndexError: index out of range in self``.
+
+    ``fused_optimizer=("rowwise_adagrad", {"lr": 0.01})`` (or ``"adagrad"``, ``"sgd"``; also
+    :meth:`set_fused_optimizer`) makes backward update the table in place, each index treated
+    as a bag of one (:func:`perfkernels.embedding_bag_backward_update`), instead of returning a
+    gradient: ``weight.grad`` stays None, the state is the buffer ``momentum1``.
+
+    ``placement=`` (``"auto"`` by default, ``"hugepage"``, ``"keep"``) moves the weight's storage
+    into memory placed for gathers, as :class:`~perfkernels.torch.EmbeddingBag` does.
+    """
+
+    #: the optimizer that updates the table during backward, if any
+    fused_optimizer: Optional[_fused.FusedOptimizer] = None
+    #: replacement for the weight gradient used by the fused optimizer (None: torch's gradient)
+    weight_backward = None
+
+    def __init__(self, *args, fused_optimizer: Optional[_fused.FusedOptimizerSpec] = None,
+                 placement: str = "auto", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _placement.place_tensor_attr(self, "weight", placement)
+        if fused_optimizer is not None:
+            self.set_fused_optimizer(fused_optimizer)
+
+    @classmethod
+    def from_torch(cls, module: torch.nn.Embedding) -> "Embedding":
+        """Ours in place of ``module``: its attributes, hooks and weight Parameter (no copy)."""
+        new = cls.__new__(cls)
+        for key, value in module.__dict__.items():
+            if key == "_np_view":
+                continue
+            new.__dict__[key] = value.copy() if isinstance(value, dict) else value
+        return new
+
+    def set_fused_optimizer(self, spec: Optional[_fused.FusedOptimizerSpec]) -> None:
+        """Update the table during backward with ``spec`` = ``(name, {"lr": ..., ...})`` (see
+        :class:`~perfkernels.torch.FusedOptimizer`); None returns to ordinary gradients."""
+        _fused.enable(self, spec)
+
+    def _fused_weight_backward(self, b) -> None:
+        self.fused_optimizer.update(self.weight, self._buffers.get("momentum1"), b)
+        return None
+
+    def forward(self, input: Tensor) -> Tensor:
+        """Rows of the table, shape ``input.shape + (embedding_dim,)``, as
+        :meth:`torch.nn.Embedding.forward` (torch's result or exception for every input)."""
+        w = self._parameters.get("weight")
+        if w is None:
+            w = self.weight
+        if self.max_norm is not None or self.scale_grad_by_freq:
+            warn_once(_reason(self.max_norm, self.scale_grad_by_freq, w.dtype))
+        elif torch.compiler.is_compiling():
+            if w.dtype in _KERNEL_DTYPES and input.dtype in _INDEX_DTYPES:
+                pad = -1 if self.padding_idx is None else self.padding_idx
+                return embedding_op(w, input, pad)
+        elif (self.padding_idx is None or type(self.padding_idx) is int) and _plain(input, w):
+            view = self._np_view
+            if (view is None or view[0] is not w or view[1] != w.data_ptr()
+                    or view[2] != w.stride() or view[3] is not w.dtype or view[4] != w.shape):
+                self._table_array(w)
+                view = self._np_view
+            pad = -1 if self.padding_idx is None else self.padding_idx
+            if torch.is_grad_enabled() and w.requires_grad:
+                return EmbeddingFunction.apply(w, input, pad, self.sparse,
+                                               self if self.fused_optimizer is not None else None,
+                                               view[5])
+            return _numpy_lookup(view[5], input, w.dtype)
+        elif w.dtype not in _KERNEL_DTYPES and isinstance(w, Tensor):
+            warn_once(_reason(None, False, w.dtype))
+        return _TORCH_EMBEDDING(input, w, self.padding_idx, self.max_norm, self.norm_type,
+                                self.scale_grad_by_freq, self.sparse)

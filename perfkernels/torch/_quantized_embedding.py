@@ -1,0 +1,157 @@
+"""perfkernels.torch.QuantizedEmbedding: unpooled lookups of row-wise quantized tables, in place of
+torch.ao.nn.quantized.Embedding (whose quantized tensors torch is deprecating)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+import perfkernels as pk
+
+from . import _placement
+from ._bridge import TableViewCache, as_numpy, quantized_index_error
+from ._quantized import _bits_of, _from_quantized_tensor, packed_dim
+from ..families.quantized.layout import packed_row_bytes
+
+
+@torch.library.custom_op("perfkernels::embedding_quantized", mutates_args=())
+def embedding_quantized_op(packed: Tensor, indices: Tensor, bits: int, dim: int) -> Tensor:
+    """Unpooled lookup of packed rows as a registered op (what torch.compile / export see)."""
+    try:
+        out = pk.embedding_quantized(as_numpy(packed), indices.numpy(), bits=bits, dim=dim)
+    except IndexError as exc:
+        raise quantized_index_error(exc) from None
+    return torch.from_numpy(out)
+
+
+@embedding_quantized_op.register_fake
+def _embedding_quantized_fake(packed, indices, bits, dim):
+    return packed.new_empty((*indices.shape, dim), dtype=torch.float32)
+
+
+class QuantizedEmbedding(TableViewCache, torch.nn.Module):
+    """Drop-in replacement for :class:`torch.ao.nn.quantized.Embedding`: one float32 row per index
+    from a row-wise quantized table (8-bit rows with float32 scale / bias, 4-bit and 2-bit with
+    float16 scale / bias), shape ``indices.shape + (embedding_dim,)``.
+
+    The constructor and :meth:`forward` have torch's signatures (``dtype`` is ``torch.quint8``,
+    ``torch.quint4x2``, ``torch.quint2x4`` or 8/4/2).  The table is the buffer ``packed_weight``:
+    uint8 rows in the layout of ``torch.ops.quantized.embedding_bag_*_prepack``, not a quantized
+    tensor.  :meth:`from_torch_ao` reads torch.ao's module bit for bit (same codes, scales and
+    biases: the same outputs as its ``embedding_byte`` / ``embedding_4bit`` ops, to float
+    rounding); :meth:`from_float` quantizes a float ``nn.Embedding`` (``bits=8, 4, 2``).  A
+    ``state_dict`` of torch.ao's module loads into this one.  An index out of range raises
+    :class:`~perfkernels.torch.IndexOutOfRangeError` with torch's quantized ops' message.
+    Lookups only: no gradient.  ``placement=`` as for :class:`~perfkernels.torch.Embedding`.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int,
+                 padding_idx: Optional[int] = None, max_norm: Optional[float] = None,
+                 norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False,
+                 _weight: Optional[Tensor] = None, dtype=torch.quint8, *,
+                 placement: str = "auto") -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.padding_idx = padding_idx
+        self.max_norm = max_norm
+        self.norm_type = norm_type
+        self.scale_grad_by_freq = scale_grad_by_freq
+        self.sparse = sparse
+        self.bits = _bits_of(dtype)
+        self.dtype = dtype
+        if _weight is None:
+            packed = torch.from_numpy(pk.quantize_rowwise(
+                np.zeros((num_embeddings, embedding_dim), np.float32), self.bits))
+        elif _weight.dtype == torch.uint8:
+            packed = _weight
+        else:
+            packed = _from_quantized_tensor(_weight, self.bits)
+        self.register_buffer("packed_weight", self._check_packed(packed))
+        _placement.place_tensor_attr(self, "packed_weight", placement)
+
+    def _check_packed(self, packed: Tensor) -> Tensor:
+        want = (self.num_embeddings, packed_row_bytes(self.embedding_dim, self.bits))
+        if packed.dtype != torch.uint8 or tuple(packed.shape) != want:
+            raise ValueError(f"packed weight must be uint8 of shape {want} for "
+                             f"{self.num_embeddings} x {self.embedding_dim} {self.bits}-bit rows; "
+                             f"got {packed.dtype} {tuple(packed.shape)}")
+        return packed
+
+    def forward(self, indices: Tensor) -> Tensor:
+        """Float32 rows ``indices.shape + (embedding_dim,)``."""
+        packed = self.packed_weight
+        if torch.compiler.is_compiling() or packed.device.type != "cpu":
+            return embedding_quantized_op(packed, indices, self.bits, self.embedding_dim)
+        if not isinstance(indices, Tensor) or indices.dtype not in (torch.int64, torch.int32):
+            raise RuntimeError(f"indices must be an int32 or int64 tensor; got "
+                               f"{getattr(indices, 'dtype', type(indices).__name__)}")
+        try:
+            out = pk.embedding_quantized(self._table_array(packed), indices.numpy(),
+                                         bits=self.bits, dim=self.embedding_dim)
+        except IndexError as exc:
+            raise quantized_index_error(exc) from None
+        return torch.from_numpy(out)
+
+    def dequantize(self) -> Tensor:
+        """The table as float32 ``[num_embeddings, embedding_dim]``."""
+        return torch.from_numpy(pk.dequantize_rowwise(as_numpy(self.packed_weight), self.bits,
+                                                      dim=self.embedding_dim))
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, bits={self.bits}"
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # A checkpoint of torch.ao.nn.quantized.Embedding: convert its quantized weight.
+        torch_key = prefix + "_packed_params._packed_weight"
+        if torch_key in state_dict:
+            state_dict = dict(state_dict)
+            qweight = state_dict.pop(torch_key)
+            if _bits_of(qweight.dtype) != self.bits:
+                error_msgs.append(f"{torch_key} holds {qweight.dtype} rows; this module has "
+                                  f"{self.bits}-bit rows")
+                return
+            state_dict.pop(prefix + "_packed_params.dtype", None)
+            state_dict[prefix + "packed_weight"] = _from_quantized_tensor(qweight, self.bits)
+        key = prefix + "packed_weight"
+        if key in state_dict:
+            self._check_packed(state_dict[key])
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    @classmethod
+    def from_torch_ao(cls, mod: torch.nn.Module, *, placement: str = "auto"
+                      ) -> "QuantizedEmbedding":
+        """From a :class:`torch.ao.nn.quantized.Embedding`: its quantized rows bit for bit."""
+        qweight = mod.weight()
+        bits = _bits_of(qweight.dtype)     # (its _packed_params.dtype says quint8 for 4-bit too)
+        new = cls(mod.num_embeddings, mod.embedding_dim, dtype=bits,
+                  _weight=_from_quantized_tensor(qweight, bits), placement=placement)
+        return new
+
+    @classmethod
+    def from_float(cls, mod: torch.nn.Embedding, *, bits: int = 8, placement: str = "auto"
+                   ) -> "QuantizedEmbedding":
+        """Quantize a float ``torch.nn.Embedding`` row-wise to ``bits`` (8, 4, 2): bit-exact with
+        torch's ``embedding_bag_*_prepack`` (and with torch.ao's float_qparams weight-only
+        quantization of the module, which packs the same rows)."""
+        bits = _bits_of(bits)
+        weight = mod.weight.detach()
+        if weight.dtype not in (torch.float32, torch.float16):
+            weight = weight.float()
+        packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(weight.contiguous()), bits))
+        new = cls(mod.num_embeddings, mod.embedding_dim, dtype=bits, _weight=packed,
+                  placement=placement)
+        new.padding_idx = mod.padding_idx
+        return new
+
+    @classmethod
+    def from_packed(cls, packed: Tensor, *, bits: int = 8, dim: Optional[int] = None,
+                    placement: str = "auto") -> "QuantizedEmbedding":
+        """From packed rows as ``torch.ops.quantized.embedding_bag_*_prepack`` return them."""
+        bits = _bits_of(bits)
+        dim = packed_dim(packed.shape[1], bits) if dim is None else dim
+        return cls(packed.shape[0], dim, dtype=bits, _weight=packed, placement=placement)
