@@ -25,7 +25,7 @@ from torch import Tensor
 import perfkernels as pk
 from perfkernels.families.interaction._interaction import pair_lists
 
-from . import _bags
+from . import _bags, _tensor_bags
 from ._bridge import IndexOutOfRangeError, as_numpy
 
 _NUMPY_MESSAGE = re.compile(r"feature (\d+): indices\[(\d+)\] = (-?\d+) is out of range for a "
@@ -70,9 +70,35 @@ def _widths(dense: Tensor, weights: list, interaction: str, pairs: str, itself: 
     return dense.shape[1] + num_pairs
 
 
+_PAIRS: dict = {}
+
+
+def _pair_arrays(n: int, pairs: str, itself: bool):
+    key = (n, pairs, itself)
+    found = _PAIRS.get(key)
+    if found is None:
+        found = _PAIRS[key] = pair_lists(n, pairs, itself)
+    return found
+
+
+def _fast(dense, weights, indices, offsets, include_last, interaction, pairs, itself, mean,
+          padding_idx) -> Optional[Tensor]:
+    """The kernels read straight from the tensors (C, no NumPy views), or None."""
+    li = lj = None
+    if interaction != "cat":
+        li, lj = _pair_arrays(len(weights) + 1, pairs, itself)
+    return _tensor_bags.interaction_lookup(dense, weights, indices, offsets, include_last,
+                                           interaction == "cat", li, lj, mean, padding_idx)
+
+
 def _run(dense: Tensor, weights: list, indices: list, offsets: list, include_last: bool,
          interaction: str, pairs: str, itself: bool, mean: list, padding_idx: list) -> Tensor:
-    """The eager kernel call: tensors viewed as NumPy arrays (no copy), the result as a tensor."""
+    """The eager kernel call: straight from the tensors when they are the plain cases, else
+    through NumPy views (no copy) and the NumPy API's checks; the result as a tensor."""
+    out = _fast(dense, weights, indices, offsets, include_last, interaction, pairs, itself, mean,
+                padding_idx)
+    if out is not None:
+        return out
     try:
         out = pk.embedding_bags_interaction(
             as_numpy(dense.detach().float()), [as_numpy(w.detach()) for w in weights],
@@ -111,6 +137,22 @@ def _per_table_fake(dense, weights, indices, offsets, include_last_offset, inter
                     self_interaction, mean, padding_idx, group):
     return dense.new_empty((dense.shape[0], _widths(dense, weights, interaction, pairs,
                                                     self_interaction)), dtype=torch.float32)
+
+
+def embedding_bags_interaction(dense, weights, indices, offsets, include_last_offset, interaction,
+                               pairs, self_interaction, mean, padding_idx, group):
+    """What an optimized model's eager graph calls: without a gradient to record, the kernels
+    straight from the tensors (no dispatcher); else, and under torch.compile / torch.export, the
+    registered op (one op in their graphs)."""
+    if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
+            dense.requires_grad or any(w.requires_grad for w in weights))):
+        out = _fast(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
+                    self_interaction, mean, padding_idx)
+        if out is not None:
+            return out
+    return embedding_bags_interaction_op(dense, weights, indices, offsets, include_last_offset,
+                                         interaction, pairs, self_interaction, mean, padding_idx,
+                                         group)
 
 
 # --------------------------------------------------------------------------- a KJT
@@ -154,6 +196,26 @@ def _collection_fake(dense, weights, values, offsets, num_keys, features, tables
     return dense.new_empty((dense.shape[0], _widths(dense, [weights[t] for t in tables],
                                                     interaction, pairs, self_interaction)),
                            dtype=torch.float32)
+
+
+def collection_interaction(dense, weights, values, offsets, num_keys, features, tables,
+                           interaction, pairs, self_interaction, mean, padding_idx, group):
+    """The KJT form of :func:`embedding_bags_interaction` (the optimized graph's eager call)."""
+    if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
+            dense.requires_grad or any(w.requires_grad for w in weights))):
+        try:
+            idx, offs = _split_kjt(values, offsets, num_keys, features)
+        except FusedInputError:
+            idx = None
+        if idx is not None:
+            out = _fast(dense, [weights[t] for t in tables], idx, offs, True, interaction, pairs,
+                        self_interaction, [mean[t] for t in tables],
+                        [padding_idx[t] for t in tables])
+            if out is not None:
+                return out
+    return collection_interaction_op(dense, weights, values, offsets, num_keys, features, tables,
+                                     interaction, pairs, self_interaction, mean, padding_idx,
+                                     group)
 
 
 # --------------------------------------------------------------------------- autograd

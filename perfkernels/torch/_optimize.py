@@ -246,7 +246,12 @@ class _Capture:
             if kind in ("PARAMETER", "BUFFER"):
                 owner, _, attr = spec.target.rpartition(".")
                 module = model.get_submodule(owner)
-                self.feeds.append(("state", module, attr))
+                # read at every call from the module's own dict (a Parameter replaced by
+                # assignment, or loaded in place, is what the next call reads)
+                store = module._parameters if kind == "PARAMETER" else module._buffers
+                if attr not in store:
+                    store = module.__dict__
+                self.feeds.append(("state", module, attr, store))
                 value = getattr(module, attr)
                 if kind == "PARAMETER":
                     weights[node] = value
@@ -260,6 +265,7 @@ class _Capture:
                 self.feeds.append(("user", user))
                 user += 1
         self.num_user = user
+        self.single_output = self.out_spec == pytree.tree_structure(0)
         self.guard = self._guard(placeholders)
         self.fqn_module = {node: self.feeds[i][1] for i, node in enumerate(placeholders)
                            if self.feeds[i][0] == "state"}
@@ -286,26 +292,27 @@ class _Capture:
                         dims.append((d, symbols.setdefault(name, (user, d))))
                 checks.append((user, val.dtype, val.dim(), tuple(dims)))
             user += 1
+        self.static_dims = [(i, d, w) for i, _, _, dims in checks for d, w in dims
+                            if type(w) is int]
+        self.equal_dims = [(i, d) + w for i, _, _, dims in checks for d, w in dims
+                           if type(w) is not int and w != (i, d)]
+        self.free_dims = [(i, d) for i, _, _, dims in checks for d, w in dims if w == (i, d)]
         return checks
 
     def matches(self, flat: list) -> bool:
+        """Whether inputs of this capture's signature (structure, dtypes, ranks) fit it: the dims
+        it fixed, the dims it found equal, and its free dims not 0 or 1 (export assumes so)."""
         if len(flat) != self.num_user:
             return False
-        for i, dtype, ndim, dims in self.guard:
-            t = flat[i]
-            if not isinstance(t, Tensor) or t.dtype is not dtype or t.dim() != ndim:
+        for i, d, want in self.static_dims:
+            if flat[i].shape[d] != want:
                 return False
-            shape = t.shape
-            for d, want in dims:
-                if type(want) is int:
-                    if shape[d] != want:
-                        return False
-                elif want != (i, d):
-                    j, e = want
-                    if flat[j].shape[e] != shape[d]:
-                        return False
-                elif shape[d] < 2:          # a dynamic dim: export assumed 0 and 1 away
-                    return False
+        for i, d, j, e in self.equal_dims:
+            if flat[i].shape[d] != flat[j].shape[e]:
+                return False
+        for i, d in self.free_dims:
+            if flat[i].shape[d] < 2:
+                return False
         return True
 
     # ---- the rewrite
@@ -394,7 +401,7 @@ class _Capture:
         args = (x, [lk.weight for lk in lks], [lk.indices for lk in lks],
                 [lk.offsets for lk in lks], lks[0].include_last, "dot", pairs, itself,
                 [lk.mean for lk in lks], [lk.padding_idx for lk in lks], gid)
-        return self._replace(graph, out, torch.ops.perfkernels.embedding_bags_interaction.default,
+        return self._replace(graph, out, _fused_ops.embedding_bags_interaction,
                              args, report, index,
                              f"{len(lks)} lookups + dot interaction ({pairs} order, "
                              f"self_interaction={itself})", done, embs + [cat])
@@ -420,7 +427,7 @@ class _Capture:
         args = (x, [lk.weight for lk in lks], [lk.indices for lk in lks],
                 [lk.offsets for lk in lks], lks[0].include_last, "cat", "dlrm", False,
                 [lk.mean for lk in lks], [lk.padding_idx for lk in lks], gid)
-        return self._replace(graph, cat, torch.ops.perfkernels.embedding_bags_interaction.default,
+        return self._replace(graph, cat, _fused_ops.embedding_bags_interaction,
                              args, report, index, f"{len(lks)} lookups + concatenation", done,
                              embs)
 
@@ -466,7 +473,7 @@ class _Capture:
         gid = _fused_ops.register_group(mods)
         args = (x, list(weights), values, offsets, num_keys, list(features), list(tables),
                 "dot", pairs, itself, list(mean), list(pads), gid)
-        return self._replace(graph, cat, torch.ops.perfkernels.collection_interaction.default,
+        return self._replace(graph, cat, _fused_ops.collection_interaction,
                              args, report, index,
                              f"collection of {len(features)} features + dot interaction "
                              f"({pairs} order)", done, [comb])
@@ -509,12 +516,15 @@ class _Capture:
         for feed in self.feeds:
             kind = feed[0]
             if kind == "state":
-                feeds.append(getattr(feed[1], feed[2]))
+                value = feed[3].get(feed[2])
+                feeds.append(value if value is not None else getattr(feed[1], feed[2]))
             elif kind == "const":
                 feeds.append(feed[1])
             else:
                 feeds.append(flat[feed[1]])
-        out = self.gm(*feeds)
+        out = self.gm.forward(*feeds)
+        if self.single_output:
+            return out[0]
         return pytree.tree_unflatten(list(out), self.out_spec)
 
 
@@ -544,14 +554,38 @@ class _State:
                 "capturing": False, "example_inputs": None}
 
 
-def _flatten(args, kwargs):
-    flat, spec = pytree.tree_flatten((args, kwargs))
-    return flat, spec
+def _flatten_into(obj, flat: list, key: list) -> None:
+    if isinstance(obj, Tensor):
+        flat.append(obj)
+        key.append((obj.dtype, obj.dim()))
+    elif type(obj) in (list, tuple):
+        key.append((type(obj), len(obj)))
+        for item in obj:
+            _flatten_into(item, flat, key)
+    elif type(obj) is dict:
+        key.append(tuple(obj))
+        for item in obj.values():
+            _flatten_into(item, flat, key)
+    else:   # any other pytree node (a KJT, ...) or leaf: as torch's pytree flattens it
+        leaves, spec = pytree.tree_flatten(obj)
+        key.append(spec)
+        for leaf in leaves:
+            if isinstance(leaf, Tensor):
+                flat.append(leaf)
+                key.append((leaf.dtype, leaf.dim()))
+            else:
+                flat.append(leaf)
+                key.append(leaf if type(leaf) in (int, float, bool, str, type(None))
+                           else type(leaf))
 
 
-def _signature(flat, spec, training: bool):
-    return (spec, training, tuple((t.dtype, t.dim()) if isinstance(t, Tensor) else type(t)
-                                  for t in flat))
+def _flatten(args, kwargs, training: bool):
+    """The inputs' leaves in torch's pytree order, and their signature: structure, dtypes and
+    ranks, plain values, and the train / eval mode."""
+    flat, key = [], [training]
+    _flatten_into(args, flat, key)
+    _flatten_into(kwargs, flat, key)
+    return flat, tuple(key)
 
 
 def _dynamic_shapes(args):
@@ -612,7 +646,7 @@ def _optimized_forward(self, *args, **kwargs):
     own = type(self).forward
     if state.capturing:
         return own(self, *args, **kwargs)
-    flat, spec = _flatten(args, kwargs)
+    flat, key = _flatten(args, kwargs, self.training)
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():
         # traced by torch.compile / torch.export: the first capture that fits (its fused ops
         # stay single ops in their graph); none: the model's own forward
@@ -620,7 +654,6 @@ def _optimized_forward(self, *args, **kwargs):
             if cap.matches(flat):
                 return cap.run(flat)
         return own(self, *args, **kwargs)
-    key = _signature(flat, spec, self.training)
     caps = state.captures.get(key)
     if caps is not None:
         for cap in caps:
@@ -680,10 +713,10 @@ def optimize(model: torch.nn.Module, example_inputs: Any = None, *,
     _last_report = report
     if example_inputs is not None:
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        flat, spec = _flatten(args, {})
+        flat, key = _flatten(args, {}, model.training)
         cap = _capture(model, state, args, {})
         if cap is not None and cap.matches(flat):
-            state.add(_signature(flat, spec, model.training), cap)
+            state.add(key, cap)
     if verbose:
         print(report)
     return model
