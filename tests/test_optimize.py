@@ -218,3 +218,46 @@ def test_copies_and_state_dict_round_trip():
         torch.testing.assert_close(twin(*inputs), fresh(*inputs), rtol=1e-5, atol=1e-5)
         opt.load_state_dict(twin.state_dict())
         torch.testing.assert_close(opt(*inputs), fresh(*inputs), rtol=1e-5, atol=1e-5)
+
+
+class _FunctionalDot(torch.nn.Module):
+    """Lookups written with torch.nn.functional.embedding_bag on the model's own parameters (mode
+    mean, padding_idx, include_last_offset), one of them weighted, then DLRM's dot interaction."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.tables = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(30 + f, 4))
+                                              for f in range(3)])
+        self.weighted = torch.nn.Parameter(torch.randn(9, 4))
+        self.top = torch.nn.Linear(4 + 6, 1)
+
+    def forward(self, x, indices, offsets, psw):
+        ly = [torch.nn.functional.embedding_bag(i, t, o, mode="mean", padding_idx=1,
+                                                include_last_offset=True)
+              for t, i, o in zip(self.tables, indices, offsets)]
+        T = torch.cat([x] + ly, dim=1).view((x.shape[0], -1, 4))
+        Z = torch.bmm(T, torch.transpose(T, 1, 2))
+        li, lj = torch.tril_indices(4, 4, offset=-1)
+        extra = torch.nn.functional.embedding_bag(indices[0] % 9, self.weighted, offsets[0],
+                                                  mode="sum", per_sample_weights=psw,
+                                                  include_last_offset=True)
+        return self.top(torch.cat([x, Z[:, li, lj]], dim=1)) + extra.sum(1, keepdim=True)
+
+
+def test_functional_lookups_are_fused_and_weighted_ones_reported():
+    model = _FunctionalDot().eval()
+    opt = pkt.optimize(copy.deepcopy(model))
+    g = torch.Generator().manual_seed(0)
+    for batch in (3, 17):
+        lens = [torch.randint(0, 4, (batch,), generator=g) for _ in range(3)]
+        offsets = [torch.cat([torch.zeros(1, dtype=torch.long), n.cumsum(0)]) for n in lens]
+        indices = [torch.randint(0, 30, (int(o[-1]),), generator=g) for o in offsets]
+        psw = torch.rand(indices[0].shape[0], generator=g)
+        x = torch.rand(batch, 4, generator=g)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(x, indices, offsets, psw),
+                                       model(x, indices, offsets, psw), rtol=1e-5, atol=1e-5)
+    report = pkt.last_optimize_report()
+    assert any("3 lookups + dot interaction" in what for _, _, what in report.fused)
+    assert any("per_sample_weights" in why for _, _, why in report.not_fused)

@@ -165,22 +165,43 @@ def _is_transpose_12(node, of) -> bool:
             and node.args[0] is of and sorted(int(x) % 3 for x in node.args[1:3]) == [1, 2])
 
 
-def _constant_value(node, consts: dict):
-    """The value of a node computed from constants only (lifted tensors, buffers, selects),
-    or None."""
+#: ops evaluated at capture time when every input is a constant (the pair lists' sources)
+_CONSTANT_OPS = {_aten.lift_fresh_copy.default, _aten.detach_.default, _aten.detach.default,
+                 _aten.clone.default, _aten.alias.default, _aten.select.int, _aten.unbind.int,
+                 _aten._to_copy.default, _aten.to.dtype, _aten.tril_indices.default,
+                 _aten.triu_indices.default, operator.getitem}
+
+
+def _constant_value(node, consts: dict, _depth: int = 0):
+    """The value of a node computed from constants only (lifted tensors, buffers, and the ops of
+    _CONSTANT_OPS on them: DLRM's ``torch.tensor([...])``, ``torch.tril_indices``, TorchRec's
+    ``triu_indices`` buffer rows), or None."""
+    if not hasattr(node, "op"):
+        return node
     if node in consts:
         return consts[node]
-    if node.op != "call_function":
+    if node.op != "call_function" or node.target not in _CONSTANT_OPS or _depth > 8:
         return None
-    if node.target in (_aten.lift_fresh_copy.default, _aten.detach_.default,
-                       _aten.detach.default, _aten.clone.default, _aten.alias.default):
-        return _constant_value(node.args[0], consts)
-    if node.target is _aten.select.int:
-        base = _constant_value(node.args[0], consts)
-        return None if base is None else base.select(node.args[1], node.args[2])
-    if node.target in (_aten._to_copy.default, _aten.to.dtype):
-        return _constant_value(node.args[0], consts)
-    return None
+    args = []
+    for a in node.args:
+        if hasattr(a, "op"):
+            v = _constant_value(a, consts, _depth + 1)
+            if v is None:
+                return None
+            args.append(v)
+        elif isinstance(a, (list, tuple)) and any(hasattr(x, "op") for x in a):
+            return None
+        else:
+            args.append(a)
+    kwargs = {k: v for k, v in node.kwargs.items() if k not in ("device", "pin_memory")}
+    if any(hasattr(v, "op") for v in kwargs.values()):
+        return None
+    try:
+        if node.target in (_aten.detach_.default,):
+            return args[0]
+        return node.target(*args, **kwargs)
+    except Exception:   # noqa: BLE001 - not a constant we can evaluate
+        return None
 
 
 def _pairs_of(li: Tensor, lj: Tensor, n: int) -> Optional[tuple[str, bool]]:
