@@ -261,3 +261,33 @@ def test_functional_lookups_are_fused_and_weighted_ones_reported():
     report = pkt.last_optimize_report()
     assert any("3 lookups + dot interaction" in what for _, _, what in report.fused)
     assert any("per_sample_weights" in why for _, _, why in report.not_fused)
+
+
+class _DataDependent(torch.nn.Module):
+    """A branch on a value of the data: torch.export cannot capture it, the model runs unfused."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = torch.nn.ModuleList([torch.nn.EmbeddingBag(10, 3, mode="sum")
+                                        for _ in range(2)])
+
+    def forward(self, x, indices, offsets):
+        ly = [e(i, o) for e, i, o in zip(self.emb, indices, offsets)]
+        if x.sum() > 0:
+            return torch.cat([x] + ly, dim=1)
+        return torch.cat([x] + ly[::-1], dim=1)
+
+
+def test_data_dependent_control_flow_runs_unfused_and_is_reported():
+    model = _DataDependent().eval()
+    opt = pkt.optimize(model)
+    indices = [torch.tensor([1, 2, 3]), torch.tensor([4, 5, 9])]
+    offsets = [torch.tensor([0, 1, 1]), torch.tensor([0, 2, 3])]
+    for sign in (1.0, -1.0):
+        x = sign * torch.rand(3, 3)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(x, indices, offsets), model(x, indices, offsets))
+    report = pkt.last_optimize_report()
+    assert report.captures and "runs unfused" in report.captures[0][1]
+    assert not report.fused and fused_graphs(opt) == []
