@@ -80,11 +80,11 @@ def main(argv=None) -> None:
 
             def emb_fused(x):       # what optimize()'s eager graph calls
                 return eager(dense0, weights, x[2], x[1], False, "cat", "dlrm", False,
-                             [0] * 26, [-1] * 26, 0)
+                             [0] * 26, [-1] * 26, [0] * 26, [16] * 26, 0)
 
             def emb_op(x):          # the registered op (what a compiled graph calls)
                 return op(dense0, weights, x[2], x[1], False, "cat", "dlrm", False,
-                          [0] * 26, [-1] * 26, 0)
+                          [0] * 26, [-1] * 26, [0] * 26, [16] * 26, 0)
             stages = {"emb: stock loop": emb_stock, "emb: convert() loop": emb_conv,
                       "emb: fused (eager)": emb_fused, "emb: fused op": emb_op}
             times = {k: [] for k in list(variants) + list(stages)}

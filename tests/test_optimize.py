@@ -291,3 +291,17 @@ def test_data_dependent_control_flow_runs_unfused_and_is_reported():
     report = pkt.last_optimize_report()
     assert report.captures and "runs unfused" in report.captures[0][1]
     assert not report.fused and fused_graphs(opt) == []
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("interaction", ["dot", "cat"])
+def test_quantized_tables_are_fused(bits, interaction):
+    stock = model_of(interaction)
+    unfused = pkt.convert(stock, bits=bits)
+    opt = pkt.optimize(stock, bits=bits)
+    for batch, bag in ((1, 1), (9, 2)):
+        inputs = dlrm_inputs(ROWS, batch, 6, bag=bag, seed=batch)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(*inputs), unfused(*inputs), rtol=1e-5, atol=1e-6)
+    assert any(f"{len(ROWS)} lookups" in what for _, _, what in pkt.last_optimize_report().fused)
+    assert all(count(g, EAGER) == 1 for g in fused_graphs(opt))

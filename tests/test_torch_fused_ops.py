@@ -53,7 +53,8 @@ def test_fast_path_and_op_equal_the_numpy_api_and_torch(isa, dtype, index_dtype,
         dense, weights, indices, offsets = inputs(3, dtype=dtype, index_dtype=index_dtype,
                                                   last=last)
         mean, pads = [0, 1, 0, 1], [-1, 2, 0, -1]
-        args = (dense, weights, indices, offsets, last, interaction, pairs, itself, mean, pads, 0)
+        args = (dense, weights, indices, offsets, last, interaction, pairs, itself, mean, pads,
+                [0] * 4, [8] * 4, 0)
         with torch.no_grad():
             fast = _fused_ops.embedding_bags_interaction(*args)
             op = OP(*args)
@@ -82,7 +83,8 @@ def test_gradients_equal_the_unfused_ops(form):
         x = dense.clone().requires_grad_()
         ws = [w.clone().requires_grad_() for w in weights]
         args = (x, ws, indices, offsets, False, interaction, pairs, itself, mean, pads)
-        out = (_fused_ops.embedding_bags_interaction(*args, 0) if fused else unfused(*args))
+        out = (_fused_ops.embedding_bags_interaction(*args, [0] * 3, [5] * 3, 0) if fused
+               else unfused(*args))
         (out * torch.linspace(-1, 2, out.numel()).view_as(out)).sum().backward()
         grads.append([x.grad] + [w.grad for w in ws])
     for a, b in zip(*grads):
@@ -96,13 +98,14 @@ def test_bad_index_and_bad_offsets():
                                            r"the valid range \[0, 22\)"):
         with torch.no_grad():
             OP(dense, weights, indices, offsets, False, "dot", "dlrm", False, [0] * 4, [-1] * 4,
-               0)
+               [0] * 4, [8] * 4, 0)
     dense, weights, indices, offsets = inputs(7)
     offsets[1][0] = 1
     with pytest.raises(_fused_ops.FusedInputError, match="feature 1: offsets\\[0\\] = 1"):
         with torch.no_grad():
             _fused_ops.embedding_bags_interaction(dense, weights, indices, offsets, False, "dot",
-                                                  "dlrm", False, [0] * 4, [-1] * 4, 0)
+                                                  "dlrm", False, [0] * 4, [-1] * 4, [0] * 4,
+                                                  [8] * 4, 0)
 
 
 def test_threads_do_not_change_the_bits():
@@ -115,7 +118,7 @@ def test_threads_do_not_change_the_bits():
             with torch.no_grad():
                 outs.append(_fused_ops.embedding_bags_interaction(
                     dense, weights, indices, offsets, False, "dot", "dlrm", False, [0] * 6,
-                    [-1] * 6, 0).numpy().tobytes())
+                    [-1] * 6, [0] * 6, [16] * 6, 0).numpy().tobytes())
         finally:
             pk.set_num_threads(old)
     assert outs[0] == outs[1] == outs[2]

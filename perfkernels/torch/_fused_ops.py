@@ -62,9 +62,11 @@ def _group_module(group: int, f: int):
 
 # --------------------------------------------------------------------------- the shared forward
 
-def _widths(dense: Tensor, weights: list, interaction: str, pairs: str, itself: bool) -> int:
+def _widths(dense: Tensor, weights: list, interaction: str, pairs: str, itself: bool,
+            dims: Optional[list] = None) -> int:
     if interaction == "cat":
-        return dense.shape[1] + sum(w.shape[1] for w in weights)
+        return dense.shape[1] + sum(d if dims and d else w.shape[1]
+                                    for w, d in zip(weights, dims or [0] * len(weights)))
     n = len(weights) + 1
     num_pairs = n * (n - 1) // 2 + (n if itself else 0)
     return dense.shape[1] + num_pairs
@@ -92,20 +94,26 @@ def _fast(dense, weights, indices, offsets, include_last, interaction, pairs, it
 
 
 def _run(dense: Tensor, weights: list, indices: list, offsets: list, include_last: bool,
-         interaction: str, pairs: str, itself: bool, mean: list, padding_idx: list) -> Tensor:
-    """The eager kernel call: straight from the tensors when they are the plain cases, else
-    through NumPy views (no copy) and the NumPy API's checks; the result as a tensor."""
-    out = _fast(dense, weights, indices, offsets, include_last, interaction, pairs, itself, mean,
-                padding_idx)
-    if out is not None:
-        return out
+         interaction: str, pairs: str, itself: bool, mean: list, padding_idx: list,
+         bits: Optional[list] = None, dims: Optional[list] = None) -> Tensor:
+    """The eager kernel call: straight from the tensors when they are the plain cases (float
+    tables), else through NumPy views (no copy) and the NumPy API's checks; the result as a
+    tensor."""
+    packed = bool(bits) and any(bits)
+    if not packed:
+        out = _fast(dense, weights, indices, offsets, include_last, interaction, pairs, itself,
+                    mean, padding_idx)
+        if out is not None:
+            return out
     try:
         out = pk.embedding_bags_interaction(
             as_numpy(dense.detach().float()), [as_numpy(w.detach()) for w in weights],
             [as_numpy(i) for i in indices], [as_numpy(o) for o in offsets],
             interaction=interaction, pairs=pairs, self_interaction=itself,
             include_last_offset=include_last, modes=["mean" if m else "sum" for m in mean],
-            padding_idx=[None if p < 0 else p for p in padding_idx])
+            padding_idx=[None if p < 0 else p for p in padding_idx],
+            bits=[b or None for b in bits] if packed else None,
+            dims=[d if b else None for b, d in zip(bits, dims)] if packed else None)
     except IndexError as exc:
         m = _NUMPY_MESSAGE.search(str(exc))
         if m is None:
@@ -123,36 +131,40 @@ def _run(dense: Tensor, weights: list, indices: list, offsets: list, include_las
 def embedding_bags_interaction_op(dense: Tensor, weights: list[Tensor], indices: list[Tensor],
                                   offsets: list[Tensor], include_last_offset: bool,
                                   interaction: str, pairs: str, self_interaction: bool,
-                                  mean: list[int], padding_idx: list[int], group: int) -> Tensor:
+                                  mean: list[int], padding_idx: list[int], bits: list[int],
+                                  dims: list[int], group: int) -> Tensor:
     """F lookups (``indices[f]`` / ``offsets[f]`` in ``weights[f]``, mode mean where
-    ``mean[f]``, ``padding_idx[f]`` (-1: none)) and the interaction with ``dense``:
+    ``mean[f]``, ``padding_idx[f]`` (-1: none); a packed table where ``bits[f]`` is 8/4/2, of
+    ``dims[f]`` columns, 0 for a float table) and the interaction with ``dense``:
     ``"cat"`` ``[B, Dd + sum D]``, ``"dot"`` ``[B, D + pairs]`` (pairs ``"dlrm"`` /
     ``"torchrec"``).  ``group``: the id of the modules whose gradient rules backward applies."""
     return _run(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
-                self_interaction, mean, padding_idx)
+                self_interaction, mean, padding_idx, bits, dims)
 
 
 @embedding_bags_interaction_op.register_fake
 def _per_table_fake(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
-                    self_interaction, mean, padding_idx, group):
+                    self_interaction, mean, padding_idx, bits, dims, group):
     return dense.new_empty((dense.shape[0], _widths(dense, weights, interaction, pairs,
-                                                    self_interaction)), dtype=torch.float32)
+                                                    self_interaction, dims)),
+                           dtype=torch.float32)
 
 
 def embedding_bags_interaction(dense, weights, indices, offsets, include_last_offset, interaction,
-                               pairs, self_interaction, mean, padding_idx, group):
+                               pairs, self_interaction, mean, padding_idx, bits, dims, group):
     """What an optimized model's eager graph calls: without a gradient to record, the kernels
     straight from the tensors (no dispatcher); else, and under torch.compile / torch.export, the
     registered op (one op in their graphs)."""
-    if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
-            dense.requires_grad or any(w.requires_grad for w in weights))):
+    if not torch.compiler.is_compiling() and not any(bits) and not (
+            torch.is_grad_enabled() and (dense.requires_grad
+                                         or any(w.requires_grad for w in weights))):
         out = _fast(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
                     self_interaction, mean, padding_idx)
         if out is not None:
             return out
     return embedding_bags_interaction_op(dense, weights, indices, offsets, include_last_offset,
                                          interaction, pairs, self_interaction, mean, padding_idx,
-                                         group)
+                                         bits, dims, group)
 
 
 # --------------------------------------------------------------------------- a KJT
@@ -220,10 +232,14 @@ def collection_interaction(dense, weights, values, offsets, num_keys, features, 
 
 # --------------------------------------------------------------------------- autograd
 
-def _pooled(weights, indices, offsets, include_last, mean, padding_idx) -> list:
+def _pooled(weights, indices, offsets, include_last, mean, padding_idx, bits=None,
+            dims=None) -> list:
+    bits = bits or [0] * len(weights)
+    dims = dims or [0] * len(weights)
     return [_bags.lookup(w.detach(), i, o, None, "mean" if m else "sum", include_last,
-                         None if p < 0 else p)
-            for w, i, o, m, p in zip(weights, indices, offsets, mean, padding_idx)]
+                         None if p < 0 else p, b, d if b else None)
+            for w, i, o, m, p, b, d in zip(weights, indices, offsets, mean, padding_idx, bits,
+                                           dims)]
 
 
 def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: str, pairs: str,
@@ -254,8 +270,8 @@ def _table_grads(grads, weights, indices, offsets, include_last, mean, padding_i
     out = []
     for f, (g, w, i, o, m, p) in enumerate(zip(grads, weights, indices, offsets, mean,
                                                padding_idx)):
-        if not needs:
-            out.append(None)
+        if not needs or not w.requires_grad or not w.is_floating_point():
+            out.append(None)       # (a packed table has no gradient)
             continue
         b = _bags.BagBackward(g.contiguous(), i, o, None, "mean" if m else "sum", include_last,
                               None if p < 0 else p, w.shape[0], w.dtype)
@@ -272,24 +288,27 @@ def _table_grads(grads, weights, indices, offsets, include_last, mean, padding_i
 
 def _per_table_setup(ctx, inputs, output):
     (dense, weights, indices, offsets, include_last, interaction, pairs, itself, mean,
-     padding_idx, group) = inputs
+     padding_idx, bits, dims, group) = inputs
     ctx.save_for_backward(dense, *weights, *indices, *offsets)
     ctx.options = (len(weights), include_last, interaction, pairs, itself, mean, padding_idx,
-                   group)
+                   bits, dims, group)
+    ctx.requires = [w.requires_grad for w in weights]
 
 
 def _per_table_backward(ctx, grad):
-    num, include_last, interaction, pairs, itself, mean, padding_idx, group = ctx.options
+    num, include_last, interaction, pairs, itself, mean, padding_idx, bits, dims, group = \
+        ctx.options
     dense, *rest = ctx.saved_tensors
     weights, indices, offsets = rest[:num], rest[num:2 * num], rest[2 * num:]
-    pooled = _pooled(weights, indices, offsets, include_last, mean, padding_idx)
+    pooled = _pooled(weights, indices, offsets, include_last, mean, padding_idx, bits, dims)
     g_dense, g_pooled = _interaction_grads(grad, dense, pooled, interaction, pairs, itself)
     modules = [_group_module(group, f) for f in range(num)]
     g_tables = _table_grads(g_pooled, weights, indices, offsets, include_last, mean,
                             padding_idx, modules, ctx.needs_input_grad[1])
     g_dense = g_dense.to(dense.dtype) if ctx.needs_input_grad[0] else None
+    g_tables = [g if r else None for g, r in zip(g_tables, ctx.requires)]
     return (g_dense, g_tables, [None] * num, [None] * num, None, None, None, None, None, None,
-            None)
+            None, None, None)
 
 
 embedding_bags_interaction_op.register_autograd(_per_table_backward,

@@ -103,8 +103,15 @@ def last_optimize_report() -> Optional[OptimizationReport]:
 # --------------------------------------------------------------------------- graph matching
 
 _LOOKUP_OPS = {torch.ops.perfkernels.embedding_bag.default: "ours",
+               torch.ops.perfkernels.embedding_bag_quantized.default: "packed",
                _aten.embedding_bag.padding_idx: "aten", _aten.embedding_bag.default: "aten",
                _aten._embedding_bag.default: "aten"}
+
+
+#: lookups never fused yet, and why (reported)
+_UNFUSED_LOOKUPS = {
+    _aten.embedding_renorm_.default: "max_norm renormalises the table in place",
+}
 
 
 @dataclass
@@ -117,6 +124,8 @@ class _Lookup:
     include_last: bool
     mean: int
     padding_idx: int
+    bits: int = 0        # 8 / 4 / 2: a packed table
+    dim: int = 0         # its columns
 
 
 def _lookup_of(node, weights: dict) -> tuple[Optional[_Lookup], Optional[str]]:
@@ -126,10 +135,13 @@ def _lookup_of(node, weights: dict) -> tuple[Optional[_Lookup], Optional[str]]:
     if node.op == "call_function" and node.target is operator.getitem and node.args[1] == 0:
         src = node.args[0]
     kind = _LOOKUP_OPS.get(src.target) if src.op == "call_function" else None
-    if kind is None or (kind == "ours" and src is not node) or (kind == "aten" and src is node):
+    if kind is None or (kind != "aten" and src is not node) or (kind == "aten" and src is node):
         return None, None
     a = list(src.args)
-    if kind == "ours":
+    bits = dim = 0
+    if kind == "packed":
+        weight, indices, offsets, psw, mode, last, pad, bits, dim = (a + [None] * 9)[:9]
+    elif kind == "ours":
         weight, indices, offsets, psw, mode, last, pad = (a + [None] * 7)[:7]
         kw = src.kwargs
         mode = kw.get("mode", mode)
@@ -153,11 +165,15 @@ def _lookup_of(node, weights: dict) -> tuple[Optional[_Lookup], Optional[str]]:
     if offsets is None or weight not in weights:
         return None, "2-D indices or a table that is not a parameter of the model"
     w = weights[weight]
-    if w.dim() != 2 or w.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if bits:
+        if w.dim() != 2 or w.dtype is not torch.uint8:
+            return None, "a packed table that is not a uint8 matrix"
+    elif w.dim() != 2 or w.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return None, f"table dtype {w.dtype}"
     rows = w.shape[0]
     return _Lookup(src, node, weight, indices, offsets, bool(last), int(mode == "mean"),
-                   -1 if pad is None else int(pad) % rows), None
+                   -1 if pad is None else int(pad) % rows, int(bits or 0),
+                   int(dim) if bits else int(w.shape[1])), None
 
 
 def _is_transpose_12(node, of) -> bool:
@@ -274,9 +290,8 @@ class _Capture:
                     store = module.__dict__
                 self.feeds.append(("state", module, attr, store))
                 value = getattr(module, attr)
-                if kind == "PARAMETER":
-                    weights[node] = value
-                else:
+                weights[node] = value          # a table: a parameter, or a packed buffer
+                if kind == "BUFFER":
                     consts[node] = value
             elif kind in ("CONSTANT_TENSOR", "CUSTOM_OBJ"):
                 value = ep.constants[spec.target]
@@ -346,6 +361,8 @@ class _Capture:
                 lookups[node] = lk
             elif why is not None and node.op == "call_function":
                 report.not_fused.append((index, node.name, why))
+            elif node.op == "call_function" and node.target in _UNFUSED_LOOKUPS:
+                report.not_fused.append((index, node.name, _UNFUSED_LOOKUPS[node.target]))
         done = set()
         for node in list(graph.nodes):
             if node.op != "call_function" or node.target is not _aten.cat.default:
@@ -411,8 +428,8 @@ class _Capture:
             report.not_fused.append((index, cat.name, "a concatenation feeding a dot "
                                      "interaction with inputs that are not plain lookups"))
             return False
-        xv, wvals = x.meta.get("val"), [lk.weight.meta.get("val") for lk in lks]
-        if xv is None or xv.dim() != 2 or any(w.shape[1] != xv.shape[1] for w in wvals):
+        xv = x.meta.get("val")
+        if xv is None or xv.dim() != 2 or any(lk.dim != xv.shape[1] for lk in lks):
             report.not_fused.append((index, cat.name, "the dense and pooled rows differ in D"))
             return False
         if len({lk.include_last for lk in lks}) != 1:
@@ -421,7 +438,8 @@ class _Capture:
         gid = _fused_ops.register_group(self._modules(lks))
         args = (x, [lk.weight for lk in lks], [lk.indices for lk in lks],
                 [lk.offsets for lk in lks], lks[0].include_last, "dot", pairs, itself,
-                [lk.mean for lk in lks], [lk.padding_idx for lk in lks], gid)
+                [lk.mean for lk in lks], [lk.padding_idx for lk in lks],
+                [lk.bits for lk in lks], [lk.dim for lk in lks], gid)
         return self._replace(graph, out, _fused_ops.embedding_bags_interaction,
                              args, report, index,
                              f"{len(lks)} lookups + dot interaction ({pairs} order, "
@@ -447,7 +465,8 @@ class _Capture:
         gid = _fused_ops.register_group(self._modules(lks))
         args = (x, [lk.weight for lk in lks], [lk.indices for lk in lks],
                 [lk.offsets for lk in lks], lks[0].include_last, "cat", "dlrm", False,
-                [lk.mean for lk in lks], [lk.padding_idx for lk in lks], gid)
+                [lk.mean for lk in lks], [lk.padding_idx for lk in lks],
+                [lk.bits for lk in lks], [lk.dim for lk in lks], gid)
         return self._replace(graph, cat, _fused_ops.embedding_bags_interaction,
                              args, report, index, f"{len(lks)} lookups + concatenation", done,
                              embs)
