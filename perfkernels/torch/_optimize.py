@@ -573,13 +573,12 @@ class _Capture:
 class _State:
     """What optimize() keeps on the model (a plain object: no parameters, no state_dict keys)."""
 
-    def __init__(self, report: OptimizationReport, example_inputs):
+    def __init__(self, report: OptimizationReport):
         self.report = report
         self.captures: dict = {}        # structure -> [_Capture]
         self.ordered: list = []         # every capture, in order
         self.failed: set = set()
         self.capturing = False
-        self.example_inputs = example_inputs
 
     def add(self, key, cap) -> None:
         self.captures.setdefault(key, []).append(cap)
@@ -587,11 +586,11 @@ class _State:
 
     def __deepcopy__(self, memo):
         # a copied model captures again (its graphs would read the original's parameters)
-        return _State(self.report, None)
+        return _State(self.report)
 
     def __getstate__(self):
         return {"report": self.report, "captures": {}, "ordered": [], "failed": set(),
-                "capturing": False, "example_inputs": None}
+                "capturing": False}
 
 
 def _flatten_into(obj, flat: list, key: list) -> None:
@@ -741,7 +740,7 @@ def optimize(model: torch.nn.Module, example_inputs: Any = None, *,
     global _last_report
     model = _convert.convert(model, inplace=inplace, **convert_options)
     report = OptimizationReport(conversion=_convert.last_report())
-    state = _State(report, example_inputs)
+    state = _State(report)
     model.__dict__["_perfkernels_optimize"] = state
     # a function of its own per model class, with the signature of the class's forward (what
     # torch.export and inspect read)
