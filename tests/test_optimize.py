@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 
 import perfkernels.torch as pkt  # noqa: E402
 from perfkernels.torch import _fused_ops  # noqa: E402
-from perfkernels.torch import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor  # noqa: E402
+from perfkernels.torch import (EmbeddingBagCollection, EmbeddingBagConfig,  # noqa: E402
+                               KeyedJaggedTensor)
 
 from dlrm_models import TorchRecDLRM, dlrm_inputs, dlrm_net  # noqa: E402
 

@@ -104,7 +104,8 @@ cdef tuple _checked_tables(object tables, Py_ssize_t F, list bits_f, list dims_f
             if bits_f[f] is None:
                 a = _embedding._checked_table(tables[f])
                 if dims_f[f] is not None and dims_f[f] != a.shape[1]:
-                    raise ValueError(f"dims[{f}] = {dims_f[f]!r} but the table has D = {a.shape[1]}")
+                    raise ValueError(f"dims[{f}] = {dims_f[f]!r} but the table has D = "
+                                     f"{a.shape[1]}")
                 arrays.append(a)
                 tdims.append(a.shape[1])
                 kinds.append(a.dtype.num)
