@@ -111,6 +111,25 @@ def _multi(rng) -> list[Check]:
                   reference.embedding_bags_multi(tables, indices, **kw), 1e-5, 1e-5)]
 
 
+def _interaction(rng) -> list[Check]:
+    """DLRM's dot interaction (both pair orders), then fused with three lookups."""
+    import perfkernels as pk
+    dense = rng.standard_normal((5, 17)).astype(np.float32)
+    sparse = rng.standard_normal((5, 4, 17)).astype(np.float32)
+    out = [Check("interaction", f"dot {pairs} D=17",
+                 lambda p=pairs: pk.dot_interaction(dense, sparse, pairs=p),
+                 reference.dot_interaction(dense, sparse, pairs=pairs), 1e-5, 1e-5)
+           for pairs in ("dlrm", "torchrec")]
+    tables = [rng.standard_normal((30, 17)).astype(np.float32) for _ in range(3)]
+    indices = [rng.integers(0, 30, 9) for _ in range(3)]
+    offsets = [np.array([0, 2, 2, 5, 7]) for _ in range(3)]
+    out.append(Check("interaction", "3 lookups + dot D=17",
+                     lambda: pk.embedding_bags_interaction(dense, tables, indices, offsets),
+                     reference.embedding_bags_interaction(dense, tables, indices, offsets),
+                     1e-5, 1e-5))
+    return out
+
+
 def _lstm(rng) -> list[Check]:
     import perfkernels as pk
     out = []
@@ -210,7 +229,8 @@ def _sequence(rng) -> list[Check]:
 
 
 _BUILDERS = {"convert": _convert, "embedding": _embedding, "quantized": _quantized,
-             "multi": _multi, "lstm": _lstm, "training": _training, "sequence": _sequence}
+             "multi": _multi, "interaction": _interaction, "lstm": _lstm, "training": _training,
+             "sequence": _sequence}
 
 
 def checks(families: list[str] | None = None) -> list[Check]:

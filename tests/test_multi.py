@@ -234,3 +234,199 @@ def test_table_errors_name_the_table():
                                 np.array([0, 1]), lengths=np.array([1, 1]))
     with pytest.raises(TypeError, match="tables must be a list"):
         pk.embedding_bags_multi(np.ones((2, 2), np.float32), np.array([0]), lengths=np.array([1]))
+
+
+# --------------------------------------------------------------------------- out= a column slice
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_out_column_slice_of_a_wider_array_is_written_in_place(isa, rng, index_dtype):
+    # the pooled features straight into their columns of a model's [B, dense + sum(D)] row
+    kinds = [np.float32, 8, np.float16, 4]
+    dims = [7, 16, 17, 8]
+    rows = [50, 30, 20, 40]
+    tables, bits = make_tables(rng, kinds, dims, rows)
+    B = 33
+    indices, lengths = make_kjt(rng, rows, B, 6, index_dtype)
+    expected = loop_of_single_calls(tables, bits, [None] * 4, indices, lengths)
+    for nt in (1, 2, 8):
+        big = np.full((B, 5 + sum(dims) + 3), -7.0, np.float32)
+        view = big[:, 5:5 + sum(dims)]
+        assert not view.flags.c_contiguous
+        assert pk.embedding_bags_multi(tables, indices, lengths=lengths, bits=bits, out=view,
+                                       num_threads=nt) is view
+        assert view.tobytes() == expected.tobytes()
+        assert np.all(big[:, :5] == -7.0) and np.all(big[:, 5 + sum(dims):] == -7.0)
+
+
+def test_out_column_slice_makes_no_output_sized_temporary(rng):
+    import tracemalloc
+    F, B, D = 4, 256, 128
+    tables, bits = make_tables(rng, [np.float32] * F, [D] * F, [100] * F)
+    lengths = np.ones(F * B, np.int64)
+    indices = rng.integers(0, 100, F * B).astype(np.int32)
+    big = np.zeros((B, 16 + F * D + 16), np.float32)
+    view = big[:, 16:16 + F * D]
+    pk.embedding_bags_multi(tables, indices, lengths=lengths, out=view)   # warm up
+    tracemalloc.start()
+    try:
+        pk.embedding_bags_multi(tables, indices, lengths=lengths, out=view)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < B * F * D * 4 // 4, peak    # NumPy reports its buffers to tracemalloc
+    np.testing.assert_array_equal(view, loop_of_single_calls(tables, bits, [None] * F, indices,
+                                                             lengths))
+    # a column slice with a bad index: nothing written, neither in it nor beside it
+    before = big.copy()
+    indices[B + 3] = 100
+    with pytest.raises(IndexError, match=r"feature 1: indices\[259\] = 100"):
+        pk.embedding_bags_multi(tables, indices, lengths=lengths, out=view)
+    assert big.tobytes() == before.tobytes()
+
+
+def test_out_column_slice_sharing_memory_with_an_input_goes_through_a_temporary(rng):
+    tables, bits = make_tables(rng, [np.float32], [4], [10])
+    lengths = np.ones(3, np.int64)
+    big = np.zeros((3, 8), np.float32)
+    idx_view = big[:, 0].view(np.int32)       # the indices live in column 0 of big
+    idx_view[:] = [1, 2, 3]
+    expected = pk.embedding_bags_multi(tables, idx_view.copy(), lengths=lengths)
+    pk.embedding_bags_multi(tables, idx_view, lengths=lengths, out=big[:, 0:4])
+    np.testing.assert_array_equal(big[:, 0:4], expected)
+
+
+# --------------------------------------------------------------------------- fused interaction
+
+def _per_table_inputs(rng, rows, B, max_len, index_dtype=np.int64, include_last=False):
+    """DLRM's inputs: per table an index array and its offsets (B, or B + 1 entries)."""
+    indices, offsets = [], []
+    for R in rows:
+        lens = rng.integers(0, max_len + 1, size=B)
+        lens[rng.random(B) < 0.2] = 0
+        o = np.concatenate([[0], np.cumsum(lens)])
+        indices.append(rng.integers(0, R, size=int(o[-1])).astype(index_dtype))
+        offsets.append(o if include_last else o[:-1])
+    return indices, offsets
+
+
+@pytest.mark.parametrize("D", [1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129])
+@pytest.mark.parametrize("pairs,itself", [("dlrm", False), ("dlrm", True), ("torchrec", False)])
+def test_interaction_dot_equals_lookups_then_dot_interaction(isa, rng, D, pairs, itself):
+    F, B = 5, 11
+    kinds = [np.float32, np.float16, 8, ml_dtypes.bfloat16, 4]
+    rows = [30, 20, 40, 10, 25]
+    tables, bits = make_tables(rng, kinds, [D] * F, rows)
+    dims = [D if b else None for b in bits]
+    indices, offsets = _per_table_inputs(rng, rows, B, 4, np.int32)
+    dense = rng.standard_normal((B, D)).astype(np.float32)
+    modes = ["sum", "mean", "sum", "mean", "sum"]
+    got = pk.embedding_bags_interaction(dense, tables, indices, offsets, pairs=pairs,
+                                        self_interaction=itself, modes=modes, bits=bits, dims=dims)
+    pooled = []
+    for f in range(F):
+        if bits[f] is None:
+            pooled.append(pk.embedding_bag(tables[f], indices[f], offsets[f], mode=modes[f]))
+        else:
+            pooled.append(pk.embedding_bag_quantized(tables[f], indices[f], offsets[f],
+                                                     bits=bits[f], dim=D, mode=modes[f]))
+    two_calls = pk.dot_interaction(dense, np.stack(pooled, 1), pairs=pairs,
+                                   self_interaction=itself)
+    assert got.tobytes() == two_calls.tobytes()
+    check_close(got, reference.embedding_bags_interaction(
+        dense, tables, indices, offsets, pairs=pairs, self_interaction=itself, modes=modes,
+        bits=bits, dims=dims))
+
+
+def test_interaction_cat_and_threads_and_torch(isa, rng):
+    torch = pytest.importorskip("torch")
+    F, B, D = 26, 300, 16
+    rows = [int(r) for r in rng.integers(1, 500, F)]
+    tables, bits = make_tables(rng, [np.float32] * F, [D] * F, rows)
+    indices, offsets = _per_table_inputs(rng, rows, B, 3)
+    dense = rng.standard_normal((B, D)).astype(np.float32)
+    ti = [torch.from_numpy(i) for i in indices]
+    to = [torch.from_numpy(o) for o in offsets]
+    ly = [torch.nn.functional.embedding_bag(i, torch.from_numpy(t), o, mode="sum")
+          for i, t, o in zip(ti, tables, to)]
+    x = torch.from_numpy(dense)
+    for itself in (False, True):
+        results = [pk.embedding_bags_interaction(dense, tables, indices, offsets,
+                                                 self_interaction=itself, num_threads=nt)
+                   for nt in (1, 2, 3, 8)]
+        assert all(r.tobytes() == results[0].tobytes() for r in results)
+        # facebookresearch DLRM's interact_features, "dot"
+        T = torch.cat([x] + ly, dim=1).view((B, -1, D))
+        Z = torch.bmm(T, torch.transpose(T, 1, 2))
+        _, ni, nj = Z.shape
+        offset = 1 if itself else 0
+        li = torch.tensor([i for i in range(ni) for j in range(i + offset)])
+        lj = torch.tensor([j for i in range(nj) for j in range(i + offset)])
+        R = torch.cat([x] + [Z[:, li, lj]], dim=1)
+        np.testing.assert_allclose(results[0], R.numpy(), rtol=1e-5, atol=1e-4)
+    # TorchRec's InteractionArch
+    combined = torch.cat((x.unsqueeze(1), torch.stack(ly, 1)), dim=1)
+    inter = torch.bmm(combined, torch.transpose(combined, 1, 2))
+    triu = torch.triu_indices(F + 1, F + 1, offset=1)
+    want = torch.cat((x, inter[:, triu[0], triu[1]]), dim=1)
+    got = pk.embedding_bags_interaction(dense, tables, indices, offsets, pairs="torchrec")
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-4)
+    # "cat"
+    cat = [pk.embedding_bags_interaction(dense, tables, indices, offsets, interaction="cat",
+                                         num_threads=nt) for nt in (1, 2, 8)]
+    assert all(c.tobytes() == cat[0].tobytes() for c in cat)
+    np.testing.assert_array_equal(cat[0], np.concatenate(
+        [dense] + [pk.embedding_bag(t, i, o) for t, i, o in zip(tables, indices, offsets)], 1))
+    np.testing.assert_allclose(cat[0], torch.cat([x] + ly, dim=1).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_interaction_empty_batch_weights_padding_and_include_last(isa, rng):
+    tables, bits = make_tables(rng, [np.float32, np.float32], [4, 4], [10, 10])
+    got = pk.embedding_bags_interaction(np.zeros((0, 4), np.float32), tables,
+                                        [np.zeros(0, np.int64)] * 2, [np.zeros(0, np.int64)] * 2)
+    assert got.shape == (0, 4 + 3)
+    indices, offsets = _per_table_inputs(rng, [10, 10], 6, 4, include_last=True)
+    weights = [rng.standard_normal(i.size).astype(np.float32) for i in indices]
+    dense = rng.standard_normal((6, 4)).astype(np.float32)
+    kw = dict(include_last_offset=True, per_sample_weights=weights, padding_idx=[2, None])
+    got = pk.embedding_bags_interaction(dense, tables, indices, offsets, **kw)
+    check_close(got, reference.embedding_bags_interaction(dense, tables, indices, offsets, **kw))
+    out = np.full(got.shape, 9.0, np.float32)
+    assert pk.embedding_bags_interaction(dense, tables, indices, offsets, out=out, **kw) is out
+    np.testing.assert_array_equal(out, got)
+
+
+def test_interaction_bad_index_reports_the_first_feature_and_writes_nothing(isa, rng):
+    tables, _ = make_tables(rng, [np.float32] * 3, [8] * 3, [10, 20, 30])
+    indices, offsets = _per_table_inputs(rng, [10, 20, 30], 40, 5)
+    indices[1][3] = 20
+    indices[2][0] = -1
+    dense = rng.standard_normal((40, 8)).astype(np.float32)
+    out = np.full((40, 8 + 6), 3.0, np.float32)
+    for interaction in ("dot", "cat"):
+        for nt in (1, 2, 8):
+            o = out if interaction == "dot" else None
+            with pytest.raises(IndexError, match=r"feature 1: indices\[3\] = 20 is out of range "
+                                                 r"for a table of 20 rows"):
+                pk.embedding_bags_interaction(dense, tables, indices, offsets, out=o,
+                                              interaction=interaction, num_threads=nt)
+    assert np.all(out == 3.0)
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(interaction="sum"), ValueError, "interaction must be 'dot' or 'cat'"),
+    (dict(pairs="upper"), ValueError, "pairs must be 'dlrm', 'torchrec'"),
+    (dict(pairs=([0, 1], [0, 3])), IndexError, r"pairs lj\[1\] = 3 is out of range for 3 rows"),
+    (dict(dense=np.ones((4, 3), np.float32)), ValueError, "needs every table's D equal"),
+    (dict(dense=np.ones((5, 2), np.float32)), ValueError, r"offsets\[0\] has 4 entries: 5 bags"),
+    (dict(offsets=[np.array([0, 1, 3, 2])] * 2), ValueError, "feature 0: offsets"),
+    (dict(indices=[np.arange(4)]), ValueError, "indices must be a list of 2 arrays"),
+    (dict(modes=["sum", "max"]), ValueError, r"modes\[1\]"),
+])
+def test_interaction_argument_errors(kw, exc, msg):
+    args = dict(dense=np.ones((4, 2), np.float32),
+                tables=[np.ones((4, 2), np.float32), np.ones((4, 2), np.float16)],
+                indices=[np.arange(4)] * 2, offsets=[np.arange(4)] * 2)
+    args.update(kw)
+    with pytest.raises(exc, match=msg):
+        pk.embedding_bags_interaction(args.pop("dense"), args.pop("tables"), args.pop("indices"),
+                                      args.pop("offsets"), **args)

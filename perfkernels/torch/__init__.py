@@ -6,6 +6,8 @@ perfkernels[torch]``).
 
 * :class:`EmbeddingBag`, :class:`QuantizedEmbeddingBag`, :class:`EmbeddingBagCollection`:
   modules with the constructor, ``forward`` and ``state_dict`` of the ones they replace;
+* :func:`optimize` converts a whole model and fuses its lookups with the interaction they feed
+  (DLRM's dot / cat, TorchRec's InteractionArch) on torch.export's graph;
 * :func:`convert` swaps them into an existing model, their tables placed for gathers (2 MiB
   huge pages; :func:`place`, :func:`placement_report`); :func:`route_functional` routes
   ``torch.nn.functional.embedding_bag`` to :func:`embedding_bag`;
@@ -38,6 +40,7 @@ from ._collection import (EmbeddingBagCollection, EmbeddingBagConfig, KeyedJagge
 from ._lstm import LSTMCell, lstm_unit
 from ._convert import ConversionReport, convert, embedding_bag, last_report, route_functional
 from ._threads import torch_threads_in_use, use_torch_threads
+from ._optimize import OptimizationReport, last_optimize_report, optimize
 from ._placement import place, placement_report
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "convert", "ConversionReport", "last_report", "embedding_bag", "route_functional",
     "use_torch_threads", "torch_threads_in_use",
     "place", "placement_report",
+    "optimize", "OptimizationReport", "last_optimize_report",
 ]
 
 _threads._init_from_environment()

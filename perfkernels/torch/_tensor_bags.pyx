@@ -38,11 +38,16 @@ import torch
 
 from perfkernels import _dispatch
 from perfkernels.families.embedding import _embedding
+from perfkernels.families.interaction import _interaction
 
 from perfkernels._c_common cimport pk_status, PK_OK
 from perfkernels._c_bags cimport pk_bags
 from perfkernels._bags cimport BAGS_SCRATCH, TINY_BAGS, normalise_offsets, run_bags
-from perfkernels._parallel cimport resolve_threads
+from perfkernels._parallel cimport pool, resolve_threads
+from perfkernels._c_bags_parallel cimport pk_bags_part, pk_bags_run
+from perfkernels._c_parallel cimport pk_parallel_api
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
 from perfkernels.families.embedding._c_embedding cimport (pk_embedding_bag_fn, pk_embedding_kernels,
                                                          pk_float_bags_args, pk_float_bags_call)
 
@@ -120,11 +125,44 @@ cdef pk_dl_view_fn _view_fn = _find_view_fn()
 
 cdef const pk_embedding_kernels *_kernels = NULL
 
+cdef extern from "perfkernels/interaction.h":
+    ctypedef void (*pk_interaction_dot_fn)(const float *z, int64_t dim, const int32_t *li,
+                                           const int32_t *lj, int64_t n_pairs,
+                                           float *out) noexcept nogil
+    ctypedef struct pk_interaction_kernels:
+        pk_interaction_dot_fn interaction_dot
+
+cdef extern from "perfkernels/bags.h":
+    int64_t pk_bags_first_bad_in(const pk_bags *bags, int64_t b0, int64_t b1,
+                                 int64_t rows) noexcept nogil
+
+cdef extern from "multi/fused.h":
+    ctypedef struct pk_dot_interaction_job:
+        const pk_bags_part *parts
+        int n_parts
+        const float *dense
+        int64_t dense_stride
+        int64_t dim
+        const int32_t *li
+        const int32_t *lj
+        int64_t n_pairs
+        pk_interaction_dot_fn dot
+        float *out
+        int64_t out_stride
+        int64_t n_samples
+    pk_status pk_dot_interaction_run(const pk_parallel_api *pool, int n_threads,
+                                     pk_dot_interaction_job *job, int64_t *bad_pos,
+                                     int *bad_part) noexcept nogil
+
+cdef const pk_interaction_kernels *_dot_kernels = NULL
+
 
 def _set_isa(int level):
-    global _kernels
+    global _kernels, _dot_kernels
     _kernels = <const pk_embedding_kernels *>PyCapsule_GetPointer(
         _embedding._kernel_table(level), b"perfkernels.embedding_kernels")
+    _dot_kernels = <const pk_interaction_kernels *>PyCapsule_GetPointer(
+        _interaction._kernel_table(level), b"perfkernels.interaction_kernels")
 
 
 _dispatch.register(_set_isa)
@@ -395,3 +433,145 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
         return None
     result = _from_numpy(out)
     return result if output_dtype is _float32 else result.to(output_dtype)
+
+
+
+# --------------------------------------------------------------------------- fused interaction
+
+def interaction_lookup(dense, list weights, list indices, list offsets, bint include_last_offset,
+                       bint cat, li, lj, list mean, list padding_idx):
+    """perfkernels.embedding_bags_interaction read straight from tensors, for the optimized
+    model's eager calls without a gradient: F float-table lookups (``indices[f]`` /
+    ``offsets[f]`` in ``weights[f]``) and the interaction with ``dense`` (``cat``: concatenated;
+    else the dot products of the pairs ``li``, ``lj``, int32 arrays), or None, having written
+    nothing, for anything but the plain cases (the caller's full path then answers, or raises
+    torch's error): CPU tensors, float32 contiguous ``dense``, float32 / float16 / bfloat16
+    tables with unit-stride rows, contiguous 1-D int32 / int64 indices and offsets passing the
+    NumPy API's bag checks, every index in range."""
+    cdef _View x, w, ix, off
+    cdef Py_ssize_t F = len(weights), f
+    cdef int64_t B, Dd, width, P = 0, count, n, max_len = 0, col, total = 0, bad = -1, b, pad
+    cdef int bad_part = -1, nt
+    cdef pk_bags_part *parts = NULL
+    cdef pk_float_bags_args *args = NULL
+    cdef int64_t *offs = NULL
+    cdef pk_bags *bg
+    cdef pk_dot_interaction_job job
+    cdef pk_status status = PK_OK
+    cdef cnp.ndarray out, ali, alj
+    cdef cnp.npy_intp shape[2]
+    cdef float *o
+    if (_view_fn == NULL or len(indices) != F or len(offsets) != F or F == 0
+            or type(dense) is not _Tensor or not _readable(dense, &x) or x.ndim != 2
+            or x.code != DL_FLOAT or x.bits != 32 or not x.contiguous):
+        return None
+    B, Dd = x.size0, x.size1
+    if cat:
+        width = Dd
+    else:
+        ali, alj = li, lj
+        P = ali.shape[0]
+        width = Dd + P
+    parts = <pk_bags_part *>malloc(F * sizeof(pk_bags_part))
+    args = <pk_float_bags_args *>malloc(F * sizeof(pk_float_bags_args))
+    offs = <int64_t *>malloc(F * (B + 1) * sizeof(int64_t))
+    if parts == NULL or args == NULL or offs == NULL:
+        free(parts)
+        free(args)
+        free(offs)
+        return None
+    try:
+        col = Dd
+        for f in range(F):
+            weight = weights[f]
+            if ((type(weight) is not _Parameter and type(weight) is not _Tensor)
+                    or not _readable(weight, &w) or w.ndim != 2):
+                return None
+            if w.code == DL_FLOAT and w.bits == 32:
+                args[f].fn = _kernels.embedding_bag_f32
+            elif w.code == DL_FLOAT and w.bits == 16:
+                args[f].fn = _kernels.embedding_bag_f16
+            elif w.code == DL_BFLOAT and w.bits == 16:
+                args[f].fn = _kernels.embedding_bag_bf16
+            else:
+                return None
+            if ((w.stride1 != 1 and w.size1 > 1) or w.stride0 < 0
+                    or <uintptr_t>w.data % (w.bits // 8) or (not cat and w.size1 != Dd)):
+                return None
+            if (not _index_tensor(indices[f], &ix) or ix.ndim != 1
+                    or not _index_tensor(offsets[f], &off) or off.ndim != 1):
+                return None
+            n = ix.size0
+            count = off.size0
+            if count - (1 if include_last_offset else 0) != B:
+                return None
+            try:
+                normalise_offsets(off.data, off.bits == 64, count, include_last_offset, n,
+                                  offs + f * (B + 1), &max_len)
+            except ValueError:
+                return None
+            offs[f * (B + 1) + B] = n
+            pad = padding_idx[f]
+            if pad >= w.size0:
+                return None
+            args[f].table = w.data
+            args[f].rows = w.size0
+            args[f].dim = w.size1
+            args[f].row_stride = w.stride0
+            bg = &parts[f].bags
+            bg.indices = ix.data
+            bg.n_indices = n
+            bg.index_64 = ix.bits == 64
+            bg.offsets = offs + f * (B + 1)
+            bg.num_bags = B
+            bg.weights = NULL
+            bg.positional = 0
+            bg.mean = 1 if mean[f] else 0
+            bg.padding_idx = pad if pad >= 0 else -1
+            parts[f].call = pk_float_bags_call
+            parts[f].args = &args[f]
+            parts[f].index_cost = w.size1 * (w.bits // 8) + ix.bits // 8
+            parts[f].bag_cost = w.size1 * 4 + 8
+            parts[f].rows = w.size0
+            total += n
+            if cat:
+                width += w.size1
+        shape[0] = <cnp.npy_intp>B
+        shape[1] = <cnp.npy_intp>width
+        out = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
+        o = <float *>cnp.PyArray_DATA(out)
+        for f in range(F):          # every index checked before anything is written
+            if pk_bags_first_bad_in(&parts[f].bags, 0, B, parts[f].rows) >= 0:
+                return None
+        nt = resolve_threads(None) if B * width + total >= TINY_BAGS else 1
+        if cat:
+            for f in range(F):
+                parts[f].bags.out = o + col
+                parts[f].bags.out_stride = width
+                col += args[f].dim
+            with nogil:
+                for b in range(B):
+                    memcpy(o + b * width, <const float *>x.data + b * Dd, Dd * sizeof(float))
+                status = pk_bags_run(pool, nt, parts, <int>F, NULL, &bad, &bad_part)
+        else:
+            job.parts = parts
+            job.n_parts = <int>F
+            job.dense = <const float *>x.data
+            job.dense_stride = Dd
+            job.dim = Dd
+            job.li = <const int32_t *>cnp.PyArray_DATA(ali)
+            job.lj = <const int32_t *>cnp.PyArray_DATA(alj)
+            job.n_pairs = P
+            job.dot = _dot_kernels.interaction_dot
+            job.out = o
+            job.out_stride = width
+            job.n_samples = B
+            with nogil:
+                status = pk_dot_interaction_run(pool, nt, &job, &bad, &bad_part)
+        if status != PK_OK:
+            return None
+        return _from_numpy(out)
+    finally:
+        free(parts)
+        free(args)
+        free(offs)

@@ -4,7 +4,8 @@ The kernels are those of embedding_bag and embedding_bag_quantized (their tables
 modules as capsules); this module validates the whole batch once and runs every (feature, bag)
 on the thread pool (csrc/common/bags_parallel.h).
 """
-from libc.stdint cimport uint8_t, int64_t
+from libc.stdint cimport uint8_t, int32_t, int64_t
+from libc.string cimport memcpy
 from libc.stdlib cimport malloc, free
 from cpython.pycapsule cimport PyCapsule_GetPointer
 import operator
@@ -14,9 +15,11 @@ cimport numpy as cnp
 from perfkernels import _dispatch
 from perfkernels.families.embedding import _embedding
 from perfkernels.families.quantized import _quantized
+from perfkernels.families.interaction import _interaction
 
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
-from perfkernels._c_bags cimport pk_bags_index
+from perfkernels._c_bags cimport pk_bags, pk_bags_index
+from perfkernels._c_parallel cimport pk_parallel_api
 from perfkernels._c_bags_parallel cimport pk_bags_part, pk_bags_run
 from perfkernels.families.embedding._c_embedding cimport (pk_embedding_kernels, pk_float_bags_args,
                                                          pk_float_bags_call)
@@ -32,10 +35,42 @@ cnp.import_array()
 
 cdef const pk_embedding_kernels *_float_kernels = NULL
 cdef const pk_quantized_kernels *_quantized_kernels = NULL
+cdef const pk_interaction_kernels *_interaction_kernels = NULL
+
+cdef extern from "perfkernels/interaction.h":
+    ctypedef void (*pk_interaction_dot_fn)(const float *z, int64_t dim, const int32_t *li,
+                                           const int32_t *lj, int64_t n_pairs,
+                                           float *out) noexcept nogil
+    ctypedef struct pk_interaction_kernels:
+        pk_interaction_dot_fn interaction_dot
+
+cdef extern from "perfkernels/bags.h":
+    int64_t pk_bags_first_bad_in(const pk_bags *bags, int64_t b0, int64_t b1,
+                                 int64_t rows) noexcept nogil
+
+cdef extern from "multi/fused.h":
+    ctypedef struct pk_dot_interaction_job:
+        const pk_bags_part *parts
+        int n_parts
+        const float *dense
+        int64_t dense_stride
+        int64_t dim
+        const int32_t *li
+        const int32_t *lj
+        int64_t n_pairs
+        pk_interaction_dot_fn dot
+        float *out
+        int64_t out_stride
+        int64_t n_samples
+    pk_status pk_dot_interaction_run(const pk_parallel_api *pool, int n_threads,
+                                     pk_dot_interaction_job *job, int64_t *bad_pos,
+                                     int *bad_part) noexcept nogil
 
 
 def _set_isa(int level):
-    global _float_kernels, _quantized_kernels
+    global _float_kernels, _quantized_kernels, _interaction_kernels
+    _interaction_kernels = <const pk_interaction_kernels *>PyCapsule_GetPointer(
+        _interaction._kernel_table(level), b"perfkernels.interaction_kernels")
     _float_kernels = <const pk_embedding_kernels *>PyCapsule_GetPointer(
         _embedding._kernel_table(level), b"perfkernels.embedding_kernels")
     _quantized_kernels = <const pk_quantized_kernels *>PyCapsule_GetPointer(
@@ -57,6 +92,105 @@ cdef list _per_feature(object value, Py_ssize_t F, str name):
             raise ValueError(f"{name} has {len(value)} entries; it needs one per table ({F})")
         return list(value)
     return [value] * F
+
+
+cdef tuple _checked_tables(object tables, Py_ssize_t F, list bits_f, list dims_f):
+    """The tables validated as the single-table functions do (errors prefixed with ``tables[f]``):
+    (arrays, dims, kinds), kind the NumPy type number of a float table or -bits of a packed one."""
+    cdef list arrays = [], tdims = [], kinds = []
+    cdef Py_ssize_t f
+    for f in range(F):
+        try:
+            if bits_f[f] is None:
+                a = _embedding._checked_table(tables[f])
+                if dims_f[f] is not None and dims_f[f] != a.shape[1]:
+                    raise ValueError(f"dims[{f}] = {dims_f[f]!r} but the table has D = "
+                                     f"{a.shape[1]}")
+                arrays.append(a)
+                tdims.append(a.shape[1])
+                kinds.append(a.dtype.num)
+            else:
+                a, b_, d_ = _quantized._checked_packed(tables[f], bits_f[f], dims_f[f])
+                arrays.append(a)
+                tdims.append(d_)
+                kinds.append(-b_)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"tables[{f}]: {exc}") from None
+    return arrays, tdims, kinds
+
+
+cdef void _set_kernel(pk_bags_part *part, _args *arg, cnp.ndarray a_, int kind, int64_t dim,
+                      int idx_bytes):
+    """Point a part at its table's kernel (float or packed) and set its costs."""
+    part.args = arg
+    part.bag_cost = dim * 4 + 8
+    part.rows = a_.shape[0]
+    if kind > 0:
+        arg.f.fn = (_float_kernels.embedding_bag_f32 if kind == cnp.NPY_FLOAT32 else
+                    _float_kernels.embedding_bag_f16 if kind == cnp.NPY_FLOAT16 else
+                    _float_kernels.embedding_bag_bf16)
+        arg.f.table = cnp.PyArray_DATA(a_)
+        arg.f.rows = a_.shape[0]
+        arg.f.dim = dim
+        arg.f.row_stride = cnp.PyArray_STRIDE(a_, 0) // cnp.PyArray_ITEMSIZE(a_)
+        part.call = pk_float_bags_call
+        part.index_cost = dim * cnp.PyArray_ITEMSIZE(a_) + idx_bytes
+    else:
+        arg.q.fn = _quantized_kernels.embedding_bag_quantized
+        arg.q.bits = -kind
+        arg.q.packed = <const uint8_t *>cnp.PyArray_DATA(a_)
+        arg.q.rows = a_.shape[0]
+        arg.q.row_bytes = a_.shape[1]
+        arg.q.dim = dim
+        part.call = pk_quantized_bags_call
+        part.index_cost = a_.shape[1] + idx_bytes
+
+
+cdef tuple _modes_and_pads(list modes_f, list pads_f, list arrays, Py_ssize_t F):
+    """Per table: mode mean (bool) and padding_idx (-1: none; negatives wrapped), validated."""
+    cdef list mean_f = [], pad_values = []
+    cdef Py_ssize_t f
+    cdef int64_t rows_f
+    for f in range(F):
+        if modes_f[f] not in ("sum", "mean"):
+            raise ValueError(f"modes[{f}] must be 'sum' or 'mean'; got {modes_f[f]!r}")
+        mean_f.append(modes_f[f] == "mean")
+        rows_f = (<cnp.ndarray>arrays[f]).shape[0]
+        if pads_f[f] is None:
+            pad_values.append(-1)
+            continue
+        try:
+            pad_obj = operator.index(pads_f[f])
+        except TypeError:
+            raise TypeError(f"padding_idx[{f}] must be an integer or None; got "
+                            f"{type(pads_f[f]).__name__}") from None
+        if pad_obj < -rows_f or pad_obj >= rows_f:
+            raise ValueError(f"padding_idx[{f}] = {pad_obj} is out of range for table {f} of "
+                             f"{rows_f} rows (valid: -{rows_f} <= padding_idx < {rows_f})")
+        pad_values.append(pad_obj + rows_f if pad_obj < 0 else pad_obj)
+    return mean_f, pad_values
+
+
+cdef bint _column_slice(object out, tuple shape, tuple inputs) except -1:
+    """Whether ``out`` is a writeable, aligned float32 ``shape`` array whose rows are contiguous
+    but further apart than their length (a column slice ``big[:, c:c + W]`` of a row-major
+    ``big``), sharing no memory with the inputs: the kernels then write it in place, each row at
+    its own stride (the rest of ``big`` is never touched)."""
+    if not cnp.PyArray_Check(out):
+        return False
+    cdef cnp.ndarray o = <cnp.ndarray>out
+    if (cnp.PyArray_TYPE(o) != cnp.NPY_FLOAT32 or cnp.PyArray_NDIM(o) != 2
+            or (<object>o).shape != shape or cnp.PyArray_IS_C_CONTIGUOUS(o)
+            or not cnp.PyArray_ISWRITEABLE(o) or not cnp.PyArray_ISALIGNED(o)
+            or not cnp.PyArray_ISNOTSWAPPED(o)):
+        return False
+    cdef Py_ssize_t row = cnp.PyArray_STRIDE(o, 0), col = cnp.PyArray_STRIDE(o, 1)
+    if (shape[1] > 1 and col != 4) or row % 4 or row < 4 * shape[1] or shape[0] < 2:
+        return False
+    for x in inputs:
+        if x is not None and np.may_share_memory(o, x):
+            return False
+    return True
 
 
 cdef int _raise_bad_index(const pk_bags_part *part, int f, int64_t pos, int64_t start,
@@ -111,7 +245,10 @@ def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
     dims : list of F entries (None or D), optional
         D of packed 4/2-bit tables whose D is not a multiple of ``8 // bits``; checked when given.
     out : ndarray of float32 ``[B, sum(D_f)]``, optional
-        Written in place and returned; left untouched if an error is raised.
+        Written in place and returned; left untouched if an error is raised.  It may be a column
+        slice of a wider row-major array (``big[:, c:c + sum(D_f)]``, e.g. the columns of the
+        pooled features beside a model's dense features): the kernels write its rows at their
+        stride, straight into ``big``, without a temporary, and no other column of ``big``.
     num_threads : int, optional
         Threads this call may use (default :func:`perfkernels.get_num_threads`).
 
@@ -158,25 +295,9 @@ def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
     cdef list modes_f = _per_feature(modes, F, "modes")
     cdef list pads_f = _per_feature(padding_idx, F, "padding_idx")
 
-    # tables: validated as the single-table functions do, errors prefixed with the table
-    cdef list arrays = [], tdims = [], kinds = []
+    cdef list arrays, tdims, kinds
+    arrays, tdims, kinds = _checked_tables(tables, F, bits_f, dims_f)
     cdef Py_ssize_t f
-    for f in range(F):
-        try:
-            if bits_f[f] is None:
-                a = _embedding._checked_table(tables[f])
-                if dims_f[f] is not None and dims_f[f] != a.shape[1]:
-                    raise ValueError(f"dims[{f}] = {dims_f[f]!r} but the table has D = {a.shape[1]}")
-                arrays.append(a)
-                tdims.append(a.shape[1])
-                kinds.append(a.dtype.num)
-            else:
-                a, b_, d_ = _quantized._checked_packed(tables[f], bits_f[f], dims_f[f])
-                arrays.append(a)
-                tdims.append(d_)
-                kinds.append(-b_)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"tables[{f}]: {exc}") from None
 
     # the KJT: values, then lengths or offsets (F * B (+ 1) entries) -> offsets[F * B + 1]
     cdef cnp.ndarray ix = as_int_array(indices, "indices")
@@ -218,31 +339,19 @@ def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
             raise ValueError(f"per_sample_weights has shape {(<object>w).shape}; it needs one "
                              f"weight per value, shape ({n},)")
 
-    cdef list mean_f = [], pad_values = []
-    cdef int64_t rows_f
-    for f in range(F):
-        if modes_f[f] not in ("sum", "mean"):
-            raise ValueError(f"modes[{f}] must be 'sum' or 'mean'; got {modes_f[f]!r}")
-        mean_f.append(modes_f[f] == "mean")
-        rows_f = (<cnp.ndarray>arrays[f]).shape[0]
-        if pads_f[f] is None:
-            pad_values.append(-1)
-            continue
-        try:
-            pad_obj = operator.index(pads_f[f])
-        except TypeError:
-            raise TypeError(f"padding_idx[{f}] must be an integer or None; got "
-                            f"{type(pads_f[f]).__name__}") from None
-        if pad_obj < -rows_f or pad_obj >= rows_f:
-            raise ValueError(f"padding_idx[{f}] = {pad_obj} is out of range for table {f} of "
-                             f"{rows_f} rows (valid: -{rows_f} <= padding_idx < {rows_f})")
-        pad_values.append(pad_obj + rows_f if pad_obj < 0 else pad_obj)
+    cdef list mean_f, pad_values
+    mean_f, pad_values = _modes_and_pads(modes_f, pads_f, arrays, F)
 
     cdef int64_t total_d = sum(tdims)
     cdef tuple shape = (B, total_d)
     cdef cnp.ndarray dst
+    cdef int64_t out_stride = total_d
     if out is None:
         dst = np.empty(shape, dtype=np.float32)
+    elif _column_slice(out, shape, tuple(arrays) + (ix, src, w)):
+        # a column slice of a wider row-major array (big[:, c:c + sum(D)]): written in place
+        dst = <cnp.ndarray>out
+        out_stride = cnp.PyArray_STRIDE(dst, 0) // 4
     else:
         dst = check_out(out, cnp.NPY_FLOAT32, "float32", shape,
                         tuple(arrays) + (ix, src, w))
@@ -281,29 +390,8 @@ def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
             part.bags.mean = 1 if mean_f[f] else 0
             part.bags.padding_idx = pad_values[f]
             part.bags.out = <float *>cnp.PyArray_DATA(dst) + col
-            part.bags.out_stride = total_d
-            part.args = &args[f]
-            part.bag_cost = tdims[f] * 4 + 8
-            part.rows = a_.shape[0]
-            if kind > 0:
-                args[f].f.fn = (_float_kernels.embedding_bag_f32 if kind == cnp.NPY_FLOAT32 else
-                                _float_kernels.embedding_bag_f16 if kind == cnp.NPY_FLOAT16 else
-                                _float_kernels.embedding_bag_bf16)
-                args[f].f.table = cnp.PyArray_DATA(a_)
-                args[f].f.rows = a_.shape[0]
-                args[f].f.dim = tdims[f]
-                args[f].f.row_stride = cnp.PyArray_STRIDE(a_, 0) // cnp.PyArray_ITEMSIZE(a_)
-                part.call = pk_float_bags_call
-                part.index_cost = tdims[f] * cnp.PyArray_ITEMSIZE(a_) + idx_bytes
-            else:
-                args[f].q.fn = _quantized_kernels.embedding_bag_quantized
-                args[f].q.bits = -kind
-                args[f].q.packed = <const uint8_t *>cnp.PyArray_DATA(a_)
-                args[f].q.rows = a_.shape[0]
-                args[f].q.row_bytes = a_.shape[1]
-                args[f].q.dim = tdims[f]
-                part.call = pk_quantized_bags_call
-                part.index_cost = a_.shape[1] + idx_bytes
+            part.bags.out_stride = out_stride
+            _set_kernel(part, &args[f], a_, kind, tdims[f], idx_bytes)
             col += tdims[f]
 
         if direct:
@@ -322,6 +410,197 @@ def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
                              (<cnp.ndarray>arrays[bad_part]).shape[0])
         elif status != PK_OK:
             raise RuntimeError(f"embedding_bags_multi kernel failed with status {<int>status}")
+    finally:
+        free(parts)
+        free(args)
+    return finish_out(out, dst)
+
+
+def embedding_bags_interaction(dense: Float32Array, tables: Sequence[TableArray],
+                               indices: Sequence[IndexArray], offsets: Sequence[IndexArray], *,
+                               interaction: str = "dot", pairs: object = "dlrm",
+                               self_interaction: bool = False,
+                               include_last_offset: bool = False,
+                               per_sample_weights: Sequence[npt.ArrayLike | None] | None = None,
+                               modes: Mode | Sequence[Mode] = "sum",
+                               padding_idx: int | None | Sequence[int | None] = None,
+                               bits: Sequence[int | None] | None = None,
+                               dims: Sequence[int | None] | None = None,
+                               out: Float32Array | None = None,
+                               num_threads: int | None = None) -> Float32Array:
+    """F pooled lookups and DLRM's feature interaction in one call, written straight into the
+    interaction's output (facebookresearch DLRM's ``interact_features``, TorchRec's
+    ``InteractionArch``).
+
+    Feature f is the bags of ``indices[f]`` / ``offsets[f]`` in ``tables[f]`` (PyTorch's
+    ``embedding_bag`` inputs, one pair per table: DLRM's ``lS_i[f]``, ``lS_o[f]``), pooled as
+    :func:`embedding_bag` pools it.  With ``dense`` (float32 ``[B, Dd]``, the bottom MLP's output):
+
+    * ``interaction="cat"``: ``[B, Dd + sum(D_f)]``, ``torch.cat([dense] + pooled, 1)``: every
+      pooled row is written at its columns of the output;
+    * ``interaction="dot"`` (every ``D_f == Dd = D``): ``[B, D + P]``, the dense row and the P
+      pairwise dot products of ``z = [dense[b], pooled_0[b], ..., pooled_{F-1}[b]]`` in the order
+      of ``pairs`` (:func:`perfkernels.families.interaction._interaction.pair_lists`: ``"dlrm"``,
+      ``"torchrec"`` or ``(li, lj)``), ``self_interaction`` adding the pairs (i, i).  Each
+      sample's ``z`` is a small per-thread scratch: ``[B, F, D]`` is never made.
+
+    Each bag is pooled by the same kernel, in the same order, as :func:`embedding_bag`, and each
+    dot product by :func:`dot_interaction`'s kernel, so the result equals those calls one after
+    the other, bit for bit, for any thread count.  Everything is validated, every index of every
+    feature included, before anything is written; an out-of-range index raises the IndexError of
+    the first bad feature (``feature f: indices[j] = v is out of range for a table of R rows``,
+    j the position in ``indices[f]``).
+
+    ``per_sample_weights``: None, or a list of F (None or float32 ``[len(indices[f])]``).
+    ``modes``, ``padding_idx``, ``bits``, ``dims``: as :func:`embedding_bags_multi`.
+    """
+    cdef int nt = resolve_threads(num_threads)
+    if interaction not in ("dot", "cat"):
+        raise ValueError(f"interaction must be 'dot' or 'cat'; got {interaction!r}")
+    if not isinstance(tables, (list, tuple)):
+        raise TypeError(f"tables must be a list of arrays (one per feature); got "
+                        f"{type(tables).__name__}")
+    cdef Py_ssize_t F = len(tables), f
+    if F == 0:
+        raise ValueError("tables is empty: give at least one table")
+    for name, value in (("indices", indices), ("offsets", offsets)):
+        if not isinstance(value, (list, tuple)) or len(value) != F:
+            raise ValueError(f"{name} must be a list of {F} arrays (one per table); got "
+                             f"{type(value).__name__}"
+                             + (f" of {len(value)}" if isinstance(value, (list, tuple)) else ""))
+    cdef list psw = ([None] * F if per_sample_weights is None
+                     else _per_feature(per_sample_weights, F, "per_sample_weights"))
+    cdef list bits_f = [None] * F if bits is None else _per_feature(bits, F, "bits")
+    cdef list dims_f = [None] * F if dims is None else _per_feature(dims, F, "dims")
+    cdef list arrays, tdims, kinds, mean_f, pad_values
+    arrays, tdims, kinds = _checked_tables(tables, F, bits_f, dims_f)
+    mean_f, pad_values = _modes_and_pads(_per_feature(modes, F, "modes"),
+                                         _per_feature(padding_idx, F, "padding_idx"), arrays, F)
+    cdef cnp.ndarray x = as_float32(dense, "dense")
+    if cnp.PyArray_NDIM(x) != 2:
+        raise ValueError(f"dense must be 2-D [B, D]; got shape {(<object>x).shape}")
+    cdef int64_t B = x.shape[0], Dd = x.shape[1], max_len = 0, count, n
+    if interaction == "dot" and any(d != Dd for d in tdims):
+        raise ValueError(f"interaction 'dot' needs every table's D equal to dense's {Dd}; got "
+                         f"D = {tdims}")
+
+    # per feature: its indices, normalised offsets (B + 1) and weights
+    cdef list keep = []
+    cdef cnp.ndarray ix, src, norm, w
+    cdef list ixs = [], norms = [], ws = []
+    for f in range(F):
+        ix = as_int_array(indices[f], f"indices[{f}]")
+        if cnp.PyArray_NDIM(ix) != 1:
+            raise ValueError(f"indices[{f}] must be 1-D; got shape {(<object>ix).shape}")
+        src = as_int_array(offsets[f], f"offsets[{f}]")
+        if cnp.PyArray_NDIM(src) != 1:
+            raise ValueError(f"offsets[{f}] must be 1-D; got shape {(<object>src).shape}")
+        n = cnp.PyArray_DIM(ix, 0)
+        count = cnp.PyArray_DIM(src, 0)
+        if count - (1 if include_last_offset else 0) != B:
+            raise ValueError(f"offsets[{f}] has {count} entries: {B} bags (dense has {B} rows) "
+                             f"need {B + 1 if include_last_offset else B}")
+        norm = np.empty(B + 1, dtype=np.int64)
+        try:
+            normalise_offsets(cnp.PyArray_DATA(src), cnp.PyArray_ITEMSIZE(src) == 8, count,
+                              include_last_offset, n, <int64_t *>cnp.PyArray_DATA(norm), &max_len)
+        except ValueError as exc:
+            raise ValueError(f"feature {f}: {exc}") from None
+        if not include_last_offset:
+            (<int64_t *>cnp.PyArray_DATA(norm))[B] = n
+        w = None
+        if psw[f] is not None:
+            w = as_float32(psw[f], f"per_sample_weights[{f}]")
+            if (<object>w).shape != (n,):
+                raise ValueError(f"per_sample_weights[{f}] has shape {(<object>w).shape}; it "
+                                 f"needs one weight per index, shape ({n},)")
+        ixs.append(ix)
+        norms.append(norm)
+        ws.append(w)
+
+    cdef cnp.ndarray ali = None, alj = None
+    cdef int64_t P = 0, width
+    if interaction == "dot":
+        ali, alj = _interaction.pair_lists(F + 1, pairs, self_interaction)
+        P = ali.shape[0]
+        width = Dd + P
+    else:
+        width = Dd + sum(tdims)
+    cdef tuple shape = (B, width)
+    cdef cnp.ndarray dst
+    if out is None:
+        dst = np.empty(shape, dtype=np.float32)
+    else:   # validated, written through a temporary (out= is never half-written)
+        check_out(out, cnp.NPY_FLOAT32, "float32", shape, ())
+        dst = np.empty(shape, dtype=np.float32)
+
+    cdef pk_bags_part *parts = <pk_bags_part *>malloc(F * sizeof(pk_bags_part))
+    cdef _args *args = <_args *>malloc(F * sizeof(_args))
+    cdef pk_bags_part *part
+    cdef int64_t col = Dd, bad = -1, start, b
+    cdef int bad_part = -1, kind
+    cdef pk_status status = PK_OK
+    cdef pk_dot_interaction_job job
+    cdef bint is_cat = interaction == "cat"
+    cdef float *o = <float *>cnp.PyArray_DATA(dst)
+    cdef const float *xd = <const float *>cnp.PyArray_DATA(x)
+    if parts == NULL or args == NULL:
+        free(parts)
+        free(args)
+        raise MemoryError()
+    try:
+        for f in range(F):
+            part = &parts[f]
+            ix = <cnp.ndarray>ixs[f]
+            part.bags.indices = cnp.PyArray_DATA(ix)
+            part.bags.n_indices = cnp.PyArray_DIM(ix, 0)
+            part.bags.index_64 = cnp.PyArray_ITEMSIZE(ix) == 8
+            part.bags.offsets = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>norms[f])
+            part.bags.num_bags = B
+            part.bags.weights = (NULL if ws[f] is None
+                                 else <const float *>cnp.PyArray_DATA(<cnp.ndarray>ws[f]))
+            part.bags.positional = 0
+            part.bags.mean = 1 if mean_f[f] else 0
+            part.bags.padding_idx = pad_values[f]
+            part.bags.out = o + col
+            part.bags.out_stride = width
+            _set_kernel(part, &args[f], <cnp.ndarray>arrays[f], kinds[f], tdims[f],
+                        cnp.PyArray_ITEMSIZE(ix))
+            col += tdims[f]
+        with nogil:
+            # every index checked first, feature by feature: the first bad one is reported
+            for f in range(F):
+                bad = pk_bags_first_bad_in(&parts[f].bags, 0, B, parts[f].rows)
+                if bad >= 0:
+                    bad_part = <int>f
+                    status = PK_ERR_INDEX
+                    break
+            if status == PK_OK:
+                if is_cat:
+                    for b in range(B):
+                        memcpy(o + b * width, xd + b * Dd, Dd * sizeof(float))
+                    status = pk_bags_run(pool, nt, parts, <int>F, NULL, &bad, &bad_part)
+                else:
+                    job.parts = parts
+                    job.n_parts = <int>F
+                    job.dense = xd
+                    job.dense_stride = Dd
+                    job.dim = Dd
+                    job.li = <const int32_t *>cnp.PyArray_DATA(ali)
+                    job.lj = <const int32_t *>cnp.PyArray_DATA(alj)
+                    job.n_pairs = P
+                    job.dot = _interaction_kernels.interaction_dot
+                    job.out = o
+                    job.out_stride = width
+                    job.n_samples = B
+                    status = pk_dot_interaction_run(pool, nt, &job, &bad, &bad_part)
+        if status == PK_ERR_INDEX:
+            raise IndexError(f"feature {bad_part}: indices[{bad}] = "
+                             f"{pk_bags_index(&parts[bad_part].bags, bad)} is out of range for "
+                             f"a table of {parts[bad_part].rows} rows")
+        elif status != PK_OK:
+            raise RuntimeError(f"embedding_bags_interaction kernel failed with status "
+                               f"{<int>status}")
     finally:
         free(parts)
         free(args)

@@ -9,7 +9,7 @@ from perfkernels._reference_base import Expected
 from perfkernels.families.embedding.reference import embedding_bag
 from perfkernels.families.quantized.reference import dequantize_rowwise
 
-__all__ = ["embedding_bags_multi"]
+__all__ = ["embedding_bags_multi", "embedding_bags_interaction"]
 
 
 def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sample_weights=None,
@@ -47,3 +47,39 @@ def embedding_bags_multi(tables, indices, *, lengths=None, offsets=None, per_sam
         magnitudes.append(part.magnitude)
     return Expected(np.concatenate(values, axis=1).reshape(batch, -1),
                     np.concatenate(magnitudes, axis=1).reshape(batch, -1))
+
+
+def embedding_bags_interaction(dense, tables, indices, offsets, *, interaction="dot",
+                               pairs="dlrm", self_interaction=False, include_last_offset=False,
+                               per_sample_weights=None, modes="sum", padding_idx=None, bits=None,
+                               dims=None) -> Expected:
+    """F pooled lookups (``indices[f]`` / ``offsets[f]`` in ``tables[f]``, as
+    :func:`embedding_bag`) and DLRM's interaction with ``dense``: ``"cat"``
+    ``[dense, pooled_0, ...]``, ``"dot"`` the dense row and the pairwise dot products
+    (:func:`perfkernels.families.interaction.reference.dot_interaction`)."""
+    from perfkernels.families.interaction.reference import dot_interaction
+
+    num_features = len(tables)
+
+    def per_feature(value):
+        return list(value) if isinstance(value, (list, tuple)) else [value] * num_features
+
+    weights = per_feature(per_sample_weights)
+    pooled = []
+    for f, (table, mode, pad, b, d) in enumerate(zip(tables, per_feature(modes),
+                                                     per_feature(padding_idx), per_feature(bits),
+                                                     per_feature(dims))):
+        table = table if b is None else dequantize_rowwise(table, b, d)
+        pooled.append(embedding_bag(table, indices[f], offsets[f],
+                                    include_last_offset=include_last_offset, mode=mode,
+                                    padding_idx=pad, per_sample_weights=weights[f]))
+    x = np.asarray(dense, dtype=np.float64)
+    if interaction == "cat":
+        return Expected(np.concatenate([x] + [p.value for p in pooled], axis=1),
+                        np.concatenate([np.abs(x)] + [p.magnitude for p in pooled], axis=1))
+    sparse = np.stack([p.value for p in pooled], axis=1)
+    got = dot_interaction(x, sparse, pairs=pairs, self_interaction=self_interaction)
+    # the pooled rows' own rounding enters every product: bound it by the magnitudes' products
+    mag = np.stack([p.magnitude for p in pooled], axis=1)
+    bound = dot_interaction(np.abs(x), mag, pairs=pairs, self_interaction=self_interaction)
+    return Expected(got.value, np.maximum(got.magnitude, bound.value))

@@ -1,0 +1,380 @@
+"""The fused whole-model ops: many embedding-bag lookups and the feature interaction they feed
+(DLRM's concatenation or pairwise dot products) as one registered op each.
+
+    torch.ops.perfkernels.embedding_bags_interaction(dense, weights, indices, offsets, ...)
+    torch.ops.perfkernels.collection_interaction(dense, weights, values, offsets, ...)
+
+The first takes one index / offsets tensor per table (facebookresearch DLRM's ``lS_i``, ``lS_o``),
+the second TorchRec's KeyedJaggedTensor layout (what :class:`EmbeddingBagCollection` takes).  Both
+run :func:`perfkernels.embedding_bags_interaction` (plain C kernels, see docs/optimize.md), have
+fake implementations (``torch.compile(fullgraph=True)`` and ``torch.export`` keep each one op),
+and autograd: the dense input's gradient and each table's, as the unfused model computes them
+(dense, or a COO tensor for a table with ``sparse=True``, or the table's fused optimizer step).
+:func:`perfkernels.torch.optimize` puts them into models.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+import weakref
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+import perfkernels as pk
+from perfkernels.families.interaction._interaction import pair_lists
+
+from . import _bags, _tensor_bags
+from ._bridge import IndexOutOfRangeError, as_numpy
+
+_NUMPY_MESSAGE = re.compile(r"feature (\d+): indices\[(\d+)\] = (-?\d+) is out of range for a "
+                            r"table of (\d+) rows")
+
+
+class FusedInputError(RuntimeError):
+    """Input a fused op refuses (malformed offsets, ...): nothing was written.  The optimized
+    model answers it by running the unfused modules, which raise torch's own error."""
+
+
+# --------------------------------------------------------------------------- groups of modules
+
+#: group id -> the lookup modules of a fused group (weakly: the model owns them), so that the
+#: backward of a fused op applies each table's own gradient rule (dense, sparse COO, or its
+#: fused optimizer step)
+_GROUPS: dict[int, list] = {}
+_next_group = itertools.count(1)
+
+
+def register_group(modules: list) -> int:
+    """A new group id for these lookup modules (one per fused table, in order)."""
+    gid = next(_next_group)
+    _GROUPS[gid] = [None if m is None else weakref.ref(m) for m in modules]
+    return gid
+
+
+def _group_module(group: int, f: int):
+    refs = _GROUPS.get(group)
+    if refs is None or f >= len(refs) or refs[f] is None:
+        return None
+    return refs[f]()
+
+
+# --------------------------------------------------------------------------- the shared forward
+
+def _widths(dense: Tensor, weights: list, interaction: str, pairs: str, itself: bool,
+            dims: Optional[list] = None) -> int:
+    if interaction == "cat":
+        return dense.shape[1] + sum(d if dims and d else w.shape[1]
+                                    for w, d in zip(weights, dims or [0] * len(weights)))
+    n = len(weights) + 1
+    num_pairs = n * (n - 1) // 2 + (n if itself else 0)
+    return dense.shape[1] + num_pairs
+
+
+_PAIRS: dict = {}
+
+
+def _pair_arrays(n: int, pairs: str, itself: bool):
+    key = (n, pairs, itself)
+    found = _PAIRS.get(key)
+    if found is None:
+        found = _PAIRS[key] = pair_lists(n, pairs, itself)
+    return found
+
+
+def _fast(dense, weights, indices, offsets, include_last, interaction, pairs, itself, mean,
+          padding_idx) -> Optional[Tensor]:
+    """The kernels read straight from the tensors (C, no NumPy views), or None."""
+    li = lj = None
+    if interaction != "cat":
+        li, lj = _pair_arrays(len(weights) + 1, pairs, itself)
+    return _tensor_bags.interaction_lookup(dense, weights, indices, offsets, include_last,
+                                           interaction == "cat", li, lj, mean, padding_idx)
+
+
+def _run(dense: Tensor, weights: list, indices: list, offsets: list, include_last: bool,
+         interaction: str, pairs: str, itself: bool, mean: list, padding_idx: list,
+         bits: Optional[list] = None, dims: Optional[list] = None) -> Tensor:
+    """The eager kernel call: straight from the tensors when they are the plain cases (float
+    tables), else through NumPy views (no copy) and the NumPy API's checks; the result as a
+    tensor."""
+    packed = bool(bits) and any(bits)
+    if not packed:
+        out = _fast(dense, weights, indices, offsets, include_last, interaction, pairs, itself,
+                    mean, padding_idx)
+        if out is not None:
+            return out
+    try:
+        out = pk.embedding_bags_interaction(
+            as_numpy(dense.detach().float()), [as_numpy(w.detach()) for w in weights],
+            [as_numpy(i) for i in indices], [as_numpy(o) for o in offsets],
+            interaction=interaction, pairs=pairs, self_interaction=itself,
+            include_last_offset=include_last, modes=["mean" if m else "sum" for m in mean],
+            padding_idx=[None if p < 0 else p for p in padding_idx],
+            bits=[b or None for b in bits] if packed else None,
+            dims=[d if b else None for b, d in zip(bits, dims)] if packed else None)
+    except IndexError as exc:
+        m = _NUMPY_MESSAGE.search(str(exc))
+        if m is None:
+            raise IndexOutOfRangeError(str(exc)) from None
+        raise IndexOutOfRangeError(f"Index {m.group(2)} of input takes value {m.group(3)} which "
+                                   f"is not in the valid range [0, {m.group(4)})") from None
+    except (ValueError, TypeError) as exc:
+        raise FusedInputError(str(exc)) from None
+    return torch.from_numpy(out)
+
+
+# --------------------------------------------------------------------------- per-table inputs
+
+@torch.library.custom_op("perfkernels::embedding_bags_interaction", mutates_args=())
+def embedding_bags_interaction_op(dense: Tensor, weights: list[Tensor], indices: list[Tensor],
+                                  offsets: list[Tensor], include_last_offset: bool,
+                                  interaction: str, pairs: str, self_interaction: bool,
+                                  mean: list[int], padding_idx: list[int], bits: list[int],
+                                  dims: list[int], group: int) -> Tensor:
+    """F lookups (``indices[f]`` / ``offsets[f]`` in ``weights[f]``, mode mean where
+    ``mean[f]``, ``padding_idx[f]`` (-1: none); a packed table where ``bits[f]`` is 8/4/2, of
+    ``dims[f]`` columns, 0 for a float table) and the interaction with ``dense``:
+    ``"cat"`` ``[B, Dd + sum D]``, ``"dot"`` ``[B, D + pairs]`` (pairs ``"dlrm"`` /
+    ``"torchrec"``).  ``group``: the id of the modules whose gradient rules backward applies."""
+    return _run(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
+                self_interaction, mean, padding_idx, bits, dims)
+
+
+@embedding_bags_interaction_op.register_fake
+def _per_table_fake(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
+                    self_interaction, mean, padding_idx, bits, dims, group):
+    return dense.new_empty((dense.shape[0], _widths(dense, weights, interaction, pairs,
+                                                    self_interaction, dims)),
+                           dtype=torch.float32)
+
+
+@torch.library.custom_op("perfkernels::embedding_bags_interaction_inference", mutates_args=())
+def embedding_bags_interaction_inference_op(
+        dense: Tensor, weights: list[Tensor], indices: list[Tensor], offsets: list[Tensor],
+        include_last_offset: bool, interaction: str, pairs: str, self_interaction: bool,
+        mean: list[int], padding_idx: list[int], bits: list[int], dims: list[int],
+        group: int) -> Tensor:
+    """:func:`embedding_bags_interaction_op` without autograd, for graphs that record no gradient
+    (torch.compile under ``torch.no_grad()``): the dispatcher skips the autograd wrapper, about
+    half of a Python custom op's cost per call."""
+    return _run(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
+                self_interaction, mean, padding_idx, bits, dims)
+
+
+embedding_bags_interaction_inference_op.register_fake(_per_table_fake)
+
+
+def _needs_grad(dense: Tensor, weights: list) -> bool:
+    return torch.is_grad_enabled() and (dense.requires_grad
+                                        or any(w.requires_grad for w in weights))
+
+
+def embedding_bags_interaction(dense, weights, indices, offsets, include_last_offset, interaction,
+                               pairs, self_interaction, mean, padding_idx, bits, dims, group):
+    """What an optimized model's eager graph calls: without a gradient to record, the kernels
+    straight from the tensors (no dispatcher); else, and under torch.compile / torch.export, the
+    registered op (one op in their graphs)."""
+    grad = _needs_grad(dense, weights)
+    if not torch.compiler.is_compiling() and not any(bits) and not grad:
+        out = _fast(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
+                    self_interaction, mean, padding_idx)
+        if out is not None:
+            return out
+    op = embedding_bags_interaction_op if grad else embedding_bags_interaction_inference_op
+    return op(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
+              self_interaction, mean, padding_idx, bits, dims, group)
+
+
+# --------------------------------------------------------------------------- a KJT
+
+def _split_kjt(values: Tensor, offsets: Tensor, num_keys: int, features: list):
+    """Per output slot, the feature's values (a view) and offsets rebased to them (B + 1)."""
+    batch = (offsets.shape[0] - 1) // max(num_keys, 1)
+    host = as_numpy(offsets)
+    if (offsets.shape[0] - 1) % max(num_keys, 1):
+        raise FusedInputError(f"offsets has {offsets.shape[0]} entries; it needs F * B + 1 for "
+                              f"the {num_keys} tables")
+    idx, offs = [], []
+    for f in features:
+        o = offsets[f * batch:(f + 1) * batch + 1]
+        start, end = int(host[f * batch]), int(host[(f + 1) * batch])
+        if not 0 <= start <= end <= values.shape[0]:
+            raise FusedInputError(f"offsets of feature {f} run from {start} to {end}, outside "
+                                  f"the {values.shape[0]} values")
+        idx.append(values[start:end])
+        offs.append(o - start)
+    return idx, offs
+
+
+@torch.library.custom_op("perfkernels::collection_interaction", mutates_args=())
+def collection_interaction_op(dense: Tensor, weights: list[Tensor], values: Tensor,
+                              offsets: Tensor, num_keys: int, features: list[int],
+                              tables: list[int], interaction: str, pairs: str,
+                              self_interaction: bool, mean: list[int], padding_idx: list[int],
+                              group: int) -> Tensor:
+    """The lookups of a collection (TorchRec's KJT ``values`` / ``offsets``, F * B + 1; output
+    slot i is input feature ``features[i]`` in ``weights[tables[i]]``) and the interaction with
+    ``dense``, as :func:`embedding_bags_interaction_op`."""
+    idx, offs = _split_kjt(values, offsets, num_keys, features)
+    return _run(dense, [weights[t] for t in tables], idx, offs, True, interaction, pairs,
+                self_interaction, [mean[t] for t in tables], [padding_idx[t] for t in tables])
+
+
+@collection_interaction_op.register_fake
+def _collection_fake(dense, weights, values, offsets, num_keys, features, tables, interaction,
+                     pairs, self_interaction, mean, padding_idx, group):
+    return dense.new_empty((dense.shape[0], _widths(dense, [weights[t] for t in tables],
+                                                    interaction, pairs, self_interaction)),
+                           dtype=torch.float32)
+
+
+def collection_interaction(dense, weights, values, offsets, num_keys, features, tables,
+                           interaction, pairs, self_interaction, mean, padding_idx, group):
+    """The KJT form of :func:`embedding_bags_interaction` (the optimized graph's eager call)."""
+    if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
+            dense.requires_grad or any(w.requires_grad for w in weights))):
+        try:
+            idx, offs = _split_kjt(values, offsets, num_keys, features)
+        except FusedInputError:
+            idx = None
+        if idx is not None:
+            out = _fast(dense, [weights[t] for t in tables], idx, offs, True, interaction, pairs,
+                        self_interaction, [mean[t] for t in tables],
+                        [padding_idx[t] for t in tables])
+            if out is not None:
+                return out
+    return collection_interaction_op(dense, weights, values, offsets, num_keys, features, tables,
+                                     interaction, pairs, self_interaction, mean, padding_idx,
+                                     group)
+
+
+# --------------------------------------------------------------------------- autograd
+
+def _pooled(weights, indices, offsets, include_last, mean, padding_idx, bits=None,
+            dims=None) -> list:
+    bits = bits or [0] * len(weights)
+    dims = dims or [0] * len(weights)
+    return [_bags.lookup(w.detach(), i, o, None, "mean" if m else "sum", include_last,
+                         None if p < 0 else p, b, d if b else None)
+            for w, i, o, m, p, b, d in zip(weights, indices, offsets, mean, padding_idx, bits,
+                                           dims)]
+
+
+def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: str, pairs: str,
+                       itself: bool):
+    """(d dense, [d pooled_f]) of the interaction: ``"cat"`` slices the output gradient; ``"dot"``
+    scatters the pairs' gradients into a symmetric [B, n, n] matrix G and takes (G + G^T) z."""
+    grad = grad.float()
+    d = dense.shape[1]
+    if interaction == "cat":
+        parts, col = [], d
+        for p in pooled:
+            parts.append(grad[:, col:col + p.shape[1]])
+            col += p.shape[1]
+        return grad[:, :d], parts
+    z = torch.stack([dense.detach().float()] + pooled, dim=1)          # [B, n, D]
+    n = z.shape[1]
+    li, lj = (torch.from_numpy(a).long() for a in pair_lists(n, pairs, itself))
+    g = torch.zeros(z.shape[0], n, n, dtype=torch.float32)
+    g[:, li, lj] = grad[:, d:]
+    dz = torch.bmm(g + g.transpose(1, 2), z)
+    return grad[:, :d] + dz[:, 0], [dz[:, f + 1] for f in range(n - 1)]
+
+
+def _table_grads(grads, weights, indices, offsets, include_last, mean, padding_idx, modules,
+                 needs) -> list:
+    """Each table's gradient by its module's own rule: its fused optimizer (no gradient), a
+    sparse COO gradient (``sparse=True``) or a dense one."""
+    out = []
+    for f, (g, w, i, o, m, p) in enumerate(zip(grads, weights, indices, offsets, mean,
+                                               padding_idx)):
+        if not needs or not w.requires_grad or not w.is_floating_point():
+            out.append(None)       # (a packed table has no gradient)
+            continue
+        b = _bags.BagBackward(g.contiguous(), i, o, None, "mean" if m else "sum", include_last,
+                              None if p < 0 else p, w.shape[0], w.dtype)
+        module = modules[f]
+        backward = getattr(module, "weight_backward", None)
+        if backward is not None:
+            out.append(backward(b))
+        elif getattr(module, "sparse", False):
+            out.append(_bags.sparse_weight_grad(b, b.padding_idx))
+        else:
+            out.append(_bags.dense_weight_grad(b))
+    return out
+
+
+def _per_table_setup(ctx, inputs, output):
+    (dense, weights, indices, offsets, include_last, interaction, pairs, itself, mean,
+     padding_idx, bits, dims, group) = inputs
+    ctx.save_for_backward(dense, *weights, *indices, *offsets)
+    ctx.options = (len(weights), include_last, interaction, pairs, itself, mean, padding_idx,
+                   bits, dims, group)
+    ctx.requires = [w.requires_grad for w in weights]
+
+
+def _per_table_backward(ctx, grad):
+    num, include_last, interaction, pairs, itself, mean, padding_idx, bits, dims, group = \
+        ctx.options
+    dense, *rest = ctx.saved_tensors
+    weights, indices, offsets = rest[:num], rest[num:2 * num], rest[2 * num:]
+    pooled = _pooled(weights, indices, offsets, include_last, mean, padding_idx, bits, dims)
+    g_dense, g_pooled = _interaction_grads(grad, dense, pooled, interaction, pairs, itself)
+    modules = [_group_module(group, f) for f in range(num)]
+    g_tables = _table_grads(g_pooled, weights, indices, offsets, include_last, mean,
+                            padding_idx, modules, ctx.needs_input_grad[1])
+    g_dense = g_dense.to(dense.dtype) if ctx.needs_input_grad[0] else None
+    g_tables = [g if r else None for g, r in zip(g_tables, ctx.requires)]
+    return (g_dense, g_tables, [None] * num, [None] * num, None, None, None, None, None, None,
+            None, None, None)
+
+
+embedding_bags_interaction_op.register_autograd(_per_table_backward,
+                                                setup_context=_per_table_setup)
+
+
+def _collection_setup(ctx, inputs, output):
+    (dense, weights, values, offsets, num_keys, features, tables, interaction, pairs, itself,
+     mean, padding_idx, group) = inputs
+    ctx.save_for_backward(dense, values, offsets, *weights)
+    ctx.options = (num_keys, features, tables, interaction, pairs, itself, mean, padding_idx,
+                   group)
+
+
+def _collection_backward(ctx, grad):
+    num_keys, features, tables, interaction, pairs, itself, mean, padding_idx, group = ctx.options
+    dense, values, offsets, *weights = ctx.saved_tensors
+    idx, offs = _split_kjt(values, offsets, num_keys, features)
+    slot_w = [weights[t] for t in tables]
+    slot_mean = [mean[t] for t in tables]
+    slot_pad = [padding_idx[t] for t in tables]
+    pooled = _pooled(slot_w, idx, offs, True, slot_mean, slot_pad)
+    g_dense, g_pooled = _interaction_grads(grad, dense, pooled, interaction, pairs, itself)
+    g_weights = [None] * len(weights)
+    if ctx.needs_input_grad[1]:
+        # a table read by several slots: one backward over all of its bags (so a fused
+        # optimizer steps once per table, as the collection does)
+        for t in sorted(set(tables)):
+            slots = [s for s, tt in enumerate(tables) if tt == t]
+            if len(slots) == 1:
+                s = slots[0]
+                g_i, i_i, o_i = g_pooled[s], idx[s], offs[s]
+            else:
+                g_i = torch.cat([g_pooled[s] for s in slots])
+                i_i = torch.cat([idx[s] for s in slots])
+                pieces, base = [], 0
+                for k, s in enumerate(slots):
+                    o = offs[s] + base
+                    pieces.append(o if k == len(slots) - 1 else o[:-1])
+                    base += idx[s].shape[0]
+                o_i = torch.cat(pieces)
+            g_weights[t] = _table_grads([g_i], [weights[t]], [i_i], [o_i], True, [mean[t]],
+                                        [padding_idx[t]], [_group_module(group, t)], True)[0]
+    g_dense = g_dense.to(dense.dtype) if ctx.needs_input_grad[0] else None
+    return (g_dense, g_weights, None, None, None, None, None, None, None, None, None, None,
+            None)
+
+
+collection_interaction_op.register_autograd(_collection_backward, setup_context=_collection_setup)

@@ -1,0 +1,761 @@
+"""optimize(model): whole-model optimisation on torch's own graph capture.
+
+The model is converted as :func:`convert` converts it, its forward captured with
+``torch.export`` (non-strict: torch's tracer runs the model's Python), and every group of
+embedding-bag lookups whose outputs meet in DLRM's concatenation or dot interaction is replaced by
+one fused op (:mod:`._fused_ops`) that writes the interaction's output directly.  The rest of the
+captured graph runs as captured (ATen ops), its parameters read from the model at every call.
+See docs/optimize.md.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import operator
+import types
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+
+from perfkernels.families.interaction._interaction import pair_lists
+
+from . import _convert, _fused_ops
+from ._bridge import IndexOutOfRangeError
+from ._collection import KeyedJaggedTensor, KeyedTensor
+from ._embedding_bag import EmbeddingBag
+
+log = logging.getLogger("perfkernels.torch")
+
+#: at most this many captures (input signatures) per model; others run the unfused modules
+MAX_CAPTURES = 8
+
+_aten = torch.ops.aten
+
+
+# --------------------------------------------------------------------------- pytree of the KJT
+
+def _register_pytrees() -> None:
+    """perfkernels' KeyedJaggedTensor / KeyedTensor as pytree nodes, so torch.export takes and
+    returns them (their tensors are the leaves, the keys the context)."""
+    def kjt_flatten(k):
+        return [k._values, k._weights, k._lengths, k._offsets], k._keys
+
+    def kjt_unflatten(children, keys):
+        values, weights, lengths, offsets = children
+        kjt = KeyedJaggedTensor.__new__(KeyedJaggedTensor)
+        kjt._keys, kjt._values, kjt._weights = list(keys), values, weights
+        kjt._lengths, kjt._offsets = lengths, offsets
+        return kjt
+
+    def kt_flatten(k):
+        return [k._values], (tuple(k._keys), tuple(k._length_per_key))
+
+    def kt_unflatten(children, context):
+        return KeyedTensor(list(context[0]), list(context[1]), children[0])
+
+    for cls, flat, unflat in ((KeyedJaggedTensor, kjt_flatten, kjt_unflatten),
+                              (KeyedTensor, kt_flatten, kt_unflatten)):
+        if cls not in pytree.SUPPORTED_NODES:
+            pytree.register_pytree_node(
+                cls, flat, unflat, serialized_type_name=f"perfkernels.torch.{cls.__name__}",
+                flatten_with_keys_fn=lambda k, f=flat: (
+                    [(pytree.SequenceKey(i), c) for i, c in enumerate(f(k)[0])], f(k)[1]))
+
+
+_register_pytrees()
+
+
+# --------------------------------------------------------------------------- the report
+
+@dataclass
+class OptimizationReport:
+    """What :func:`optimize` did: ``conversion`` (:func:`convert`'s report), ``fused`` as
+    (capture, group, what), ``not_fused`` as (capture, node, reason), ``captures`` as
+    (signature, outcome)."""
+    conversion: Optional[_convert.ConversionReport] = None
+    fused: list = field(default_factory=list)
+    not_fused: list = field(default_factory=list)
+    captures: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"perfkernels.torch.optimize: {len(self.captures)} capture(s), fused "
+                 f"{len(self.fused)} group(s), left {len(self.not_fused)} lookup(s) or pattern(s)"]
+        lines += [f"  capture {i}: {sig}: {outcome}" for i, (sig, outcome)
+                  in enumerate(self.captures)]
+        lines += [f"  fused [{c}] {g}: {what}" for c, g, what in self.fused]
+        lines += [f"  not fused [{c}] {n}: {why}" for c, n, why in self.not_fused]
+        if self.conversion is not None:
+            lines.append("  " + str(self.conversion).replace("\n", "\n  "))
+        return "\n".join(lines)
+
+
+_last_report: Optional[OptimizationReport] = None
+
+
+def last_optimize_report() -> Optional[OptimizationReport]:
+    """The report of the latest :func:`optimize` (updated by its captures), or None."""
+    return _last_report
+
+
+# --------------------------------------------------------------------------- graph matching
+
+_LOOKUP_OPS = {torch.ops.perfkernels.embedding_bag.default: "ours",
+               torch.ops.perfkernels.embedding_bag_quantized.default: "packed",
+               _aten.embedding_bag.padding_idx: "aten", _aten.embedding_bag.default: "aten",
+               _aten._embedding_bag.default: "aten"}
+
+
+#: lookups never fused yet, and why (reported)
+_UNFUSED_LOOKUPS = {
+    _aten.embedding_renorm_.default: "max_norm renormalises the table in place",
+}
+
+
+@dataclass
+class _Lookup:
+    node: Any            # the op node
+    out: Any             # the node of the pooled rows
+    weight: Any          # the weight's placeholder
+    indices: Any
+    offsets: Any
+    include_last: bool
+    mean: int
+    padding_idx: int
+    bits: int = 0        # 8 / 4 / 2: a packed table
+    dim: int = 0         # its columns
+
+
+def _lookup_of(node, weights: dict) -> tuple[Optional[_Lookup], Optional[str]]:
+    """A plain lookup (or None with the reason it cannot be fused) for a node producing pooled
+    rows: ours (perfkernels::embedding_bag) or torch's (aten embedding_bag, its output 0)."""
+    src = node
+    if node.op == "call_function" and node.target is operator.getitem and node.args[1] == 0:
+        src = node.args[0]
+    kind = _LOOKUP_OPS.get(src.target) if src.op == "call_function" else None
+    if kind is None or (kind != "aten" and src is not node) or (kind == "aten" and src is node):
+        return None, None
+    a = list(src.args)
+    bits = dim = 0
+    if kind == "packed":
+        weight, indices, offsets, psw, mode, last, pad, bits, dim = (a + [None] * 9)[:9]
+    elif kind == "ours":
+        weight, indices, offsets, psw, mode, last, pad = (a + [None] * 7)[:7]
+        kw = src.kwargs
+        mode = kw.get("mode", mode)
+    else:
+        names = ["weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "psw",
+                 "include_last_offset", "padding_idx"]
+        vals = dict(zip(names, a))
+        vals.update(src.kwargs)
+        weight, indices, offsets = vals["weight"], vals["indices"], vals.get("offsets")
+        if vals.get("scale_grad_by_freq"):
+            return None, "scale_grad_by_freq"
+        mode = {0: "sum", 1: "mean", 2: "max"}.get(vals.get("mode", 0), "?")
+        psw, last, pad = vals.get("psw"), vals.get("include_last_offset", False), \
+            vals.get("padding_idx")
+        if pad is not None and pad < 0:
+            pad = None
+    if psw is not None:
+        return None, "per_sample_weights (not fused yet)"
+    if mode not in ("sum", "mean"):
+        return None, f"mode {mode!r}"
+    if offsets is None or weight not in weights:
+        return None, "2-D indices or a table that is not a parameter of the model"
+    w = weights[weight]
+    if bits:
+        if w.dim() != 2 or w.dtype is not torch.uint8:
+            return None, "a packed table that is not a uint8 matrix"
+    elif w.dim() != 2 or w.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return None, f"table dtype {w.dtype}"
+    rows = w.shape[0]
+    return _Lookup(src, node, weight, indices, offsets, bool(last), int(mode == "mean"),
+                   -1 if pad is None else int(pad) % rows, int(bits or 0),
+                   int(dim) if bits else int(w.shape[1])), None
+
+
+def _is_transpose_12(node, of) -> bool:
+    return (node.op == "call_function" and node.target is _aten.transpose.int
+            and node.args[0] is of and sorted(int(x) % 3 for x in node.args[1:3]) == [1, 2])
+
+
+#: ops evaluated at capture time when every input is a constant (the pair lists' sources)
+_CONSTANT_OPS = {_aten.lift_fresh_copy.default, _aten.detach_.default, _aten.detach.default,
+                 _aten.clone.default, _aten.alias.default, _aten.select.int, _aten.unbind.int,
+                 _aten._to_copy.default, _aten.to.dtype, _aten.tril_indices.default,
+                 _aten.triu_indices.default, operator.getitem}
+
+
+def _constant_value(node, consts: dict, _depth: int = 0):
+    """The value of a node computed from constants only (lifted tensors, buffers, and the ops of
+    _CONSTANT_OPS on them: DLRM's ``torch.tensor([...])``, ``torch.tril_indices``, TorchRec's
+    ``triu_indices`` buffer rows), or None."""
+    if not hasattr(node, "op"):
+        return node
+    if node in consts:
+        return consts[node]
+    if node.op != "call_function" or node.target not in _CONSTANT_OPS or _depth > 8:
+        return None
+    args = []
+    for a in node.args:
+        if hasattr(a, "op"):
+            v = _constant_value(a, consts, _depth + 1)
+            if v is None:
+                return None
+            args.append(v)
+        elif isinstance(a, (list, tuple)) and any(hasattr(x, "op") for x in a):
+            return None
+        else:
+            args.append(a)
+    kwargs = {k: v for k, v in node.kwargs.items() if k not in ("device", "pin_memory")}
+    if any(hasattr(v, "op") for v in kwargs.values()):
+        return None
+    try:
+        if node.target in (_aten.detach_.default,):
+            return args[0]
+        return node.target(*args, **kwargs)
+    except Exception:   # noqa: BLE001 - not a constant we can evaluate
+        return None
+
+
+def _pairs_of(li: Tensor, lj: Tensor, n: int) -> Optional[tuple[str, bool]]:
+    """Which model's pair order (li, lj) is: ("dlrm" | "torchrec", self_interaction), or None."""
+    li, lj = li.reshape(-1).tolist(), lj.reshape(-1).tolist()
+    for pairs in ("dlrm", "torchrec"):
+        for itself in (False, True):
+            a, b = pair_lists(n, pairs, itself)
+            if a.tolist() == li and b.tolist() == lj:
+                return pairs, itself
+    return None
+
+
+def _is_full_slice(node) -> bool:
+    """``x[:]`` on dim 0 (what export writes for the ``:`` of ``Z[:, li, lj]``)."""
+    if node.op != "call_function" or node.target is not _aten.slice.Tensor:
+        return False
+    a = list(node.args) + [0, None, None, 1][len(node.args) - 1:]
+    dim, start, end, step = a[1], a[2], a[3], a[4]
+    return (dim == 0 and start in (0, None) and step in (1, None)
+            and (end is None or (isinstance(end, int) and end >= 2 ** 62)))
+
+
+def _skip_full_slices_down(node):
+    """The node's only user past any full slices (or the node when it has other users)."""
+    while len(node.users) == 1 and _is_full_slice(next(iter(node.users))):
+        node = next(iter(node.users))
+    return node
+
+
+def _skip_full_slices_up(node):
+    while _is_full_slice(node):
+        node = node.args[0]
+    return node
+
+
+def _single_user(node, target=None):
+    users = list(node.users)
+    if len(users) != 1:
+        return None
+    return users[0] if target is None or users[0].target is target else None
+
+
+# --------------------------------------------------------------------------- one capture
+
+class _Capture:
+    """One captured and rewritten forward, for inputs of one signature."""
+
+    def __init__(self, model: torch.nn.Module, ep, report: OptimizationReport, index: int):
+        self.ep = ep
+        sig = ep.graph_signature
+        gm = ep.graph_module
+        self.in_spec = ep.call_spec.in_spec
+        self.out_spec = ep.call_spec.out_spec
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        # per placeholder: ("state", module, attribute) | ("const", tensor) | ("user", i)
+        self.feeds: list = []
+        weights: dict = {}
+        consts: dict = {}
+        user = 0
+        for node, spec in zip(placeholders, sig.input_specs):
+            kind = spec.kind.name
+            if kind in ("PARAMETER", "BUFFER"):
+                owner, _, attr = spec.target.rpartition(".")
+                module = model.get_submodule(owner)
+                # read at every call from the module's own dict (a Parameter replaced by
+                # assignment, or loaded in place, is what the next call reads)
+                store = module._parameters if kind == "PARAMETER" else module._buffers
+                if attr not in store:
+                    store = module.__dict__
+                self.feeds.append(("state", module, attr, store))
+                value = getattr(module, attr)
+                weights[node] = value          # a table: a parameter, or a packed buffer
+                if kind == "BUFFER":
+                    consts[node] = value
+            elif kind in ("CONSTANT_TENSOR", "CUSTOM_OBJ"):
+                value = ep.constants[spec.target]
+                self.feeds.append(("const", value))
+                consts[node] = value
+            else:
+                self.feeds.append(("user", user))
+                user += 1
+        self.num_user = user
+        self.single_output = self.out_spec == pytree.tree_structure(0)
+        self.guard = self._guard(placeholders)
+        self.fqn_module = {node: self.feeds[i][1] for i, node in enumerate(placeholders)
+                           if self.feeds[i][0] == "state"}
+        self._fuse(gm, weights, consts, report, index)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        self.gm = gm
+
+    # ---- guards: the dims the capture fixed, and the dims it found equal
+    def _guard(self, placeholders):
+        checks, symbols = [], {}
+        user = 0
+        for node, feed in zip(placeholders, self.feeds):
+            if feed[0] != "user":
+                continue
+            val = node.meta.get("val")
+            if isinstance(val, Tensor):
+                dims = []
+                for d, size in enumerate(val.shape):
+                    if isinstance(size, int):
+                        dims.append((d, size))
+                    else:
+                        name = str(size.node.expr)
+                        dims.append((d, symbols.setdefault(name, (user, d))))
+                checks.append((user, val.dtype, val.dim(), tuple(dims)))
+            user += 1
+        self.static_dims = [(i, d, w) for i, _, _, dims in checks for d, w in dims
+                            if type(w) is int]
+        self.equal_dims = [(i, d) + w for i, _, _, dims in checks for d, w in dims
+                           if type(w) is not int and w != (i, d)]
+        self.free_dims = [(i, d) for i, _, _, dims in checks for d, w in dims if w == (i, d)]
+        return checks
+
+    def matches(self, flat: list) -> bool:
+        """Whether inputs of this capture's signature (structure, dtypes, ranks) fit it: the dims
+        it fixed, the dims it found equal, and its free dims not 0 or 1 (export assumes so)."""
+        if len(flat) != self.num_user:
+            return False
+        for i, d, want in self.static_dims:
+            if flat[i].shape[d] != want:
+                return False
+        for i, d, j, e in self.equal_dims:
+            if flat[i].shape[d] != flat[j].shape[e]:
+                return False
+        for i, d in self.free_dims:
+            if flat[i].shape[d] < 2:
+                return False
+        return True
+
+    # ---- the rewrite
+    def _fuse(self, gm, weights, consts, report, index):
+        graph = gm.graph
+        lookups = {}
+        for node in list(graph.nodes):
+            lk, why = _lookup_of(node, weights)
+            if lk is not None:
+                lookups[node] = lk
+            elif why is not None and node.op == "call_function":
+                report.not_fused.append((index, node.name, why))
+            elif node.op == "call_function" and node.target in _UNFUSED_LOOKUPS:
+                report.not_fused.append((index, node.name, _UNFUSED_LOOKUPS[node.target]))
+        done = set()
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target is not _aten.cat.default:
+                continue
+            if node in done:
+                continue
+            (self._dlrm_dot(graph, node, lookups, consts, report, index, done)
+             or self._torchrec_dot(graph, node, consts, report, index, done)
+             or self._dlrm_cat(graph, node, lookups, report, index, done))
+        for node, lk in lookups.items():
+            if lk.node in graph.nodes and lk.out.users and node not in done:
+                report.not_fused.append((index, lk.node.name, "its pooled rows do not go "
+                                         "straight into one concatenation or interaction with "
+                                         "the other lookups"))
+
+    def _replace(self, graph, at, target, args, report, index, what, done, members):
+        with graph.inserting_before(at):
+            new = graph.call_function(target, args)
+        new.meta = dict(at.meta)
+        at.replace_all_uses_with(new)
+        graph.erase_node(at)
+        done.update(members)
+        done.add(at)
+        report.fused.append((index, new.name, what))
+        return True
+
+    def _modules(self, lks):
+        mods = []
+        for lk in lks:
+            m = self.fqn_module.get(lk.weight)
+            mods.append(m if isinstance(m, EmbeddingBag) else None)
+        return mods
+
+    def _dlrm_dot(self, graph, cat, lookups, consts, report, index, done) -> bool:
+        """R = cat([x, index(bmm(T, T^T), [None, li, lj])], 1), T = view(cat([x, e...], 1))."""
+        parts, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else 0
+        if dim not in (1, -1) or len(parts) < 2:
+            return False
+        view = _single_user(cat, _aten.view.default) or _single_user(cat, _aten.reshape.default)
+        if view is None:
+            return False
+        x, embs = parts[0], parts[1:]
+        users = list(view.users)
+        tr = next((u for u in users if _is_transpose_12(u, view)), None)
+        bmm = next((u for u in users if u.target is _aten.bmm.default), None)
+        if tr is None or bmm is None or len(users) != 2 or bmm.args != (view, tr):
+            return False
+        idx = _single_user(_skip_full_slices_down(bmm), _aten.index.Tensor)
+        if idx is None or len(idx.args[1]) != 3 or idx.args[1][0] is not None:
+            return False
+        li = _constant_value(idx.args[1][1], consts)
+        lj = _constant_value(idx.args[1][2], consts)
+        found = None if li is None or lj is None else _pairs_of(li, lj, len(embs) + 1)
+        if found is None:
+            report.not_fused.append((index, idx.name, "pairs that are not DLRM's or TorchRec's "
+                                     "order"))
+            return False
+        out = _single_user(idx, _aten.cat.default)
+        if out is None or list(out.args[0]) != [x, idx] or out.args[1] not in (1, -1):
+            return False
+        lks = [lookups.get(e) for e in embs]
+        if any(lk is None for lk in lks):
+            report.not_fused.append((index, cat.name, "a concatenation feeding a dot "
+                                     "interaction with inputs that are not plain lookups"))
+            return False
+        xv = x.meta.get("val")
+        if xv is None or xv.dim() != 2 or any(lk.dim != xv.shape[1] for lk in lks):
+            report.not_fused.append((index, cat.name, "the dense and pooled rows differ in D"))
+            return False
+        if len({lk.include_last for lk in lks}) != 1:
+            return False
+        pairs, itself = found
+        gid = _fused_ops.register_group(self._modules(lks))
+        args = (x, [lk.weight for lk in lks], [lk.indices for lk in lks],
+                [lk.offsets for lk in lks], lks[0].include_last, "dot", pairs, itself,
+                [lk.mean for lk in lks], [lk.padding_idx for lk in lks],
+                [lk.bits for lk in lks], [lk.dim for lk in lks], gid)
+        return self._replace(graph, out, _fused_ops.embedding_bags_interaction,
+                             args, report, index,
+                             f"{len(lks)} lookups + dot interaction ({pairs} order, "
+                             f"self_interaction={itself})", done, embs + [cat])
+
+    def _dlrm_cat(self, graph, cat, lookups, report, index, done) -> bool:
+        """R = cat([x, e_0, ..., e_{F-1}], 1) with every e a lookup (and x not one)."""
+        parts, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else 0
+        if dim not in (1, -1) or len(parts) < 2 or parts[0] in lookups:
+            return False
+        x, embs = parts[0], parts[1:]
+        lks = [lookups.get(e) for e in embs]
+        if any(lk is None for lk in lks):
+            return False
+        xv = x.meta.get("val")
+        if xv is None or xv.dim() != 2 or xv.dtype is not torch.float32:
+            return False
+        if len({lk.include_last for lk in lks}) != 1:
+            return False
+        if any(len(e.users) != 1 for e in embs):
+            report.not_fused.append((index, cat.name, "the pooled rows are used elsewhere too"))
+            return False
+        gid = _fused_ops.register_group(self._modules(lks))
+        args = (x, [lk.weight for lk in lks], [lk.indices for lk in lks],
+                [lk.offsets for lk in lks], lks[0].include_last, "cat", "dlrm", False,
+                [lk.mean for lk in lks], [lk.padding_idx for lk in lks],
+                [lk.bits for lk in lks], [lk.dim for lk in lks], gid)
+        return self._replace(graph, cat, _fused_ops.embedding_bags_interaction,
+                             args, report, index, f"{len(lks)} lookups + concatenation", done,
+                             embs)
+
+    def _torchrec_dot(self, graph, cat, consts, report, index, done) -> bool:
+        """cat([x, index(bmm(C, C^T), [None, li, lj])], 1), C = cat([x.unsqueeze(1), S], 1),
+        S the collection's output [B, F*D] seen as [B, F, D] (through its per-key split and
+        concatenation in key order, or directly)."""
+        parts = cat.args[0]
+        if len(parts) != 2 or (cat.args[1] if len(cat.args) > 1 else 0) not in (1, -1):
+            return False
+        x, idx = parts
+        if idx.op != "call_function" or idx.target is not _aten.index.Tensor:
+            return False
+        bmm = _skip_full_slices_up(idx.args[0])
+        if bmm.target is not _aten.bmm.default or len(idx.args[1]) != 3 \
+                or idx.args[1][0] is not None:
+            return False
+        comb, tr = bmm.args
+        if not _is_transpose_12(tr, comb) or comb.target is not _aten.cat.default:
+            return False
+        cparts = comb.args[0]
+        if len(cparts) != 2 or cparts[0].target is not _aten.unsqueeze.default \
+                or cparts[0].args[0] is not x:
+            return False
+        sparse = cparts[1]
+        ebc = self._collection_source(sparse)
+        if ebc is None:
+            return False
+        li = _constant_value(idx.args[1][1], consts)
+        lj = _constant_value(idx.args[1][2], consts)
+        (weights, values, offsets, psw, num_keys, features, tables, mean, pads) = \
+            (list(ebc.args) + [None] * 9)[:9]
+        found = None if li is None or lj is None else _pairs_of(li, lj, len(features) + 1)
+        if found is None or psw is not None:
+            report.not_fused.append((index, idx.name, "pairs that are not DLRM's or TorchRec's "
+                                     "order, or weighted features"))
+            return False
+        pairs, itself = found
+        mods = []
+        for w in weights:
+            m = self.fqn_module.get(w)
+            mods.append(m if isinstance(m, EmbeddingBag) else None)
+        gid = _fused_ops.register_group(mods)
+        args = (x, list(weights), values, offsets, num_keys, list(features), list(tables),
+                "dot", pairs, itself, list(mean), list(pads), gid)
+        return self._replace(graph, cat, _fused_ops.collection_interaction,
+                             args, report, index,
+                             f"collection of {len(features)} features + dot interaction "
+                             f"({pairs} order)", done, [comb])
+
+    @staticmethod
+    def _collection_source(node):
+        """The embedding_bag_collection node whose [B, F*D] output ``node`` is, seen as
+        [B, F, D] (a view / reshape, of its per-key split concatenated back in order)."""
+        if node.target not in (_aten.view.default, _aten.reshape.default,
+                               _aten._unsafe_view.default):
+            return None
+        src = node.args[0]
+        target = torch.ops.perfkernels.embedding_bag_collection.default
+        if src.target is target:
+            return src
+        if src.target is not _aten.cat.default:
+            return None
+        pieces = src.args[0]
+        base = None
+        for i, p in enumerate(pieces):
+            if p.target is not operator.getitem or p.args[1] != i:
+                return None
+            split = p.args[0]
+            if split.target not in (_aten.split_with_sizes.default, _aten.split.Tensor):
+                return None
+            if base is None:
+                base = split
+            elif split is not base:
+                return None
+        if base is None or base.args[0].target is not target:
+            return None
+        sizes = base.args[1]
+        if len(pieces) != len(sizes) if isinstance(sizes, (list, tuple)) else True:
+            return None
+        return base.args[0]
+
+    # ---- running it
+    def run(self, flat: list):
+        feeds = []
+        for feed in self.feeds:
+            kind = feed[0]
+            if kind == "state":
+                value = feed[3].get(feed[2])
+                feeds.append(value if value is not None else getattr(feed[1], feed[2]))
+            elif kind == "const":
+                feeds.append(feed[1])
+            else:
+                feeds.append(flat[feed[1]])
+        out = self.gm.forward(*feeds)
+        if self.single_output:
+            return out[0]
+        return pytree.tree_unflatten(list(out), self.out_spec)
+
+
+# --------------------------------------------------------------------------- the model's side
+
+class _State:
+    """What optimize() keeps on the model (a plain object: no parameters, no state_dict keys)."""
+
+    def __init__(self, report: OptimizationReport):
+        self.report = report
+        self.captures: dict = {}        # structure -> [_Capture]
+        self.ordered: list = []         # every capture, in order
+        self.failed: set = set()
+        self.capturing = False
+
+    def add(self, key, cap) -> None:
+        self.captures.setdefault(key, []).append(cap)
+        self.ordered.append(cap)
+
+    def __deepcopy__(self, memo):
+        # a copied model captures again (its graphs would read the original's parameters)
+        return _State(self.report)
+
+    def __getstate__(self):
+        return {"report": self.report, "captures": {}, "ordered": [], "failed": set(),
+                "capturing": False}
+
+
+def _flatten_into(obj, flat: list, key: list) -> None:
+    if isinstance(obj, Tensor):
+        flat.append(obj)
+        key.append((obj.dtype, obj.dim()))
+    elif type(obj) in (list, tuple):
+        key.append((type(obj), len(obj)))
+        for item in obj:
+            _flatten_into(item, flat, key)
+    elif type(obj) is dict:
+        key.append(tuple(obj))
+        for item in obj.values():
+            _flatten_into(item, flat, key)
+    else:   # any other pytree node (a KJT, ...) or leaf: as torch's pytree flattens it
+        leaves, spec = pytree.tree_flatten(obj)
+        key.append(spec)
+        for leaf in leaves:
+            if isinstance(leaf, Tensor):
+                flat.append(leaf)
+                key.append((leaf.dtype, leaf.dim()))
+            else:
+                flat.append(leaf)
+                key.append(leaf if type(leaf) in (int, float, bool, str, type(None))
+                           else type(leaf))
+
+
+def _flatten(args, kwargs, training: bool):
+    """The inputs' leaves in torch's pytree order, and their signature: structure, dtypes and
+    ranks, plain values, and the train / eval mode."""
+    flat, key = [], [training]
+    _flatten_into(args, flat, key)
+    _flatten_into(kwargs, flat, key)
+    return flat, tuple(key)
+
+
+def _dynamic_shapes(args):
+    """Every dim of every tensor input: torch.export's Dim.AUTO (it keeps what it may); a
+    registered node other than a list, tuple or dict is given as the list of its children."""
+    auto = torch.export.Dim.AUTO
+
+    def spec(x):
+        if isinstance(x, Tensor):
+            return {d: auto for d in range(x.dim())}
+        if isinstance(x, (list, tuple)):
+            return type(x)(spec(c) for c in x)
+        if isinstance(x, dict):
+            return {k: spec(v) for k, v in x.items()}
+        node = pytree.SUPPORTED_NODES.get(type(x))
+        if node is not None:
+            return [spec(c) for c in node.flatten_fn(x)[0]]
+        return None
+    return tuple(spec(a) for a in args)
+
+
+def _capture(model, state: _State, args, kwargs):
+    """Export the model's own forward for these inputs and fuse it; None when it cannot."""
+    report = state.report
+    index = len(report.captures)
+    state.capturing = True
+    try:
+        ep = torch.export.export(model, tuple(args), dict(kwargs), strict=False,
+                                 dynamic_shapes=None if kwargs else _dynamic_shapes(args))
+        cap = _Capture(model, ep, report, index)
+    except Exception as exc:     # noqa: BLE001 - anything export cannot prove runs unfused
+        report.captures.append((_describe(args, kwargs), f"not captured, runs unfused: "
+                                f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+        log.info("optimize: capture failed (%s); this signature runs unfused", exc)
+        return None
+    finally:
+        state.capturing = False
+    report.captures.append((_describe(args, kwargs), "captured"))
+    return cap
+
+
+def _describe(args, kwargs) -> str:
+    flat, _ = pytree.tree_flatten((args, kwargs))
+    shapes = [tuple(t.shape) for t in flat if isinstance(t, Tensor)]
+    more = f", ... ({len(shapes)} tensors)" if len(shapes) > 3 else ""
+    return ", ".join(str(s) for s in shapes[:3]) + more
+
+
+#: what the fused ops raise before writing anything: the unfused forward then runs (and raises
+#: the unfused model's own error, torch's class and message)
+_REFUSED = (_fused_ops.FusedInputError, IndexOutOfRangeError)
+
+
+def _optimized_forward(self, *args, **kwargs):
+    """The optimized model's forward: the fused capture for these inputs' signature (captured at
+    the first call with it), or the model's own forward where none applies."""
+    state: _State = self.__dict__["_perfkernels_optimize"]
+    own = type(self).forward
+    if state.capturing:
+        return own(self, *args, **kwargs)
+    flat, key = _flatten(args, kwargs, self.training)
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        # traced by torch.compile / torch.export: the first capture that fits (its fused ops
+        # stay single ops in their graph); none: the model's own forward
+        for cap in state.ordered:
+            if cap.matches(flat):
+                return cap.run(flat)
+        return own(self, *args, **kwargs)
+    caps = state.captures.get(key)
+    if caps is not None:
+        for cap in caps:
+            if cap.matches(flat):
+                try:
+                    return cap.run(flat)
+                except _REFUSED:
+                    # input the fused op refuses: the unfused modules raise their own error
+                    return own(self, *args, **kwargs)
+    count = sum(len(v) for v in state.captures.values())
+    if count >= MAX_CAPTURES or key in state.failed:
+        return own(self, *args, **kwargs)
+    cap = _capture(self, state, args, kwargs)
+    if cap is None or not cap.matches(flat):
+        state.failed.add(key)
+        return own(self, *args, **kwargs)
+    state.add(key, cap)
+    try:
+        return cap.run(flat)
+    except _REFUSED:
+        return own(self, *args, **kwargs)
+
+
+def optimize(model: torch.nn.Module, example_inputs: Any = None, *,
+             inplace: bool = False, verbose: bool = False, **convert_options) -> torch.nn.Module:
+    """Whole-model optimisation: :func:`convert`, then fused lookups + interaction.
+
+    The model is converted as :func:`convert` converts it (``convert_options`` go there), its
+    forward captured with ``torch.export`` (at the first call with each new input signature, or
+    now from ``example_inputs``, a tuple of positional arguments), and each group of
+    embedding-bag lookups whose outputs meet in facebookresearch DLRM's ``interact_features``
+    ("dot", with or without ``arch_interaction_itself``, or "cat") or TorchRec's
+    ``InteractionArch`` is replaced by one fused op that writes the interaction's output
+    directly (``[B, F, D]`` is never made).  Everything else runs as captured.
+
+    Returns the model (a converted copy unless ``inplace``): its class, attributes, parameters
+    and ``state_dict`` keys are the model's; only ``forward`` is replaced on the instance.
+    Inputs whose shapes the capture did not cover are captured again (up to
+    :data:`MAX_CAPTURES`), or run the unfused forward; input the fused op refuses runs the
+    unfused forward too, which raises torch's own error.  Works under
+    ``torch.compile(fullgraph=True)`` (after the first eager call or with ``example_inputs``)
+    and ``torch.export``.  :func:`last_optimize_report` says what was fused and why the rest
+    was not.
+    """
+    global _last_report
+    model = _convert.convert(model, inplace=inplace, **convert_options)
+    report = OptimizationReport(conversion=_convert.last_report())
+    state = _State(report)
+    model.__dict__["_perfkernels_optimize"] = state
+    # a function of its own per model class, with the signature of the class's forward (what
+    # torch.export and inspect read)
+    forward = types.FunctionType(_optimized_forward.__code__, _optimized_forward.__globals__,
+                                 "forward")
+    forward.__doc__ = _optimized_forward.__doc__
+    forward.__signature__ = inspect.signature(type(model).forward)
+    model.forward = types.MethodType(forward, model)
+    _last_report = report
+    if example_inputs is not None:
+        args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        flat, key = _flatten(args, {}, model.training)
+        cap = _capture(model, state, args, {})
+        if cap is not None and cap.matches(flat):
+            state.add(key, cap)
+    if verbose:
+        print(report)
+    return model

@@ -1,0 +1,98 @@
+"""dot_interaction: DLRM's pairwise dot products, against the float64 reference (written from the
+formula), against PyTorch's bmm + gather of facebookresearch DLRM and TorchRec, every ISA level."""
+import numpy as np
+import pytest
+
+import perfkernels as pk
+from perfkernels import reference
+from perfkernels.families.interaction._interaction import pair_lists
+
+from conftest import AWKWARD_DIMS, readonly, unaligned
+
+
+def check_close(got, expected):
+    reference.assert_close(got, expected.value, expected.magnitude + 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("D", AWKWARD_DIMS)
+@pytest.mark.parametrize("pairs,itself", [("dlrm", False), ("dlrm", True), ("torchrec", False),
+                                          ("torchrec", True)])
+def test_matches_reference(isa, rng, D, pairs, itself):
+    B, F = 9, 6
+    dense = rng.standard_normal((B, D)).astype(np.float32)
+    sparse = rng.standard_normal((B, F, D)).astype(np.float32)
+    got = pk.dot_interaction(dense, sparse, pairs=pairs, self_interaction=itself)
+    P = (F + 1) * F // 2 + (F + 1 if itself else 0)
+    assert got.shape == (B, D + P) and got.dtype == np.float32
+    assert got[:, :D].tobytes() == dense.tobytes()
+    check_close(got, reference.dot_interaction(dense, sparse, pairs=pairs,
+                                               self_interaction=itself))
+
+
+def test_pair_order_is_the_models_own():
+    torch = pytest.importorskip("torch")
+    for n in (1, 2, 5, 27):
+        for itself in (False, True):
+            # facebookresearch DLRM's interact_features (approach 2), and its tril_indices twin
+            offset = 1 if itself else 0
+            li = [i for i in range(n) for j in range(i + offset)]
+            lj = [j for i in range(n) for j in range(i + offset)]
+            got = pair_lists(n, "dlrm", itself)
+            assert got[0].tolist() == li and got[1].tolist() == lj
+            tril = torch.tril_indices(n, n, offset=0 if itself else -1)
+            assert tril[0].tolist() == li and tril[1].tolist() == lj
+        triu = torch.triu_indices(n, n, offset=1)           # TorchRec's InteractionArch
+        got = pair_lists(n, "torchrec")
+        assert got[0].tolist() == triu[0].tolist() and got[1].tolist() == triu[1].tolist()
+
+
+def test_matches_torch_bmm_and_any_thread_count(isa, rng):
+    torch = pytest.importorskip("torch")
+    B, F, D = 700, 26, 16
+    dense = rng.standard_normal((B, D)).astype(np.float32)
+    sparse = rng.standard_normal((B, F, D)).astype(np.float32)
+    results = [pk.dot_interaction(dense, sparse, num_threads=nt) for nt in (1, 2, 3, 8)]
+    assert all(r.tobytes() == results[0].tobytes() for r in results)
+    x, s = torch.from_numpy(dense), torch.from_numpy(sparse)
+    T = torch.cat([x.unsqueeze(1), s], 1)
+    Z = torch.bmm(T, T.transpose(1, 2))
+    li, lj = torch.tril_indices(F + 1, F + 1, offset=-1)
+    np.testing.assert_allclose(results[0], torch.cat([x, Z[:, li, lj]], 1).numpy(),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_explicit_pairs_out_and_unusual_inputs(isa, rng):
+    dense = rng.standard_normal((4, 9)).astype(np.float32)
+    sparse = rng.standard_normal((4, 3, 9)).astype(np.float32)
+    pairs = (np.array([3, 0, 2]), np.array([3, 1, 0]))
+    expected = pk.dot_interaction(dense, sparse, pairs=pairs)
+    check_close(expected, reference.dot_interaction(dense, sparse, pairs=pairs))
+    out = np.full((4, 12), 7.0, np.float32)
+    assert pk.dot_interaction(dense, sparse, pairs=pairs, out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    got = pk.dot_interaction(unaligned(dense), readonly(sparse), pairs=pairs)
+    np.testing.assert_array_equal(got, expected)
+    strided = np.ascontiguousarray(np.repeat(sparse, 2, axis=2))[:, :, ::2]
+    np.testing.assert_array_equal(pk.dot_interaction(dense, strided, pairs=pairs), expected)
+    empty = pk.dot_interaction(np.zeros((0, 9), np.float32), np.zeros((0, 3, 9), np.float32))
+    assert empty.shape == (0, 9 + 6)
+    no_features = pk.dot_interaction(dense, np.zeros((4, 0, 9), np.float32))
+    np.testing.assert_array_equal(no_features, dense)
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(sparse=np.ones((4, 2, 3), np.float32)), ValueError, r"sparse must be \[B, F, D\]"),
+    (dict(dense=np.ones(4, np.float32)), ValueError, "dense must be 2-D"),
+    (dict(dense=np.ones((4, 2), np.float64)), TypeError, "dense must have dtype float32"),
+    (dict(pairs="lower"), ValueError, "pairs must be 'dlrm', 'torchrec'"),
+    (dict(pairs=3), TypeError, "pairs must be 'dlrm', 'torchrec' or a tuple"),
+    (dict(pairs=([0], [-1])), IndexError, r"pairs lj\[0\] = -1 is out of range for 3 rows"),
+    (dict(pairs=([0, 1], [0])), ValueError, "li and lj have 2 and 1 entries"),
+    (dict(pairs=([0.5], [0])), TypeError, "pairs li must be a 1-D integer array"),
+    (dict(out=np.ones((4, 3), np.float32)), ValueError, "out has shape"),
+])
+def test_argument_errors(kw, exc, msg):
+    args = dict(dense=np.ones((4, 2), np.float32), sparse=np.ones((4, 2, 2), np.float32))
+    args.update(kw)
+    with pytest.raises(exc, match=msg):
+        pk.dot_interaction(args.pop("dense"), args.pop("sparse"), **args)
