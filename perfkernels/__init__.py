@@ -34,6 +34,7 @@ from .families.lstm._lstm import lstm_unit, lstm_unit_backward  # noqa: E402
 from .families.multi._multi import embedding_bags_multi  # noqa: E402
 from .families.training._training import embedding_bag_backward_update  # noqa: E402
 from ._placement import as_table, empty_table, placement_of  # noqa: E402
+from ._memory import get_pool_limit, pool_stats, release_memory, set_pool_limit  # noqa: E402
 
 __all__ = [
     "active_isa", "available_isas", "cpu_features", "show_runtime", "use_isa",
@@ -44,4 +45,5 @@ __all__ = [
     "lstm_unit", "lstm_unit_backward",
     "embedding_bag_backward_update",
     "empty_table", "as_table", "placement_of",
+    "release_memory", "set_pool_limit", "get_pool_limit", "pool_stats",
 ]
