@@ -6,7 +6,8 @@ bench  time every kernel family on its default workload, for every ISA level thi
        side by side with NumPy and PyTorch (when installed), single-threaded; prints GB/s and ratios.
        ``--family dlrm``: the DLRM example end to end, stock PyTorch against perfkernels.torch
        .convert(), both at PyTorch's default thread count (``--model rm1|rm2|rm3``: the
-       embedding-heavy model classes instead of the Criteo-shaped one).
+       embedding-heavy model classes instead of the Criteo-shaped one); ``--latency``: serving
+       latency of the reference DLRM, p50 / p99 per batch size (``--threads 1,2``: per count).
        ``--scaling``: the thread-scaling view instead (ours at 1, 2, ... threads, PyTorch at 1
        thread and at its default).  ``--cap-isa avx2``: both sides held to AVX2, as on a CPU
        that has nothing above it
@@ -298,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--plot", metavar="FILE.png", help="save a chart of the speed-ups")
     b.add_argument("--model", choices=["criteo", "rm1", "rm2", "rm3"], default="criteo",
                    help="with --family dlrm: the model class (examples/dlrm.py --model)")
+    b.add_argument("--latency", action="store_true",
+                   help="with --family dlrm: serving latency of the reference DLRM, p50 / p99 "
+                        "per batch size (examples/dlrm.py --latency; --threads: thread counts)")
     b.add_argument("--scaling", action="store_true",
                    help="thread-scaling view: ours at 1, 2, ... threads beside PyTorch")
     b.add_argument("--threads", metavar="N,M,...",
@@ -341,7 +345,8 @@ def _bench(args) -> int:
     if args.family and "dlrm" in args.family:
         # end to end with PyTorch at its default thread count, so before OMP_NUM_THREADS below
         from perfkernels.benchsuite import dlrm
-        dlrm.run(args.quick, args.plot, args.model)
+        threads = [int(n) for n in args.threads.split(",")] if args.threads else None
+        dlrm.run(args.quick, args.plot, args.model, latency=args.latency, threads=threads)
         args.family = [f for f in args.family if f != "dlrm"]
         if not args.family:
             return 0
