@@ -340,13 +340,25 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args)
 
 
+def _parallel_check(n: str) -> int:
+    from perfkernels import _parallel
+    return _parallel.check_num_threads(int(n), "--threads")
+
+
 def _bench(args) -> int:
     """The ``bench`` subcommand."""
     if args.family and "dlrm" in args.family:
         # end to end with PyTorch at its default thread count, so before OMP_NUM_THREADS below
         from perfkernels.benchsuite import dlrm
-        threads = [int(n) for n in args.threads.split(",")] if args.threads else None
-        dlrm.run(args.quick, args.plot, args.model, latency=args.latency, threads=threads)
+        if args.latency:
+            try:
+                threads = ([_parallel_check(n) for n in args.threads.split(",")]
+                           if args.threads else None)
+            except ValueError as exc:
+                raise SystemExit(f"--threads {args.threads!r}: {exc}")
+            dlrm.run(args.quick, args.plot, args.model, latency=True, threads=threads)
+        else:
+            dlrm.run(args.quick, args.plot, args.model)
         args.family = [f for f in args.family if f != "dlrm"]
         if not args.family:
             return 0

@@ -69,3 +69,17 @@ def test_latency_mode_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "p50 / p99" in out and "stock" in out and "convert" in out
     assert not plot_args or plot.stat().st_size > 0
+
+
+def test_bench_dlrm_latency_flag(monkeypatch):
+    """`bench --family dlrm --latency --threads 1,2` runs the latency mode once per count (the
+    run itself is test_latency_mode_table's)."""
+    from perfkernels import __main__ as cli
+    from perfkernels.benchsuite import dlrm
+    seen = []
+    monkeypatch.setattr(dlrm, "run", lambda quick, plot, model, latency=False, threads=None:
+                        seen.append((quick, latency, threads)))
+    assert cli.main(["bench", "--family", "dlrm", "--latency", "--threads", "1,2", "--quick"]) == 0
+    assert seen == [(True, True, [1, 2])]
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--family", "dlrm", "--latency", "--threads", "0"])
