@@ -83,3 +83,29 @@ def test_bench_dlrm_latency_flag(monkeypatch):
     assert seen == [(True, True, [1, 2])]
     with pytest.raises(SystemExit):
         cli.main(["bench", "--family", "dlrm", "--latency", "--threads", "0"])
+
+
+def test_optimize_column_appears_when_perfkernels_has_it(monkeypatch):
+    """The optimize() columns are found with hasattr: a stand-in optimize (here convert) shows up
+    as its own column, eager and compiled, and is checked against stock like the others."""
+    import perfkernels.torch as pt
+    calls = []
+
+    def fake_optimize(model, example_inputs=None):
+        calls.append(example_inputs)
+        return pt.convert(model)
+
+    monkeypatch.setattr(pt, "optimize", fake_optimize, raising=False)
+    lat = load("dlrm_latency")
+    ref = load("dlrm_reference")
+    stock = ref.kaggle_model(max_rows=100).eval()
+    example = ref.kaggle_batch(stock, 2, np.random.default_rng(0))
+    columns, notes = lat.build_columns(stock, example, compile_=True)
+    assert list(columns) == ["stock", "stock compiled", "convert", "optimize",
+                             "optimize compiled"] and not notes
+    assert len(calls) == 1 and calls[0] is example
+    with torch.inference_mode():
+        torch.testing.assert_close(columns["optimize"](*example), stock(*example))
+    monkeypatch.delattr(pt, "optimize")
+    columns, notes = lat.build_columns(stock, example, compile_=False)
+    assert list(columns) == ["stock", "convert"] and "optimize" in notes[0]
