@@ -39,6 +39,7 @@ cdef extern from "perfkernels/memory.h" nogil:
     uint64_t pk_pool_set_limit(uint64_t limit)
     void pk_pool_get_stats(pk_pool_stats *out)
     void pk_pool_init()
+    int pk_pool_sanitized()
 
 cdef extern from *:
     """
@@ -188,6 +189,12 @@ def pool_stats() -> dict[str, int]:
             "cached_blocks": int(s.cached_blocks), "live_bytes": int(s.live_bytes),
             "live_blocks": int(s.live_blocks), "hits": int(s.hits), "misses": int(s.misses),
             "released_bytes": int(s.released_bytes)}
+
+
+def _sanitized() -> bool:
+    """Whether this build has AddressSanitizer: the pool then keeps nothing and allocates exact
+    sizes (so ASan sees every output's bounds and any use after free)."""
+    return bool(pk_pool_sanitized())
 
 
 def _class_size(nbytes: int) -> int:

@@ -53,6 +53,9 @@ uint64_t pk_pool_release(void);
 /* Set the bound on idle bytes (evicting down to it now); returns the previous one. */
 uint64_t pk_pool_set_limit(uint64_t limit);
 void pk_pool_get_stats(pk_pool_stats *out);
+/* 1 in a build with AddressSanitizer: then every block is allocated at its exact size and freed
+ * when returned (nothing is kept), so ASan sees the true bounds and any use after free. */
+int pk_pool_sanitized(void);
 /* Once per process, before the first use: the fork handlers. */
 void pk_pool_init(void);
 
