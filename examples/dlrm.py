@@ -47,6 +47,11 @@ What it does:
     python examples/dlrm.py --plot dlrm.png       # also draw the time breakdown
     python examples/dlrm.py --fused-optimizer rowwise_adagrad --lr 0.01 --infer-batches 0
     python examples/dlrm.py --fused-optimizer adam --lr 0.001 --infer-batches 0
+    python examples/dlrm.py --latency --plot latency.png   # serving latency, p50/p99 by batch
+
+``--latency`` measures serving latency instead, of facebookresearch's reference ``DLRM_Net``
+(``dlrm_reference.py``) at Criteo Kaggle's shape, for batches 1 to 2048: stock eager, stock
+``torch.compile``, ``convert()`` and ``optimize()`` (``dlrm_latency.py`` says how).
 
 (Adagrad's steps are normalised by the gradient's size, so the SGD default ``--lr 0.1`` makes both
 models diverge alike; 0.01 trains.)
@@ -344,6 +349,8 @@ def inference_variants(stock: DLRM):
 
 def run(args: argparse.Namespace) -> dict:
     """The whole comparison; returns the measurements (also used by `perfkernels bench`)."""
+    if getattr(args, "latency", False):   # serving latency of the reference DLRM instead
+        return _latency_module().run_latency(args)
     torch.manual_seed(args.seed)
     spec = MODEL_CLASSES[args.model]
     dim = args.dim or spec.dim
@@ -461,6 +468,17 @@ def plot(result: dict, path: str) -> None:
     print(f"plot written to {path}")
 
 
+def _latency_module():
+    """dlrm_latency.py beside this file (by path: this file may be loaded by path too)."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "perfkernels_dlrm_latency", Path(__file__).resolve().parent / "dlrm_latency.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -495,6 +513,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--distributed", action="store_true",
                    help="shard the tables over the ranks of a torchrun world instead "
                         "(examples/dlrm_distributed.py; --batch is per rank)")
+    _latency_module().add_arguments(p)
     if "--distributed" in (sys.argv[1:] if argv is None else argv):
         from dlrm_distributed import add_arguments   # beside this file
         add_arguments(p)

@@ -36,6 +36,7 @@ from .families.multi._multi import embedding_bags_interaction, embedding_bags_mu
 from .families.training._training import embedding_bag_backward_update  # noqa: E402
 from .families.sequence._sequence import embedding, embedding_quantized  # noqa: E402
 from ._placement import as_table, empty_table, placement_of  # noqa: E402
+from ._memory import get_pool_limit, pool_stats, release_memory, set_pool_limit  # noqa: E402
 
 __all__ = [
     "active_isa", "available_isas", "cpu_features", "show_runtime", "use_isa",
@@ -47,4 +48,5 @@ __all__ = [
     "embedding_bag_backward_update",
     "embedding", "embedding_quantized",
     "empty_table", "as_table", "placement_of",
+    "release_memory", "set_pool_limit", "get_pool_limit", "pool_stats",
 ]

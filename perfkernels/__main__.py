@@ -6,7 +6,8 @@ bench  time every kernel family on its default workload, for every ISA level thi
        side by side with NumPy and PyTorch (when installed), single-threaded; prints GB/s and ratios.
        ``--family dlrm``: the DLRM example end to end, stock PyTorch against perfkernels.torch
        .convert(), both at PyTorch's default thread count (``--model rm1|rm2|rm3``: the
-       embedding-heavy model classes instead of the Criteo-shaped one).
+       embedding-heavy model classes instead of the Criteo-shaped one); ``--latency``: serving
+       latency of the reference DLRM, p50 / p99 per batch size (``--threads 1,2``: per count).
        ``--scaling``: the thread-scaling view instead (ours at 1, 2, ... threads, PyTorch at 1
        thread and at its default).  ``--cap-isa avx2``: both sides held to AVX2, as on a CPU
        that has nothing above it
@@ -298,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--plot", metavar="FILE.png", help="save a chart of the speed-ups")
     b.add_argument("--model", choices=["criteo", "rm1", "rm2", "rm3"], default="criteo",
                    help="with --family dlrm: the model class (examples/dlrm.py --model)")
+    b.add_argument("--latency", action="store_true",
+                   help="with --family dlrm: serving latency of the reference DLRM, p50 / p99 "
+                        "per batch size (examples/dlrm.py --latency; --threads: thread counts)")
     b.add_argument("--scaling", action="store_true",
                    help="thread-scaling view: ours at 1, 2, ... threads beside PyTorch")
     b.add_argument("--threads", metavar="N,M,...",
@@ -336,12 +340,25 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args)
 
 
+def _parallel_check(n: str) -> int:
+    from perfkernels import _parallel
+    return _parallel.check_num_threads(int(n), "--threads")
+
+
 def _bench(args) -> int:
     """The ``bench`` subcommand."""
     if args.family and "dlrm" in args.family:
         # end to end with PyTorch at its default thread count, so before OMP_NUM_THREADS below
         from perfkernels.benchsuite import dlrm
-        dlrm.run(args.quick, args.plot, args.model)
+        if args.latency:
+            try:
+                threads = ([_parallel_check(n) for n in args.threads.split(",")]
+                           if args.threads else None)
+            except ValueError as exc:
+                raise SystemExit(f"--threads {args.threads!r}: {exc}")
+            dlrm.run(args.quick, args.plot, args.model, latency=True, threads=threads)
+        else:
+            dlrm.run(args.quick, args.plot, args.model)
         args.family = [f for f in args.family if f != "dlrm"]
         if not args.family:
             return 0

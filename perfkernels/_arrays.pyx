@@ -3,6 +3,8 @@
 import numpy as np
 cimport numpy as cnp
 
+from perfkernels._memory cimport pool_new
+
 cnp.import_array()
 
 
@@ -53,10 +55,10 @@ cdef cnp.ndarray check_out(object out, int typenum, str dtype_name, tuple shape,
         raise ValueError("out is read-only")
     if not (cnp.PyArray_IS_C_CONTIGUOUS(o) and cnp.PyArray_ISALIGNED(o)
             and cnp.PyArray_ISNOTSWAPPED(o)):
-        return np.empty(shape, dtype=o.dtype.newbyteorder("="))
+        return pool_new(shape, typenum)
     for x in inputs:
         if x is not None and np.may_share_memory(o, x):
-            return np.empty(shape, dtype=o.dtype)
+            return pool_new(shape, typenum)
     return o
 
 

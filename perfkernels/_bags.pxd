@@ -25,6 +25,7 @@
 from libc.stdint cimport int64_t
 cimport numpy as cnp
 
+from perfkernels._memory cimport pool_empty
 from perfkernels._c_common cimport pk_status, PK_OK
 from perfkernels._c_bags cimport pk_bags
 from perfkernels._c_bags_parallel cimport pk_bags_call
@@ -80,7 +81,7 @@ cdef inline cnp.ndarray bags_output(pk_bags *bags, object out, cnp.ndarray check
     if out is None:
         shape[0] = <cnp.npy_intp>bags.num_bags
         shape[1] = <cnp.npy_intp>dim
-        dst = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
+        dst = pool_empty(2, shape, cnp.NPY_FLOAT32)
     else:
         dst = checked
     bags.out = <float *>cnp.PyArray_DATA(dst)
@@ -103,7 +104,7 @@ cdef inline cnp.ndarray index_snapshot(const pk_bags *bags, void *scratch, size_
     if <size_t>size <= scratch_bytes:
         data[0] = scratch
         return None
-    room = cnp.PyArray_EMPTY(1, &size, cnp.NPY_UINT8, 0)
+    room = pool_empty(1, &size, cnp.NPY_UINT8)
     data[0] = cnp.PyArray_DATA(room)
     return room
 

@@ -10,6 +10,7 @@ from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
 from perfkernels._c_bags cimport pk_bags, pk_bags_index
 from perfkernels._c_bags_parallel cimport pk_bags_call, pk_bags_part, pk_bags_run
 from perfkernels._arrays cimport as_input, as_float32, check_out
+from perfkernels._memory cimport pool_empty, pool_new
 from perfkernels._parallel cimport pool
 
 cnp.import_array()
@@ -158,7 +159,7 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
         if num_bags + 1 <= scratch_len:
             dst = scratch
         else:
-            norm = np.empty(num_bags + 1, dtype=np.int64)
+            norm = pool_new((num_bags + 1,), cnp.NPY_INT64)
             dst = <int64_t *>cnp.PyArray_DATA(norm)
         for b in range(num_bags + 1):
             dst[b] = b * L
@@ -185,7 +186,7 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
             if num_bags + 1 <= scratch_len:
                 dst = scratch
             else:
-                norm = np.empty(num_bags + 1, dtype=np.int64)
+                norm = pool_new((num_bags + 1,), cnp.NPY_INT64)
                 dst = <int64_t *>cnp.PyArray_DATA(norm)
             num_bags = normalise_offsets(cnp.PyArray_DATA(off), cnp.PyArray_ITEMSIZE(off) == 8,
                                           count, include_last_offset, n, dst, &max_len)
@@ -199,7 +200,7 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
             if count + 1 <= scratch_len:
                 dst = scratch
             else:
-                norm = np.empty(count + 1, dtype=np.int64)
+                norm = pool_new((count + 1,), cnp.NPY_INT64)
                 dst = <int64_t *>cnp.PyArray_DATA(norm)
             num_bags = lengths_to_offsets(cnp.PyArray_DATA(lens), cnp.PyArray_ITEMSIZE(lens) == 8,
                                            count, n, dst, &max_len)
@@ -310,7 +311,7 @@ cdef cnp.ndarray bags_out_for_kernel(object out, int64_t num_bags, int64_t dim, 
             if out_via_temporary(num_bags, dim, cnp.PyArray_SIZE(ix), cnp.PyArray_ITEMSIZE(ix)):
                 shape[0] = <cnp.npy_intp>num_bags
                 shape[1] = <cnp.npy_intp>dim
-                return cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
+                return pool_empty(2, shape, cnp.NPY_FLOAT32)
             return o
     return check_out(out, cnp.NPY_FLOAT32, "float32", (num_bags, dim), (table,) + keep)
 

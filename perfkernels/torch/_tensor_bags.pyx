@@ -33,6 +33,7 @@ from cpython.exc cimport PyErr_Clear
 from cpython.object cimport PyObject
 from cpython.pycapsule cimport PyCapsule_GetPointer
 cimport numpy as cnp
+from perfkernels._memory cimport pool_empty
 
 import torch
 
@@ -374,7 +375,7 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
         dst = scratch
     else:
         shape[0] = bags.num_bags + 1
-        norm = cnp.PyArray_EMPTY(1, shape, cnp.NPY_INT64, 0)
+        norm = pool_empty(1, shape, cnp.NPY_INT64)
         dst = <int64_t *>cnp.PyArray_DATA(norm)
     if ix.ndim == 2:
         for b in range(bags.num_bags + 1):
@@ -414,7 +415,7 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
 
     shape[0] = <cnp.npy_intp>bags.num_bags
     shape[1] = <cnp.npy_intp>dim
-    out = cnp.PyArray_EMPTY(2, shape, cnp.NPY_FLOAT32, 0)
+    out = pool_empty(2, shape, cnp.NPY_FLOAT32)
     bags.out = <float *>cnp.PyArray_DATA(out)
     bags.out_stride = dim
     if bags.num_bags * dim + n >= TINY_BAGS:

@@ -3,6 +3,7 @@ from libc.stdint cimport uint16_t, int64_t
 import ml_dtypes
 import numpy as np
 cimport numpy as cnp
+from perfkernels._memory cimport pool_new
 
 from perfkernels._arrays cimport (as_input, check_out, finish_out, kernel_table_getter,
                                   register_family)
@@ -75,7 +76,7 @@ cdef tuple _prepare(object x, object out, str xname, tuple in_types, str in_name
     cdef tuple shape = (<object>src).shape
     cdef cnp.ndarray dst
     if out is None:
-        dst = np.empty(shape, dtype=out_dtype)
+        dst = pool_new(shape, out_num)
     else:
         dst = check_out(out, out_num, str(np.dtype(out_dtype)), shape, (src,))
     return src, dst

@@ -5,6 +5,7 @@ from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_New
 import numpy as np
 cimport numpy as cnp
+from perfkernels._memory cimport pool_new
 
 from perfkernels.families.interaction._c_interaction cimport (pk_interaction_kernels,
                                                              pk_interaction_table,
@@ -136,7 +137,7 @@ def dot_interaction(dense: Float32Array, sparse: Float32Array, *, pairs: object 
     cdef cnp.ndarray ali = <cnp.ndarray>li, alj = <cnp.ndarray>lj
     cdef int64_t P = ali.shape[0]
     cdef tuple shape = (B, D + P)
-    cdef cnp.ndarray dst = (np.empty(shape, dtype=np.float32) if out is None
+    cdef cnp.ndarray dst = (pool_new(shape, cnp.NPY_FLOAT32) if out is None
                             else check_out(out, cnp.NPY_FLOAT32, "float32", shape, (x, s)))
     cdef _dot_job job
     job.fn = _kernels.interaction_dot

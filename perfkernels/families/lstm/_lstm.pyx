@@ -6,6 +6,7 @@ from perfkernels.families.lstm import checks
 
 cdef object _T_MAX = checks.T_MAX
 cimport numpy as cnp
+from perfkernels._memory cimport pool_new
 
 from perfkernels._arrays cimport (as_input, check_out, finish_out, kernel_table_getter,
                                   register_family)
@@ -83,7 +84,7 @@ cdef tuple _outputs(object out, tuple names, tuple shapes, tuple inputs):
         given = list(out)
     for k in range(len(names)):
         if given[k] is None:
-            dst.append(np.empty(shapes[k], dtype=np.float32))
+            dst.append(pool_new(shapes[k], cnp.NPY_FLOAT32))
             continue
         for j in range(k):
             if given[j] is not None and np.may_share_memory(given[j], given[k]):
@@ -284,7 +285,7 @@ def lstm_unit_backward(c_prev: Float32Array, gates: Float32Array, c: Float32Arra
 def _math(str fn, x):
     """The elementwise exp / sigmoid / tanh of the active level on a float32 array (for tests)."""
     cdef cnp.ndarray src = as_input(x, "x", F32, "float32")
-    cdef cnp.ndarray dst = np.empty_like(src)
+    cdef cnp.ndarray dst = pool_new((<object>src).shape, cnp.NPY_FLOAT32)
     cdef int code = _MATH[fn]
     cdef const float *s = _f32(src)
     cdef float *o = _f32(dst)

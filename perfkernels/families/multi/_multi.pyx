@@ -11,6 +11,7 @@ from cpython.pycapsule cimport PyCapsule_GetPointer
 import operator
 import numpy as np
 cimport numpy as cnp
+from perfkernels._memory cimport pool_new
 
 from perfkernels import _dispatch
 from perfkernels.families.embedding import _embedding
@@ -320,14 +321,14 @@ def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
             raise ValueError(f"lengths has {count} entries, not a multiple of the {F} tables: it "
                              f"needs F * B (lengths[f * B + b] is feature f of sample b)")
         B = count // F
-        norm = np.empty(count + 1, dtype=np.int64)
+        norm = pool_new((count + 1,), cnp.NPY_INT64)
         lengths_to_offsets(cnp.PyArray_DATA(src), cnp.PyArray_ITEMSIZE(src) == 8, count, n,
                             <int64_t *>cnp.PyArray_DATA(norm), &max_len)
     else:
         if count == 0 or (count - 1) % F:
             raise ValueError(f"offsets has {count} entries; it needs F * B + 1 for the {F} tables")
         B = (count - 1) // F
-        norm = np.empty(count, dtype=np.int64)
+        norm = pool_new((count,), cnp.NPY_INT64)
         normalise_offsets(cnp.PyArray_DATA(src), cnp.PyArray_ITEMSIZE(src) == 8, count, True, n,
                            <int64_t *>cnp.PyArray_DATA(norm), &max_len)
     cdef const int64_t *off = <const int64_t *>cnp.PyArray_DATA(norm)
@@ -347,7 +348,7 @@ def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
     cdef cnp.ndarray dst
     cdef int64_t out_stride = total_d
     if out is None:
-        dst = np.empty(shape, dtype=np.float32)
+        dst = pool_new(shape, cnp.NPY_FLOAT32)
     elif _column_slice(out, shape, tuple(arrays) + (ix, src, w)):
         # a column slice of a wider row-major array (big[:, c:c + sum(D)]): written in place
         dst = <cnp.ndarray>out
@@ -356,7 +357,7 @@ def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
         dst = check_out(out, cnp.NPY_FLOAT32, "float32", shape,
                         tuple(arrays) + (ix, src, w))
         if dst is out and out_via_temporary(B, total_d, n, cnp.PyArray_ITEMSIZE(ix)):
-            dst = np.empty(shape, dtype=np.float32)   # fewer bytes than a checked index copy
+            dst = pool_new(shape, cnp.NPY_FLOAT32)   # fewer bytes than a checked index copy
 
     # one part per feature: its bags (offsets from f * B, out at its columns), kernel and costs
     cdef pk_bags_part *parts = <pk_bags_part *>malloc(F * sizeof(pk_bags_part))
@@ -398,7 +399,7 @@ def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
             # the kernels write the caller's out=: every index is copied into a private buffer
             # and checked (on the same threads) before any kernel runs, and the kernels read the
             # copy (another thread may write the caller's indices meanwhile)
-            snapshot = np.empty(n * idx_bytes, dtype=np.uint8)
+            snapshot = pool_new((n * idx_bytes,), cnp.NPY_UINT8)
             snap = cnp.PyArray_DATA(snapshot)
         with nogil:
             status = pk_bags_run(pool, nt, parts, <int>F, snap, &bad, &bad_part)
@@ -529,10 +530,10 @@ def embedding_bags_interaction(dense: Float32Array, tables: Sequence[TableArray]
     cdef tuple shape = (B, width)
     cdef cnp.ndarray dst
     if out is None:
-        dst = np.empty(shape, dtype=np.float32)
+        dst = pool_new(shape, cnp.NPY_FLOAT32)
     else:   # validated, written through a temporary (out= is never half-written)
         check_out(out, cnp.NPY_FLOAT32, "float32", shape, ())
-        dst = np.empty(shape, dtype=np.float32)
+        dst = pool_new(shape, cnp.NPY_FLOAT32)
 
     cdef pk_bags_part *parts = <pk_bags_part *>malloc(F * sizeof(pk_bags_part))
     cdef _args *args = <_args *>malloc(F * sizeof(_args))

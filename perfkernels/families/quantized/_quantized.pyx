@@ -6,6 +6,7 @@ import numpy as np
 
 from perfkernels.families.quantized import layout
 cimport numpy as cnp
+from perfkernels._memory cimport pool_new
 
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_NONFINITE
 from perfkernels._c_bags cimport pk_bags
@@ -153,7 +154,7 @@ def quantize_rowwise(weight: TableArray, bits: int = 8, *,
     if dim == 0:
         raise ValueError(f"weight must have at least one column; got shape {(<object>w).shape}")
     cdef size_t row_bytes = pk_quantized_row_bytes(b, dim)
-    cdef cnp.ndarray out = np.empty((rows, row_bytes), dtype=np.uint8)
+    cdef cnp.ndarray out = pool_new((rows, row_bytes), cnp.NPY_UINT8)
     cdef _rows_job j
     j.k = _kernels
     j.bits = b
@@ -220,7 +221,7 @@ def dequantize_rowwise(packed: npt.NDArray[np.uint8], bits: int = 8,
     cdef cnp.ndarray p = _as_packed(packed)
     cdef Py_ssize_t d = _packed_dim(p.shape[1], b, dim)
     cdef size_t rows = <size_t>p.shape[0], row_bytes = <size_t>p.shape[1]
-    cdef cnp.ndarray out = np.empty((rows, d), dtype=np.float32)
+    cdef cnp.ndarray out = pool_new((rows, d), cnp.NPY_FLOAT32)
     cdef _rows_job j
     j.k = _kernels
     j.bits = b

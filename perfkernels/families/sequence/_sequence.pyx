@@ -5,6 +5,7 @@ import operator
 
 import numpy as np
 cimport numpy as cnp
+from perfkernels._memory cimport pool_new
 
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
 from perfkernels.families.sequence._c_sequence cimport (pk_sequence_kernels, pk_sequence_table,
@@ -159,7 +160,7 @@ cdef object _lookup(object table_or_packed, cnp.ndarray ix, int bits, int64_t di
     cdef tuple shape = (<object>ix).shape + (dim,)
     cdef cnp.ndarray dst
     if out is None:
-        dst = np.empty(shape, dtype=dtype)
+        dst = pool_new(shape, np.dtype(dtype).num)   # the output pool (docs/memory.md)
     else:
         dst = check_out(out, out_type, out_name, shape, (t, ix))
     memset(&j, 0, sizeof(j))
