@@ -15,6 +15,8 @@ from ._fallback import unsupported_reason, warn_once
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _module_lookup = _tensor_bags.module_lookup
+_is_compiling = torch.compiler.is_compiling
+_tracing_state = torch._C._get_tracing_state
 
 
 class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
@@ -113,7 +115,7 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         exception for every input)."""
         # The plain cases in C (our kernel without a gradient, torch's own with one), whose
         # answer is None for everything else: that goes to _forward.
-        if not torch.compiler.is_compiling():
+        if not _is_compiling() and _tracing_state() is None:     # (_bags.capturing(), inlined)
             out = _module_lookup(self, input, offsets, per_sample_weights)
             if out is not None:
                 return out
@@ -128,7 +130,7 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         if (self.max_norm is not None or self.scale_grad_by_freq
                 or (self.mode != "sum" and self.mode != "mean") or w.dtype not in _KERNEL_DTYPES):
             return self._torch_forward(input, offsets, per_sample_weights)
-        if torch.compiler.is_compiling():
+        if _bags.capturing():
             return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
                                      self.output_dtype)
         if torch.is_grad_enabled() and (w.requires_grad or (
@@ -139,6 +141,9 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                                              self.sparse, self.include_last_offset,
                                              self.padding_idx, self.output_dtype or w.dtype,
                                              check_offsets=False)
+            return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
+                                     self.output_dtype)
+        if _bags._profiler_enabled():   # the registered op, which the profiler records by name
             return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
                                      self.output_dtype)
         # Inference, the cheapest path (a tiny lookup costs about as much as the Python around
