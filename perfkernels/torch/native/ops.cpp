@@ -24,6 +24,7 @@
 extern "C" {
 #include "embedding/bags_call.h"
 #include "perfkernels/cpu.h"
+#include "perfkernels/lstm.h"
 #include "quantized/bags_call.h"
 }
 
@@ -112,6 +113,7 @@ struct View {
 std::string dtype_name(int32_t d)
 {
     if (d == api.aoti_torch_dtype_float32()) return "torch.float32";
+    if (d == api.aoti_torch_dtype_float64()) return "torch.float64";
     if (d == api.aoti_torch_dtype_float16()) return "torch.float16";
     if (d == api.aoti_torch_dtype_bfloat16()) return "torch.bfloat16";
     if (d == api.aoti_torch_dtype_int32()) return "torch.int32";
@@ -590,6 +592,127 @@ void embedding_bag_collection(StableIValue *stack, uint64_t, uint64_t)
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
+/* ------------------------------------------------------------------ LSTM unit */
+
+double to_double(StableIValue v)
+{
+    double x;
+    std::memcpy(&x, &v, sizeof x);
+    return x;
+}
+
+/* A float32 CPU matrix [rows, cols] (copied when not contiguous). */
+const float *float_matrix(const Tensor &t, const char *name, int64_t rows, int64_t cols,
+                          std::vector<float> &copy)
+{
+    const View v = view(t, name, 2);
+    if (v.dtype != api.aoti_torch_dtype_float32())
+        fail(std::string("perfkernels: ") + name + " must be float32; got " + dtype_name(v.dtype));
+    if (v.size[0] != rows || v.size[1] != cols)
+        fail(std::string("perfkernels: ") + name + " has shape [" + std::to_string(v.size[0]) +
+             ", " + std::to_string(v.size[1]) + "]; expected [" + std::to_string(rows) + ", " +
+             std::to_string(cols) + "]");
+    return contiguous<float>(v, copy);
+}
+
+struct LstmJob {
+    pk_lstm_params p;
+    const float *a[5];
+    float *o[3];
+    bool backward;
+};
+
+void lstm_rows(const LstmJob &j, int64_t lo, int64_t hi)
+{
+    pk_lstm_params p = j.p;
+    const size_t d = p.d, r = (size_t)lo;
+    p.n = (size_t)(hi - lo);
+    const pk_lstm_kernels *k = pk_lstm_table(g_isa.load(std::memory_order_relaxed));
+    if (j.backward)
+        k->lstm_backward(&p, j.a[0] + r * d, j.a[1] + r * 4 * d, j.a[2] + r * d, j.a[3] + r * d,
+                         j.a[4] + r * d, j.o[0] + r * d, j.o[1] + r * d, j.o[2] + r * 4 * d);
+    else
+        k->lstm_forward(&p, j.a[0] + r * d, j.a[1] + r * d, j.a[2] + r * 4 * d, j.o[0] + r * d,
+                        j.o[1] + r * d);
+}
+
+void lstm_body(int64_t lo, int64_t hi, void *ctx) { lstm_rows(*static_cast<LstmJob *>(ctx), lo, hi); }
+
+/* Rows are independent: split across torch's threads when each gets enough memory traffic. */
+void lstm_run(LstmJob &j)
+{
+    const int64_t n = (int64_t)j.p.n;
+    const int64_t row_bytes = (int64_t)j.p.d * 4 * (j.backward ? 14 : 8);
+    const int threads = pk_parallel_threads_for(n * row_bytes, torch_threads());
+    if (threads <= 1 || n <= 1) {
+        lstm_rows(j, 0, n);
+        return;
+    }
+    const int64_t grain = (n + threads - 1) / threads;
+    if (api.torch_parallel_for(0, n, grain, lstm_body, &j) != 0) lstm_rows(j, 0, n);
+}
+
+pk_lstm_params lstm_params(int64_t n, int64_t d, double forget_bias)
+{
+    pk_lstm_params p;
+    std::memset(&p, 0, sizeof p);
+    p.n = (size_t)n;
+    p.d = (size_t)d;
+    p.forget_bias = (float)forget_bias;
+    p.gate_order = PK_LSTM_IFGO;   /* PyTorch's i, f, g, o */
+    return p;
+}
+
+/* lstm_unit(Tensor c_prev, Tensor gates, float forget_bias=0.) -> (Tensor, Tensor) */
+void lstm_unit(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor c_prev = take_tensor(stack[0]), gates = take_tensor(stack[1]);
+    const double forget_bias = to_double(stack[2]);
+    const View cv = view(c_prev, "c_prev", 2);
+    const int64_t n = cv.size[0], d = cv.size[1];
+    std::vector<float> c1, c2;
+    LstmJob j;
+    j.p = lstm_params(n, d, forget_bias);
+    j.backward = false;
+    j.a[1] = float_matrix(c_prev, "c_prev", n, d, c1);
+    j.a[0] = j.a[1];   /* h_prev: read only for rows past a sequence's end, none here */
+    j.a[2] = float_matrix(gates, "gates", n, 4 * d, c2);
+    Tensor h = new_output(n, d), c = new_output(n, d);
+    j.o[0] = output_data(h);
+    j.o[1] = output_data(c);
+    lstm_run(j);
+    stack[0] = reinterpret_cast<StableIValue>(h.release());
+    stack[1] = reinterpret_cast<StableIValue>(c.release());
+}
+
+/* lstm_unit_backward(Tensor c_prev, Tensor gates, Tensor c, Tensor dh, Tensor dc,
+ *                    float forget_bias=0.) -> (Tensor, Tensor): (dc_prev, dgates) */
+void lstm_unit_backward(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor c_prev = take_tensor(stack[0]), gates = take_tensor(stack[1]);
+    Tensor c = take_tensor(stack[2]), dh = take_tensor(stack[3]), dc = take_tensor(stack[4]);
+    const double forget_bias = to_double(stack[5]);
+    const View cv = view(c_prev, "c_prev", 2);
+    const int64_t n = cv.size[0], d = cv.size[1];
+    std::vector<float> k0, k1, k2, k3, k4;
+    LstmJob j;
+    j.p = lstm_params(n, d, forget_bias);
+    j.backward = true;
+    j.a[0] = float_matrix(c_prev, "c_prev", n, d, k0);
+    j.a[1] = float_matrix(gates, "gates", n, 4 * d, k1);
+    j.a[2] = float_matrix(c, "c", n, d, k2);
+    j.a[3] = float_matrix(dh, "dh", n, d, k3);
+    j.a[4] = float_matrix(dc, "dc", n, d, k4);
+    std::vector<float> dh_prev((size_t)(n * d));   /* the kernel writes it; this op drops it */
+    Tensor dc_prev = new_output(n, d), dgates = new_output(n, 4 * d);
+    j.o[0] = dh_prev.data();
+    j.o[1] = output_data(dc_prev);
+    j.o[2] = output_data(dgates);
+    lstm_run(j);
+    stack[0] = reinterpret_cast<StableIValue>(dc_prev.release());
+    stack[1] = reinterpret_cast<StableIValue>(dgates.release());
+}
+
 /* ------------------------------------------------------------------ registration */
 
 struct Op {
@@ -615,6 +738,12 @@ const Op OPS[] = {
      "Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables, "
      "SymInt[] mean, SymInt[] padding_idx) -> Tensor",
      embedding_bag_collection},
+    {"lstm_unit", "lstm_unit(Tensor c_prev, Tensor gates, float forget_bias=0.) -> (Tensor, Tensor)",
+     lstm_unit},
+    {"lstm_unit_backward",
+     "lstm_unit_backward(Tensor c_prev, Tensor gates, Tensor c, Tensor dh, Tensor dc, "
+     "float forget_bias=0.) -> (Tensor, Tensor)",
+     lstm_unit_backward},
 };
 
 /* Defines the ops and registers their CPU kernels when the library is loaded; the libraries

@@ -53,6 +53,7 @@ typedef void (*pk_torch_parallel_body)(int64_t begin, int64_t end, void *ctx);
        int32_t device_type, int32_t device_index, AtenTensorHandle *ret))                          \
     X(int32_t, aoti_torch_device_type_cpu, (void))                                                 \
     X(int32_t, aoti_torch_dtype_float32, (void))                                                   \
+    X(int32_t, aoti_torch_dtype_float64, (void))                                                   \
     X(int32_t, aoti_torch_dtype_float16, (void))                                                   \
     X(int32_t, aoti_torch_dtype_bfloat16, (void))                                                  \
     X(int32_t, aoti_torch_dtype_int32, (void))                                                     \
