@@ -318,6 +318,15 @@ def every_family(nt):
     pk.embedding_bag_backward_update(table, ix, off, grad_output=out[0], optimizer="rowwise_adagrad",
                                      state=state, lr=0.01, num_threads=nt)
     out += [table, state]
+    dense = rng.standard_normal((2000, 64)).astype(np.float32)
+    sparse = rng.standard_normal((2000, 3, 64)).astype(np.float32)
+    two = [ix[:4000], ix[4000:8000]]
+    starts = [np.arange(0, 4000, 2)] * 2
+    out += [pk.embedding(w, ix.reshape(400, 100), num_threads=nt),
+            pk.embedding_quantized(p, ix, num_threads=nt),
+            pk.dot_interaction(dense, sparse, num_threads=nt),
+            pk.embedding_bags_interaction(dense, [w, p], two, starts, bits=[None, 8],
+                                          num_threads=nt)]
     return [a.tobytes() for a in out]
 
 def run_in_forked_child(check):

@@ -13,7 +13,9 @@ perfkernels[torch]``).
   ``torch.nn.functional.embedding_bag`` to :func:`embedding_bag`;
 * every kernel is also a ``torch.library`` custom op (``torch.ops.perfkernels.*``) with a fake
   implementation, so ``torch.compile(fullgraph=True)`` and ``torch.export`` see it; eager calls
-  take a cheaper direct route.
+  take a cheaper direct route.  The bag ops are registered from a native library on PyTorch's
+  stable ABI (:func:`native_library_path`), so exported models run from C++ without Python
+  (docs/deployment.md).
 
 CPU tensors reach the C kernels without a copy; CUDA tensors go to :mod:`perfkernels.cuda`.
 Once imported, perfkernels' parallel jobs run on PyTorch's OpenMP threads
@@ -42,6 +44,7 @@ from ._convert import ConversionReport, convert, embedding_bag, last_report, rou
 from ._threads import torch_threads_in_use, use_torch_threads
 from ._optimize import OptimizationReport, last_optimize_report, optimize
 from ._placement import place, placement_report
+from ._native_ops import native_library_path
 
 __all__ = [
     "IndexOutOfRangeError", "BagBackward",
@@ -55,6 +58,7 @@ __all__ = [
     "use_torch_threads", "torch_threads_in_use",
     "place", "placement_report",
     "optimize", "OptimizationReport", "last_optimize_report",
+    "native_library_path",
 ]
 
 _threads._init_from_environment()

@@ -24,10 +24,10 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _compat, _route, _tensor_bags
+from . import _compat, _native_ops, _route, _tensor_bags  # noqa: F401 (_native_ops: the ops)
 from ._bridge import as_numpy, cuda_call, index_error
 from ._double_backward import refuse_double_backward
-from ._route import DENSE_GRAD_MIN_VALUES, Route, torch_autograd_is_faster  # noqa: F401
+from ._route import DENSE_GRAD_MIN_VALUES, Route, capturing, torch_autograd_is_faster  # noqa: F401
 
 MODES = ("sum", "mean")
 
@@ -40,6 +40,11 @@ def lookup(table: Tensor, indices: Tensor, offsets: Optional[Tensor],
     perfkernels.cuda."""
     if per_sample_weights is not None and per_sample_weights.dtype is not torch.float32:
         per_sample_weights = per_sample_weights.float()
+    if _profiler_enabled() and table.device.type == "cpu":
+        out = _profiled_lookup(table, indices, offsets, per_sample_weights, mode,
+                               include_last_offset, padding_idx, bits, dim)
+        if out is not None:
+            return out
     kwargs = dict(per_sample_weights=per_sample_weights, mode=mode,
                   include_last_offset=include_last_offset, padding_idx=padding_idx)
     if table.device.type != "cpu":
@@ -59,6 +64,31 @@ def lookup(table: Tensor, indices: Tensor, offsets: Optional[Tensor],
     except IndexError as exc:
         raise index_error(exc) from None
     return torch.from_numpy(out)
+
+
+_profiler_enabled = torch._C._autograd._profiler_enabled
+
+
+def _profiled_lookup(table: Tensor, indices: Tensor, offsets: Optional[Tensor],
+                     per_sample_weights: Optional[Tensor], mode: str, include_last_offset: bool,
+                     padding_idx: Optional[int], bits: int, dim: Optional[int]
+                     ) -> Optional[Tensor]:
+    """:func:`lookup` while a profiler runs: through the registered op, which the profiler
+    records by name (``perfkernels::embedding_bag``, with input shapes under
+    ``record_shapes=True``); None where the op refuses the arguments (the caller's route then
+    answers, with its own exception)."""
+    try:
+        if bits:
+            if dim is None:
+                return None
+            return torch.ops.perfkernels.embedding_bag_quantized(
+                table.detach(), indices, offsets, per_sample_weights, mode, include_last_offset,
+                padding_idx, bits, dim)
+        return torch.ops.perfkernels.embedding_bag(table.detach(), indices, offsets,
+                                                   per_sample_weights, mode,
+                                                   include_last_offset, padding_idx)
+    except RuntimeError:
+        return None
 
 
 # --------------------------------------------------------------------------- gradient formulas
@@ -234,12 +264,14 @@ class BagFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------- registered ops
+# ``perfkernels::embedding_bag`` and ``perfkernels::embedding_bag_quantized`` are defined, with
+# their CPU kernels, by the native library (``_native_ops``); here: their fake kernels (tracing),
+# the float op's autograd (a dense gradient, written with torch ops so that it traces), and CUDA
+# kernels (perfkernels.cuda, from Python).
 
-@torch.library.custom_op("perfkernels::embedding_bag", mutates_args=())
-def embedding_bag_op(weight: Tensor, indices: Tensor, offsets: Optional[Tensor],
-                     per_sample_weights: Optional[Tensor], mode: str,
-                     include_last_offset: bool, padding_idx: Optional[int]) -> Tensor:
-    """Float-table bags as a registered op (what torch.compile and torch.export see)."""
+def _embedding_bag_cuda(weight: Tensor, indices: Tensor, offsets: Optional[Tensor],
+                        per_sample_weights: Optional[Tensor], mode: str,
+                        include_last_offset: bool, padding_idx: Optional[int]) -> Tensor:
     return lookup(weight, indices, offsets, per_sample_weights, mode, include_last_offset,
                   padding_idx)
 
@@ -251,7 +283,6 @@ def _num_bags(indices: Tensor, offsets: Optional[Tensor], include_last_offset: b
     return offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
 
 
-@embedding_bag_op.register_fake
 def _embedding_bag_fake(weight, indices, offsets, per_sample_weights, mode, include_last_offset,
                         padding_idx):
     return weight.new_empty((_num_bags(indices, offsets, include_last_offset), weight.shape[1]),
@@ -278,24 +309,28 @@ def _embedding_bag_backward(ctx, grad_output):
     return grad_weight, None, None, grad_psw, None, None, None
 
 
-embedding_bag_op.register_autograd(_embedding_bag_backward, setup_context=_embedding_bag_setup)
-
-
-@torch.library.custom_op("perfkernels::embedding_bag_quantized", mutates_args=())
-def embedding_bag_quantized_op(packed: Tensor, indices: Tensor, offsets: Optional[Tensor],
-                               per_sample_weights: Optional[Tensor], mode: str,
-                               include_last_offset: bool, padding_idx: Optional[int], bits: int,
-                               dim: int) -> Tensor:
-    """Bags of a row-wise quantized table (packed uint8 rows) as a registered op."""
+def _embedding_bag_quantized_cuda(packed: Tensor, indices: Tensor, offsets: Optional[Tensor],
+                                  per_sample_weights: Optional[Tensor], mode: str,
+                                  include_last_offset: bool, padding_idx: Optional[int],
+                                  bits: int, dim: int) -> Tensor:
     return lookup(packed, indices, offsets, per_sample_weights, mode, include_last_offset,
                   padding_idx, bits, dim)
 
 
-@embedding_bag_quantized_op.register_fake
 def _embedding_bag_quantized_fake(packed, indices, offsets, per_sample_weights, mode,
                                   include_last_offset, padding_idx, bits, dim):
     return packed.new_empty((_num_bags(indices, offsets, include_last_offset), dim),
                             dtype=torch.float32)
+
+
+torch.library.register_fake("perfkernels::embedding_bag")(_embedding_bag_fake)
+torch.library.register_autograd("perfkernels::embedding_bag", _embedding_bag_backward,
+                                setup_context=_embedding_bag_setup)
+torch.library.register_kernel("perfkernels::embedding_bag", "cuda")(_embedding_bag_cuda)
+torch.library.register_fake("perfkernels::embedding_bag_quantized")(
+    _embedding_bag_quantized_fake)
+torch.library.register_kernel("perfkernels::embedding_bag_quantized", "cuda")(
+    _embedding_bag_quantized_cuda)
 
 
 # --------------------------------------------------------------------------- one entry point

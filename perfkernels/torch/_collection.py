@@ -15,7 +15,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags
+from . import _bags, _native_ops  # noqa: F401 (_native_ops: the ops)
 from ._bridge import as_numpy, index_error
 from ._embedding_bag import EmbeddingBag
 
@@ -217,11 +217,14 @@ class EmbeddingBagCollection(torch.nn.Module):
         num_keys = len(keys)
         batch = (offsets.numel() - 1) // max(num_keys, 1)
         out = None
+        no_grad = not (torch.is_grad_enabled() and self._needs_grad(weights))
         if torch.compiler.is_compiling():
             out = self._lookup_op(keys, values, offsets, weights, batch)
-        elif (_multi_lookup is not None
-                and not (torch.is_grad_enabled() and self._needs_grad(weights))):
-            out = self._lookup_all(keys, values, offsets, weights)
+        elif no_grad:
+            if _bags._profiler_enabled():
+                out = self._profiled_op(keys, values, offsets, weights, batch)
+            if out is None and _multi_lookup is not None:
+                out = self._lookup_all(keys, values, offsets, weights)
         if out is None:
             out = self._lookup_each(keys, values, offsets, weights, batch)
         return KeyedTensor([f for f, _, _ in self._feature_table],
@@ -274,6 +277,16 @@ class EmbeddingBagCollection(torch.nn.Module):
             [b.weight for b in tables], values, offsets, weights, len(keys), features,
             table_index, [int(b.mode == "mean") for b in tables],
             [-1 if b.padding_idx is None else b.padding_idx % b.num_embeddings for b in tables])
+
+    def _profiled_op(self, keys: list, values: Tensor, offsets: Tensor,
+                     weights: Optional[Tensor], batch: int) -> Optional[Tensor]:
+        """While a profiler runs: the lookup through the registered op, which the profiler
+        records by name (``perfkernels::embedding_bag_collection``); None where the op refuses
+        the input (the eager route then answers, with its own exception)."""
+        try:
+            return self._lookup_op(keys, values, offsets, weights, batch)
+        except (RuntimeError, KeyError):
+            return None
 
     def _lookup_all(self, keys: list, values: Tensor, offsets: Tensor,
                     weights: Optional[Tensor]) -> Optional[Tensor]:
@@ -337,43 +350,15 @@ class EmbeddingBagCollection(torch.nn.Module):
 
 # --------------------------------------------------------------------------- the registered op
 
-@torch.library.custom_op("perfkernels::embedding_bag_collection", mutates_args=())
-def embedding_bag_collection_op(weights: list[Tensor], values: Tensor, offsets: Tensor,
-                                per_sample_weights: Optional[Tensor], num_keys: int,
-                                features: list[int], tables: list[int], mean: list[int],
-                                padding_idx: list[int]) -> Tensor:
-    """The pooled rows of a collection, ``[B, sum of the dims]``: output slot i is input feature
-    ``features[i]`` (of ``num_keys`` in the KJT ``values`` / ``offsets``, F * B + 1 entries) looked
-    up in ``weights[tables[i]]``; per table, ``mean`` (1: mode mean) and ``padding_idx`` (-1:
-    none).  The registered form of the collection, for torch.compile and torch.export."""
-    batch = (offsets.numel() - 1) // max(num_keys, 1)
-    if (_multi_lookup is not None and features == list(range(num_keys))
-            and all(w.device.type == "cpu" for w in weights)):
-        try:    # every feature in one kernel call
-            out = _multi_lookup(
-                [as_numpy(weights[t].detach()) for t in tables], as_numpy(values),
-                offsets=as_numpy(offsets),
-                per_sample_weights=None if per_sample_weights is None
-                else as_numpy(per_sample_weights.float()),
-                modes=["mean" if mean[t] else "sum" for t in tables],
-                padding_idx=[None if padding_idx[t] < 0 else padding_idx[t] for t in tables])
-        except IndexError as exc:
-            raise index_error(exc) from None
-        return torch.from_numpy(out)
-    pooled = []
-    for f, t in zip(features, tables):
-        o = offsets[f * batch:(f + 1) * batch + 1]
-        start, end = int(o[0]), int(o[-1])
-        pooled.append(_bags.lookup(
-            weights[t], values[start:end], o - start,
-            None if per_sample_weights is None else per_sample_weights[start:end],
-            "mean" if mean[t] else "sum", True, None if padding_idx[t] < 0 else padding_idx[t]))
-    if not pooled:
-        return values.new_zeros((batch, 0), dtype=torch.float32)
-    return torch.cat(pooled, dim=1)
+# ``perfkernels::embedding_bag_collection(Tensor[] weights, Tensor values, Tensor offsets,
+# Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables, SymInt[] mean,
+# SymInt[] padding_idx) -> Tensor``: the pooled rows of a collection, ``[B, sum of the dims]``;
+# output slot i is input feature ``features[i]`` (of ``num_keys`` in the KJT ``values`` /
+# ``offsets``, F * B + 1 entries) looked up in ``weights[tables[i]]``; per table, ``mean`` (1:
+# mode mean) and ``padding_idx`` (-1: none).  Defined, with its CPU kernel (every slot in one
+# split of the work), by the native library (``_native_ops``); here its fake kernel and autograd.
 
-
-@embedding_bag_collection_op.register_fake
+@torch.library.register_fake("perfkernels::embedding_bag_collection")
 def _collection_fake(weights, values, offsets, per_sample_weights, num_keys, features, tables,
                      mean, padding_idx):
     batch = (offsets.shape[0] - 1) // max(num_keys, 1)
@@ -425,5 +410,5 @@ def _collection_backward(ctx, grad_output):
     return grads, None, None, grad_psw, None, None, None, None, None
 
 
-embedding_bag_collection_op.register_autograd(_collection_backward,
-                                              setup_context=_collection_setup)
+torch.library.register_autograd("perfkernels::embedding_bag_collection", _collection_backward,
+                                setup_context=_collection_setup)

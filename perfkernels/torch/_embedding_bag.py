@@ -15,6 +15,8 @@ from ._bridge import TableViewCache, index_error
 from ._fallback import unsupported_reason, warn_once
 
 _module_lookup = _tensor_bags.module_lookup
+_is_compiling = torch.compiler.is_compiling
+_tracing_state = torch._C._get_tracing_state
 
 
 class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
@@ -115,7 +117,7 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         exception for every input)."""
         # The plain cases in C (our kernel without a gradient, torch's own with one), whose
         # answer is None for everything else: that goes to _forward.
-        if not torch.compiler.is_compiling():
+        if not _is_compiling() and _tracing_state() is None:     # (_bags.capturing(), inlined)
             out = _module_lookup(self, input, offsets, per_sample_weights)
             if out is not None:
                 return out
@@ -139,7 +141,8 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                                          self.sparse, self.include_last_offset,
                                          self.padding_idx, self.output_dtype or w.dtype,
                                          check_offsets=False)
-        if route is not Route.KERNEL:
+        if route is not Route.KERNEL or _bags._profiler_enabled():
+            # (while a profiler runs, the registered op, which it records by name)
             return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
                                      self.output_dtype, route)
         # Inference, the cheapest path (a tiny lookup costs about as much as the Python around

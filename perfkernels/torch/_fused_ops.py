@@ -26,7 +26,7 @@ import perfkernels as pk
 from perfkernels.families.interaction._interaction import pair_lists
 
 from . import _bags, _tensor_bags
-from ._bridge import IndexOutOfRangeError, as_numpy
+from ._bridge import as_numpy, index_error, index_error_at
 
 _NUMPY_MESSAGE = re.compile(r"feature (\d+): indices\[(\d+)\] = (-?\d+) is out of range for a "
                             r"table of (\d+) rows")
@@ -117,9 +117,8 @@ def _run(dense: Tensor, weights: list, indices: list, offsets: list, include_las
     except IndexError as exc:
         m = _NUMPY_MESSAGE.search(str(exc))
         if m is None:
-            raise IndexOutOfRangeError(str(exc)) from None
-        raise IndexOutOfRangeError(f"Index {m.group(2)} of input takes value {m.group(3)} which "
-                                   f"is not in the valid range [0, {m.group(4)})") from None
+            raise index_error(exc) from None
+        raise index_error_at(int(m.group(2)), int(m.group(3)), int(m.group(4))) from None
     except (ValueError, TypeError) as exc:
         raise FusedInputError(str(exc)) from None
     return torch.from_numpy(out)

@@ -1,4 +1,4 @@
-"""The LSTM unit (the pointwise part of an LSTM step) as a custom op with autograd, and an
+"""The LSTM unit (the pointwise part of an LSTM step) as a registered op with autograd, and an
 ``LSTMCell`` that uses it (the two matrix products stay torch's)."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
+from . import _native_ops  # noqa: F401 (the ops)
 from ._bridge import as_numpy, cuda_call
 from ._fallback import warn_once
 
@@ -23,31 +24,42 @@ def _unit(name: str, *tensors: Tensor, forget_bias: float):
         *arrays, forget_bias=forget_bias, gate_order="ifgo"))
 
 
-@torch.library.custom_op("perfkernels::lstm_unit", mutates_args=())
+# ``perfkernels::lstm_unit(Tensor c_prev, Tensor gates, float forget_bias=0.) -> (Tensor, Tensor)``
+# and ``perfkernels::lstm_unit_backward(Tensor c_prev, Tensor gates, Tensor c, Tensor dh,
+# Tensor dc, float forget_bias=0.) -> (Tensor, Tensor)`` are defined, with their CPU kernels, by
+# the native library (``_native_ops``); here their fake kernels, the forward's autograd (which
+# calls the backward op) and CUDA kernels (perfkernels.cuda).
+
 def lstm_unit(c_prev: Tensor, gates: Tensor, forget_bias: float = 0.0) -> tuple[Tensor, Tensor]:
     """``(h, c)`` of one LSTM step from the pre-activation ``gates`` ``[N, 4D]`` (PyTorch's
     i, f, g, o order, as ``LSTMCell`` computes them) and ``c_prev`` ``[N, D]``, float32:
     ``c = sigmoid(f + forget_bias) * c_prev + sigmoid(i) * tanh(g)``, ``h = sigmoid(o) * tanh(c)``.
-    Differentiable in ``c_prev`` and ``gates``."""
+    Differentiable in ``c_prev`` and ``gates`` (the registered op
+    ``torch.ops.perfkernels.lstm_unit``)."""
+    return torch.ops.perfkernels.lstm_unit(c_prev, gates, forget_bias)
+
+
+def lstm_unit_backward(c_prev: Tensor, gates: Tensor, c: Tensor, dh: Tensor, dc: Tensor,
+                       forget_bias: float = 0.0) -> tuple[Tensor, Tensor]:
+    """``(dc_prev, dgates)`` of :func:`lstm_unit` given the output gradients ``dh``, ``dc``."""
+    return torch.ops.perfkernels.lstm_unit_backward(c_prev, gates, c, dh, dc, forget_bias)
+
+
+def _lstm_unit_cuda(c_prev, gates, forget_bias=0.0):
     # the kernel's h_prev only matters for rows past a sequence's end (seq_lengths): unused here
     return _unit("lstm_unit", c_prev, c_prev, gates, forget_bias=forget_bias)
 
 
-@lstm_unit.register_fake
-def _lstm_unit_fake(c_prev, gates, forget_bias=0.0):
-    return torch.empty_like(c_prev), torch.empty_like(c_prev)
-
-
-@torch.library.custom_op("perfkernels::lstm_unit_backward", mutates_args=())
-def lstm_unit_backward(c_prev: Tensor, gates: Tensor, c: Tensor, dh: Tensor, dc: Tensor,
-                       forget_bias: float = 0.0) -> tuple[Tensor, Tensor]:
-    """``(dc_prev, dgates)`` of :func:`lstm_unit` given the output gradients ``dh``, ``dc``."""
+def _lstm_unit_backward_cuda(c_prev, gates, c, dh, dc, forget_bias=0.0):
     _, dc_prev, dgates = _unit("lstm_unit_backward", c_prev, gates, c, dh, dc,
                                forget_bias=forget_bias)
     return dc_prev, dgates
 
 
-@lstm_unit_backward.register_fake
+def _lstm_unit_fake(c_prev, gates, forget_bias=0.0):
+    return torch.empty_like(c_prev), torch.empty_like(c_prev)
+
+
 def _lstm_unit_backward_fake(c_prev, gates, c, dh, dc, forget_bias=0.0):
     return torch.empty_like(c_prev), torch.empty_like(gates)
 
@@ -67,7 +79,11 @@ def _backward(ctx, dh, dc):
     return dc_prev, dgates, None
 
 
-lstm_unit.register_autograd(_backward, setup_context=_setup)
+torch.library.register_fake("perfkernels::lstm_unit")(_lstm_unit_fake)
+torch.library.register_fake("perfkernels::lstm_unit_backward")(_lstm_unit_backward_fake)
+torch.library.register_autograd("perfkernels::lstm_unit", _backward, setup_context=_setup)
+torch.library.register_kernel("perfkernels::lstm_unit", "cuda")(_lstm_unit_cuda)
+torch.library.register_kernel("perfkernels::lstm_unit_backward", "cuda")(_lstm_unit_backward_cuda)
 
 
 class LSTMCell(torch.nn.LSTMCell):

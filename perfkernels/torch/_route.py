@@ -42,7 +42,8 @@ class Route(str, enum.Enum):
     DEVICE = "torch (other device)"
     #: input torch refuses, or answers otherwise than the NumPy API would: torch's answer
     REFUSED = "torch's answer"
-    #: compiling or exporting: the registered op ``torch.ops.perfkernels.*``
+    #: compiling, exporting or tracing (``torch.jit.trace``): the registered op
+    #: ``torch.ops.perfkernels.*``
     OP = "custom op"
     #: a gradient torch's own kernel and autograd serve faster (float32 CPU table, a sparse or a
     #: small dense gradient, no custom weight backward)
@@ -53,6 +54,15 @@ class Route(str, enum.Enum):
     CUDA = "perfkernels.cuda"
     #: no gradient, CPU tensors: our kernel
     KERNEL = "our kernel"
+
+
+_tracing_state = torch._C._get_tracing_state
+
+
+def capturing() -> bool:
+    """Whether a graph is being captured, so that lookups must call the registered ops rather
+    than the kernels: ``torch.compile`` / ``torch.export``, or ``torch.jit.trace``."""
+    return torch.compiler.is_compiling() or _tracing_state() is not None
 
 
 def unsupported(mode: str, max_norm: Optional[float], scale_grad_by_freq: bool,
@@ -86,12 +96,13 @@ def route(weight: Tensor, input: Tensor, per_sample_weights: Optional[Tensor], *
     """The route of a float-table lookup (see :class:`Route` and docs/pytorch.md).
 
     ``needs_ours``: the lookup needs our autograd (a custom weight backward such as a fused
-    optimizer, or ``weighted_mean`` weights in mode "mean"), never torch's.  ``compiling`` and
-    ``grad_enabled`` default to torch's current state."""
+    optimizer, or ``weighted_mean`` weights in mode "mean"), never torch's.  ``compiling`` (a
+    graph being captured: :func:`capturing`) and ``grad_enabled`` default to torch's current
+    state."""
     if unsupported(mode, max_norm, scale_grad_by_freq, weight.dtype):
         return Route.TORCH
     if compiling is None:
-        compiling = torch.compiler.is_compiling()
+        compiling = capturing()
     if grad_enabled is None:
         grad_enabled = torch.is_grad_enabled()
     needs_grad = (not compiling and grad_enabled and (weight.requires_grad or (
@@ -118,12 +129,12 @@ _TABLE_AXES = (
     ("options", ("sum/mean", "max, max_norm or scale_grad_by_freq")),
     ("table", ("float32", "float16/bfloat16")),
     ("device", ("cpu", "cuda", "meta")),
-    ("compiling", ("no", "yes")),
+    ("capturing", ("no", "yes")),
     ("gradient", ("none", "sparse", "small dense", "large dense", "fused optimizer")),
 )
 
 
-def _case(options: str, table: str, device: str, compiling: str, gradient: str) -> Route:
+def _case(options: str, table: str, device: str, capturing: str, gradient: str) -> Route:
     """The route of one row of the table, asked of :func:`route` on meta tensors of that shape
     (the device is passed as a stand-in: the function reads only metadata)."""
     dtype = torch.float32 if table == "float32" else torch.float16
@@ -137,7 +148,7 @@ def _case(options: str, table: str, device: str, compiling: str, gradient: str) 
     weight = _MetaView(weight, _Device)
     return route(weight, input, None, mode="sum" if options == "sum/mean" else "max",
                  sparse=gradient == "sparse", needs_ours=gradient == "fused optimizer",
-                 compiling=compiling == "yes", grad_enabled=True)
+                 compiling=capturing == "yes", grad_enabled=True)
 
 
 class _MetaView:

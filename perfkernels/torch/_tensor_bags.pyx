@@ -10,7 +10,9 @@ nothing is built against torch's headers and torch stays an optional runtime dep
 torch has no such API, :func:`lookup` answers None to every lookup without a gradient (the
 caller's full path, through ``Tensor.numpy()``, serves them).
 
-It takes only the plain cases and answers None for anything else, having computed and written
+While a profiler runs (``torch.profiler``) it answers None to every lookup, so that the full
+path records the call as ``perfkernels::embedding_bag``.  It takes only the plain cases and
+answers None for anything else, having computed and written
 nothing, so that the caller runs its full path (``_embedding_bag.py``), which holds every rule:
 
 * without a gradient: CPU tensors of type ``torch.Tensor`` (a Parameter too, for the table),
@@ -179,6 +181,8 @@ cdef object _from_numpy = torch.from_numpy
 cdef object _is_grad_enabled = torch.is_grad_enabled
 cdef object _function_mode_enabled = torch._C._is_torch_function_mode_enabled
 cdef object _torch_embedding_bag = torch.embedding_bag
+# while a profiler runs, every lookup takes the full path, which records it by name
+cdef object _profiler_enabled = torch._C._autograd._profiler_enabled
 cdef int64_t _dense_grad_min_values = 0
 
 
@@ -308,6 +312,8 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
     cdef pk_float_bags_args args
     cdef pk_status status
 
+    if _profiler_enabled():     # the full path records the op (``_bags.lookup``)
+        return None
     # the table: a CPU float32 / float16 / bfloat16 matrix with unit-stride rows
     if (type(weight) is not _Parameter and type(weight) is not _Tensor) or not _readable(weight, &w):
         return None

@@ -75,6 +75,24 @@ def check_all() -> None:
     np.testing.assert_allclose(state, h64, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(updated, w64, rtol=1e-4, atol=1e-5)
 
+    # unpooled lookups, float and 8-bit rows
+    grid = indices[:12].reshape(3, 4)
+    np.testing.assert_array_equal(pk.embedding(table, grid), table[grid])
+    np.testing.assert_allclose(pk.embedding_quantized(packed, grid), deq[grid], rtol=1e-6, atol=1e-6)
+
+    # DLRM's dot interaction, alone and fused with the lookups of two tables
+    dense = rng.standard_normal((len(offsets), D)).astype(np.float32)
+    pooled = np.stack([np.stack([t[indices[s:e]].astype(np.float64).sum(0)
+                                 for s, e in zip(bounds[:-1], bounds[1:])]) for t in (table, deq)], 1)
+    z = np.concatenate([dense[:, None].astype(np.float64), pooled], 1)
+    li, lj = np.tril_indices(3, -1)
+    exp = np.concatenate([dense, (z @ z.transpose(0, 2, 1))[:, li, lj]], 1)
+    np.testing.assert_allclose(pk.dot_interaction(dense, pooled.astype(np.float32)), exp,
+                               rtol=1e-4, atol=1e-4)
+    fused = pk.embedding_bags_interaction(dense, [table, packed], [indices, indices],
+                                          [offsets, offsets], bits=[None, 8])
+    np.testing.assert_allclose(fused, exp, rtol=1e-4, atol=1e-3)
+
     n = 6
     h_prev, c_prev = rng.standard_normal((2, n, D)).astype(np.float32)
     gates = rng.standard_normal((n, 4 * D)).astype(np.float32)

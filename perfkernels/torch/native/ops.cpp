@@ -1,0 +1,812 @@
+/* perfkernels' torch ops, registered from native code on PyTorch's stable C ABI.
+ *
+ * Loading this library (torch.ops.load_library from Python, or dlopen from a C++ program that
+ * already has libtorch_cpu) defines the ops of the namespace `perfkernels` and registers their
+ * CPU kernels, so a graph that calls them (torch.compile, torch.export, an AOTInductor package, a
+ * traced TorchScript model) runs without Python.  Fake (meta) kernels and autograd formulas are
+ * registered by perfkernels.torch from Python: they are only needed while tracing or training.
+ *
+ * The kernels are the package's own C kernels (embedding and quantized families, compiled into
+ * this library at every ISA level, picked at load time from the CPU's features); the bag
+ * splitter of common/bags_parallel.h runs them on torch's intra-op thread pool.  Every argument
+ * is checked before a kernel runs; a bad one throws std::runtime_error with a message naming it
+ * (RuntimeError in Python).  An index out of range is found by the kernel before its row is read
+ * and reported with its flattened position and value; the half-written result is dropped.
+ */
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "torch_api.h"
+
+extern "C" {
+#include "embedding/bags_call.h"
+#include "perfkernels/cpu.h"
+#include "perfkernels/lstm.h"
+#include "quantized/bags_call.h"
+}
+
+/* pk_level_requires[isa]: the CPU features (cpu_features() names) each ISA level needs at run
+ * time, NULL-terminated; written by the build from perfkernels/_registry.py */
+#include "native/levels.h"
+
+using namespace pk_torch;
+
+namespace {
+
+/* ------------------------------------------------------------------ ISA level and thread pool */
+
+std::atomic<int> g_isa{0};
+
+int best_isa()
+{
+    const uint64_t have = pk_cpu_detect();
+    auto has = [&](const char *name) {
+        for (int f = 0; f < PK_CPU_FEATURE_COUNT; f++)
+            if (std::strcmp(pk_cpu_feature_name(f), name) == 0) return ((have >> f) & 1u) != 0;
+        return false;
+    };
+    int best = 0;
+    for (int isa = 0; isa < PK_ISA_COUNT; isa++) {
+        if (!pk_isa_compiled(isa)) continue;
+        bool ok = true;
+        for (const char *const *r = pk_level_requires[isa]; *r; r++) ok = ok && has(*r);
+        if (ok) best = isa;
+    }
+    return best;
+}
+
+struct PoolJob {
+    pk_parallel_fn fn;
+    void *ctx;
+};
+
+void pool_body(int64_t begin, int64_t end, void *ctx)
+{
+    const PoolJob *job = static_cast<const PoolJob *>(ctx);
+    job->fn(job->ctx, begin, end);
+}
+
+/* pk_parallel_api's parallel_for on torch's intra-op pool: each task runs on exactly one thread,
+ * so a bag is summed by one thread in one order, whatever the thread count. */
+int torch_pool_parallel_for(int64_t n_tasks, int n_threads, pk_parallel_fn fn, void *ctx)
+{
+    if (n_threads <= 1 || n_tasks <= 1) {
+        fn(ctx, 0, n_tasks);
+        return 1;
+    }
+    PoolJob job{fn, ctx};
+    if (api.torch_parallel_for(0, n_tasks, 1, pool_body, &job) != 0) fn(ctx, 0, n_tasks);
+    return n_threads;
+}
+
+pk_parallel_api make_pool()
+{
+    pk_parallel_api p;
+    std::memset(&p, 0, sizeof p);
+    p.abi_version = 4;
+    p.parallel_for = torch_pool_parallel_for;
+    return p;
+}
+
+const pk_parallel_api g_pool = make_pool();
+
+int torch_threads()
+{
+    uint32_t n = 1;
+    if (api.torch_get_num_threads(&n) != 0 || n < 1) n = 1;
+    return (int)std::min<uint32_t>(n, PK_PARALLEL_MAX_THREADS);
+}
+
+/* ------------------------------------------------------------------ tensors */
+
+struct View {
+    char *data;
+    int64_t ndim;
+    int64_t size[2];
+    int64_t stride[2];
+    int32_t dtype;
+};
+
+std::string dtype_name(int32_t d)
+{
+    if (d == api.aoti_torch_dtype_float32()) return "torch.float32";
+    if (d == api.aoti_torch_dtype_float64()) return "torch.float64";
+    if (d == api.aoti_torch_dtype_float16()) return "torch.float16";
+    if (d == api.aoti_torch_dtype_bfloat16()) return "torch.bfloat16";
+    if (d == api.aoti_torch_dtype_int32()) return "torch.int32";
+    if (d == api.aoti_torch_dtype_int64()) return "torch.int64";
+    if (d == api.aoti_torch_dtype_uint8()) return "torch.uint8";
+    return "dtype code " + std::to_string(d);
+}
+
+/* A CPU tensor of 1 or 2 dimensions (`dims`: 1, 2, or 3 for either). */
+View view(const Tensor &t, const char *name, int dims)
+{
+    View v{};
+    int32_t device = 0;
+    int64_t *sizes = nullptr, *strides = nullptr;
+    void *data = nullptr;
+    check_call(api.aoti_torch_get_device_type(t.get(), &device), "get_device_type");
+    if (device != api.aoti_torch_device_type_cpu())
+        fail(std::string("perfkernels: ") + name + " must be a CPU tensor (the native kernels are "
+             "CPU kernels; CUDA tensors are served from Python)");
+    check_call(api.aoti_torch_get_dim(t.get(), &v.ndim), "get_dim");
+    if (!((v.ndim == 1 && (dims & 1)) || (v.ndim == 2 && (dims & 2))))
+        fail(std::string("perfkernels: ") + name + " must be " +
+             (dims == 1 ? "1-D" : dims == 2 ? "2-D" : "1-D or 2-D") + "; got " +
+             std::to_string(v.ndim) + "-D");
+    check_call(api.aoti_torch_get_sizes(t.get(), &sizes), "get_sizes");
+    check_call(api.aoti_torch_get_strides(t.get(), &strides), "get_strides");
+    check_call(api.aoti_torch_get_dtype(t.get(), &v.dtype), "get_dtype");
+    check_call(api.aoti_torch_get_data_ptr(t.get(), &data), "get_data_ptr");
+    v.data = static_cast<char *>(data);
+    for (int64_t i = 0; i < v.ndim; i++) {
+        v.size[i] = sizes[i];
+        v.stride[i] = strides[i];
+    }
+    if (v.ndim == 1) {
+        v.size[1] = 1;
+        v.stride[1] = 1;
+    }
+    return v;
+}
+
+int64_t numel(const View &v) { return v.size[0] * (v.ndim == 2 ? v.size[1] : 1); }
+
+bool is_contiguous(const View &v)
+{
+    if (v.ndim == 1) return v.size[0] <= 1 || v.stride[0] == 1;
+    return numel(v) == 0 || ((v.size[1] <= 1 || v.stride[1] == 1) &&
+                             (v.size[0] <= 1 || v.stride[0] == v.size[1]));
+}
+
+/* The elements of v in row-major order (a copy only when v is not contiguous). */
+template <class T>
+const T *contiguous(const View &v, std::vector<T> &copy)
+{
+    if (is_contiguous(v)) return reinterpret_cast<const T *>(v.data);
+    copy.resize((size_t)numel(v));
+    size_t k = 0;
+    for (int64_t i = 0; i < v.size[0]; i++)
+        for (int64_t j = 0; j < v.size[1]; j++)
+            copy[k++] = reinterpret_cast<const T *>(v.data)[i * v.stride[0] + j * v.stride[1]];
+    return copy.data();
+}
+
+/* Integer indices (int32 or int64), contiguous. */
+struct Ints {
+    const void *data;
+    bool is64;
+    int64_t n;
+    std::vector<int32_t> c32;
+    std::vector<int64_t> c64;
+    int64_t operator[](int64_t i) const
+    {
+        return is64 ? static_cast<const int64_t *>(data)[i]
+                    : (int64_t) static_cast<const int32_t *>(data)[i];
+    }
+};
+
+void read_ints(const View &v, const char *name, Ints &out)
+{
+    if (v.dtype == api.aoti_torch_dtype_int64()) {
+        out.is64 = true;
+        out.data = contiguous<int64_t>(v, out.c64);
+    } else if (v.dtype == api.aoti_torch_dtype_int32()) {
+        out.is64 = false;
+        out.data = contiguous<int32_t>(v, out.c32);
+    } else {
+        fail(std::string("perfkernels: ") + name + " must be int32 or int64; got " +
+             dtype_name(v.dtype));
+    }
+    out.n = numel(v);
+}
+
+Tensor new_output(int64_t rows, int64_t cols)
+{
+    const int64_t sizes[2] = {rows, cols}, strides[2] = {cols, 1};
+    AtenTensorHandle h = nullptr;
+    check_call(api.aoti_torch_empty_strided(2, sizes, strides, api.aoti_torch_dtype_float32(),
+                                            api.aoti_torch_device_type_cpu(), 0, &h),
+               "empty_strided");
+    return Tensor(h);
+}
+
+float *output_data(const Tensor &t)
+{
+    void *p = nullptr;
+    check_call(api.aoti_torch_get_data_ptr(t.get(), &p), "get_data_ptr");
+    return static_cast<float *>(p);
+}
+
+/* ------------------------------------------------------------------ bag arguments */
+
+/* The bags of one lookup, normalised as the kernels read them (bags.h). */
+struct Bags {
+    Ints indices;
+    std::vector<int64_t> offsets;   /* num_bags + 1 */
+    std::vector<float> weights;
+    pk_bags bags;
+};
+
+[[noreturn]] void offsets_error(const std::string &what) { fail("perfkernels: " + what); }
+
+/* PyTorch's offsets (count entries, include_last_offset or not) -> num_bags + 1 offsets. */
+void normalise_offsets(const Ints &off, bool include_last, int64_t n, std::vector<int64_t> &dst)
+{
+    const int64_t count = off.n;
+    dst.clear();
+    if (count == 0) {
+        if (include_last)
+            offsets_error("offsets is empty: with include_last_offset=True it needs at least one "
+                          "entry (the end of the last bag, len(indices))");
+        if (n != 0)
+            offsets_error("offsets is empty (no bags) but there are " + std::to_string(n) +
+                          " indices");
+        dst.push_back(0);
+        return;
+    }
+    int64_t prev = off[0];
+    if (prev != 0) offsets_error("offsets[0] = " + std::to_string(prev) + ": the first offset must be 0");
+    dst.reserve((size_t)count + 1);
+    dst.push_back(0);
+    for (int64_t i = 1; i < count; i++) {
+        const int64_t v = off[i];
+        if (v < prev)
+            offsets_error("offsets[" + std::to_string(i) + "] = " + std::to_string(v) +
+                          " < offsets[" + std::to_string(i - 1) + "] = " + std::to_string(prev) +
+                          ": offsets must be non-decreasing");
+        dst.push_back(v);
+        prev = v;
+    }
+    if (include_last) {
+        if (prev != n)
+            offsets_error("offsets[" + std::to_string(count - 1) + "] = " + std::to_string(prev) +
+                          " != len(indices) = " + std::to_string(n) +
+                          ": with include_last_offset=True the last offset must equal len(indices)");
+    } else {
+        if (prev > n)
+            offsets_error("offsets[" + std::to_string(count - 1) + "] = " + std::to_string(prev) +
+                          " > len(indices) = " + std::to_string(n) +
+                          ": offsets must not exceed the number of indices");
+        dst.push_back(n);
+    }
+}
+
+void read_weights(const Tensor &psw, const View &ix, std::vector<float> &dst)
+{
+    View w = view(psw, "per_sample_weights", 3);
+    if (w.ndim != ix.ndim || w.size[0] != ix.size[0] || w.size[1] != ix.size[1])
+        fail("perfkernels: per_sample_weights must have the shape of indices (one weight per "
+             "index)");
+    const int64_t n = numel(w);
+    dst.resize((size_t)n);
+    if (w.dtype == api.aoti_torch_dtype_float32()) {
+        std::vector<float> copy;
+        const float *p = contiguous<float>(w, copy);
+        std::copy(p, p + n, dst.begin());
+    } else {
+        fail("perfkernels: per_sample_weights must be float32; got " + dtype_name(w.dtype));
+    }
+}
+
+int64_t normalise_padding(std::optional<int64_t> padding_idx, int64_t rows)
+{
+    if (!padding_idx) return -1;
+    const int64_t p = *padding_idx;
+    if (p < -rows || p >= rows)
+        fail("perfkernels: padding_idx = " + std::to_string(p) + " is out of range for a table of " +
+             std::to_string(rows) + " rows (valid: -" + std::to_string(rows) +
+             " <= padding_idx < " + std::to_string(rows) + ")");
+    return p < 0 ? p + rows : p;
+}
+
+void prepare(Bags &b, const Tensor &indices, const Tensor &offsets, const Tensor &psw,
+             const std::string &mode, bool include_last_offset, std::optional<int64_t> padding_idx,
+             int64_t rows)
+{
+    std::memset(&b.bags, 0, sizeof b.bags);
+    if (mode == "sum")
+        b.bags.mean = 0;
+    else if (mode == "mean")
+        b.bags.mean = 1;
+    else
+        fail("perfkernels: mode must be 'sum' or 'mean'; got '" + mode + "'");
+    const View ix = view(indices, "indices", 3);
+    read_ints(ix, "indices", b.indices);
+    const int64_t n = b.indices.n;
+    if (ix.ndim == 2) {
+        if (offsets)
+            fail("perfkernels: indices is 2-D (one bag per row): offsets must be None");
+        b.offsets.resize((size_t)ix.size[0] + 1);
+        for (int64_t i = 0; i <= ix.size[0]; i++) b.offsets[(size_t)i] = i * ix.size[1];
+    } else {
+        if (!offsets)
+            fail("perfkernels: 1-D indices need offsets to say where the bags are (or pass 2-D "
+                 "indices [num_bags, bag_length])");
+        Ints off;
+        read_ints(view(offsets, "offsets", 1), "offsets", off);
+        normalise_offsets(off, include_last_offset, n, b.offsets);
+    }
+    if (psw) read_weights(psw, ix, b.weights);
+    b.bags.indices = b.indices.data;
+    b.bags.n_indices = n;
+    b.bags.index_64 = b.indices.is64;
+    b.bags.offsets = b.offsets.data();
+    b.bags.num_bags = (int64_t)b.offsets.size() - 1;
+    b.bags.weights = psw ? b.weights.data() : nullptr;
+    b.bags.positional = 0;
+    b.bags.padding_idx = normalise_padding(padding_idx, rows);
+}
+
+[[noreturn]] void index_error(const Ints &indices, int64_t pos, int64_t rows)
+{
+    fail("Index " + std::to_string(pos) + " of input takes value " +
+         std::to_string(indices[pos]) + " which is not in the valid range [0, " +
+         std::to_string(rows) + ")");
+}
+
+void run(const Bags &b, const pk_bags_part *parts, int n_parts, const int64_t *rows)
+{
+    int64_t bad = 0;
+    int bad_part = 0;
+    const pk_status s = pk_bags_run(&g_pool, torch_threads(), parts, n_parts, nullptr, &bad,
+                                    &bad_part);
+    if (s == PK_ERR_INDEX) index_error(b.indices, bad, rows[bad_part]);
+    if (s != PK_OK) fail("perfkernels: a bag kernel failed with status " + std::to_string((int)s));
+}
+
+/* ------------------------------------------------------------------ the ops */
+
+/* embedding_bag(Tensor weight, Tensor indices, Tensor? offsets, Tensor? per_sample_weights,
+ *               str mode, bool include_last_offset, SymInt? padding_idx) -> Tensor */
+void embedding_bag(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor weight = take_tensor(stack[0]), indices = take_tensor(stack[1]);
+    Tensor offsets = take_optional_tensor(stack[2]), psw = take_optional_tensor(stack[3]);
+    const std::string mode = take_string(stack[4]);
+    const bool include_last_offset = to_bool(stack[5]);
+    const std::optional<int64_t> padding_idx = take_optional_int(stack[6]);
+
+    const View w = view(weight, "weight", 2);
+    const pk_embedding_kernels *k = pk_embedding_table(g_isa.load(std::memory_order_relaxed));
+    pk_float_bags_args args;
+    int64_t elem;
+    if (w.dtype == api.aoti_torch_dtype_float32()) {
+        args.fn = k->embedding_bag_f32;
+        elem = 4;
+    } else if (w.dtype == api.aoti_torch_dtype_float16()) {
+        args.fn = k->embedding_bag_f16;
+        elem = 2;
+    } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
+        args.fn = k->embedding_bag_bf16;
+        elem = 2;
+    } else {
+        fail("perfkernels: weight must be float32, float16 or bfloat16; got " + dtype_name(w.dtype));
+    }
+    const int64_t rows = w.size[0], dim = w.size[1];
+    /* rows of unit-stride elements, any row stride; other layouts are copied */
+    std::vector<uint32_t> c32;
+    std::vector<uint16_t> c16;
+    const void *table = w.data;
+    int64_t row_stride = w.stride[0];
+    if (!(dim <= 1 || w.stride[1] == 1) || row_stride < 0) {
+        table = elem == 4 ? (const void *)contiguous<uint32_t>(w, c32)
+                          : (const void *)contiguous<uint16_t>(w, c16);
+        row_stride = dim;
+    }
+    if (rows <= 1) row_stride = dim;
+
+    Bags b;
+    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, rows);
+    Tensor out = new_output(b.bags.num_bags, dim);
+    b.bags.out = output_data(out);
+    b.bags.out_stride = dim;
+    args.table = table;
+    args.rows = rows;
+    args.dim = dim;
+    args.row_stride = row_stride;
+    pk_bags_part part;
+    part.bags = b.bags;
+    part.call = pk_float_bags_call;
+    part.args = &args;
+    part.index_cost = dim * elem + (b.indices.is64 ? 8 : 4);
+    part.bag_cost = dim * 4 + 8;
+    part.rows = rows;
+    run(b, &part, 1, &rows);
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* embedding_bag_quantized(Tensor packed, Tensor indices, Tensor? offsets,
+ *     Tensor? per_sample_weights, str mode, bool include_last_offset, SymInt? padding_idx,
+ *     SymInt bits, SymInt dim) -> Tensor */
+void embedding_bag_quantized(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor packed = take_tensor(stack[0]), indices = take_tensor(stack[1]);
+    Tensor offsets = take_optional_tensor(stack[2]), psw = take_optional_tensor(stack[3]);
+    const std::string mode = take_string(stack[4]);
+    const bool include_last_offset = to_bool(stack[5]);
+    const std::optional<int64_t> padding_idx = take_optional_int(stack[6]);
+    const int64_t bits = to_int(stack[7]), dim = to_int(stack[8]);
+
+    const View p = view(packed, "packed", 2);
+    if (p.dtype != api.aoti_torch_dtype_uint8())
+        fail("perfkernels: packed must be uint8 (rows of packed codes); got " + dtype_name(p.dtype));
+    if (bits != 8 && bits != 4 && bits != 2)
+        fail("perfkernels: bits must be 8, 4 or 2; got " + std::to_string(bits));
+    const int64_t rows = p.size[0], row_bytes = p.size[1];
+    if (dim < 1 || dim > ((int64_t)1 << 40) ||
+        (int64_t)pk_quantized_row_bytes((int)bits, (size_t)dim) != row_bytes)
+        fail("perfkernels: packed rows of " + std::to_string(row_bytes) + " bytes do not hold dim = " +
+             std::to_string(dim) + " codes of " + std::to_string(bits) + " bits and their scale and bias");
+    std::vector<uint8_t> copy;
+    const uint8_t *data = contiguous<uint8_t>(p, copy);
+
+    Bags b;
+    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, rows);
+    Tensor out = new_output(b.bags.num_bags, dim);
+    b.bags.out = output_data(out);
+    b.bags.out_stride = dim;
+    pk_quantized_bags_args args;
+    args.fn = pk_quantized_table(g_isa.load(std::memory_order_relaxed))->embedding_bag_quantized;
+    args.bits = (int)bits;
+    args.packed = data;
+    args.rows = rows;
+    args.row_bytes = row_bytes;
+    args.dim = dim;
+    pk_bags_part part;
+    part.bags = b.bags;
+    part.call = pk_quantized_bags_call;
+    part.args = &args;
+    part.index_cost = row_bytes + (b.indices.is64 ? 8 : 4);
+    part.bag_cost = dim * 4 + 8;
+    part.rows = rows;
+    run(b, &part, 1, &rows);
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* embedding_bag_collection(Tensor[] weights, Tensor values, Tensor offsets,
+ *     Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables,
+ *     SymInt[] mean, SymInt[] padding_idx) -> Tensor
+ * Output slot i: the B bags of KJT feature features[i] looked up in weights[tables[i]], written
+ * side by side into one [B, sum of the dims] result, all in one split of the work. */
+void embedding_bag_collection(StableIValue *stack, uint64_t, uint64_t)
+{
+    std::vector<Tensor> weights = take_list<Tensor>(stack[0], take_tensor);
+    Tensor values = take_tensor(stack[1]), offsets = take_tensor(stack[2]);
+    Tensor psw = take_optional_tensor(stack[3]);
+    const int64_t num_keys = to_int(stack[4]);
+    const std::vector<int64_t> features = take_list<int64_t>(stack[5], to_int);
+    const std::vector<int64_t> tables = take_list<int64_t>(stack[6], to_int);
+    const std::vector<int64_t> mean = take_list<int64_t>(stack[7], to_int);
+    const std::vector<int64_t> padding = take_list<int64_t>(stack[8], to_int);
+
+    const size_t n_tables = weights.size();
+    if (mean.size() != n_tables || padding.size() != n_tables)
+        fail("perfkernels: mean and padding_idx need one entry per table (" +
+             std::to_string(n_tables) + "); got " + std::to_string(mean.size()) + " and " +
+             std::to_string(padding.size()));
+    if (features.size() != tables.size())
+        fail("perfkernels: features and tables must have the same length; got " +
+             std::to_string(features.size()) + " and " + std::to_string(tables.size()));
+    if (num_keys < 1) fail("perfkernels: num_keys must be >= 1; got " + std::to_string(num_keys));
+
+    Bags b;
+    std::memset(&b.bags, 0, sizeof b.bags);
+    const View vv = view(values, "values", 1);
+    read_ints(vv, "values", b.indices);
+    Ints off;
+    read_ints(view(offsets, "offsets", 1), "offsets", off);
+    if (off.n < 1 || (off.n - 1) % num_keys != 0)
+        fail("perfkernels: offsets has " + std::to_string(off.n) + " entries; a jagged tensor of " +
+             std::to_string(num_keys) + " keys needs num_keys * batch + 1");
+    const int64_t batch = (off.n - 1) / num_keys;
+    normalise_offsets(off, true, b.indices.n, b.offsets);
+    if (psw) read_weights(psw, vv, b.weights);
+
+    struct Table {
+        const void *data;
+        int64_t rows, dim, row_stride, elem;
+        pk_embedding_bag_fn fn;
+        std::vector<uint32_t> c32;
+        std::vector<uint16_t> c16;
+    };
+    const pk_embedding_kernels *k = pk_embedding_table(g_isa.load(std::memory_order_relaxed));
+    std::vector<Table> tab(n_tables);
+    for (size_t t = 0; t < n_tables; t++) {
+        const std::string name = "weights[" + std::to_string(t) + "]";
+        const View w = view(weights[t], name.c_str(), 2);
+        Table &T = tab[t];
+        if (w.dtype == api.aoti_torch_dtype_float32()) {
+            T.fn = k->embedding_bag_f32;
+            T.elem = 4;
+        } else if (w.dtype == api.aoti_torch_dtype_float16()) {
+            T.fn = k->embedding_bag_f16;
+            T.elem = 2;
+        } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
+            T.fn = k->embedding_bag_bf16;
+            T.elem = 2;
+        } else {
+            fail("perfkernels: " + name + " must be float32, float16 or bfloat16; got " +
+                 dtype_name(w.dtype));
+        }
+        T.rows = w.size[0];
+        T.dim = w.size[1];
+        T.data = w.data;
+        T.row_stride = T.rows <= 1 ? T.dim : w.stride[0];
+        if (!(T.dim <= 1 || w.stride[1] == 1)) {
+            T.data = T.elem == 4 ? (const void *)contiguous<uint32_t>(w, T.c32)
+                                 : (const void *)contiguous<uint16_t>(w, T.c16);
+            T.row_stride = T.dim;
+        }
+        if (padding[t] >= T.rows)
+            fail("perfkernels: padding_idx[" + std::to_string(t) + "] = " +
+                 std::to_string(padding[t]) + " is out of range for a table of " +
+                 std::to_string(T.rows) + " rows");
+    }
+    int64_t total_dim = 0;
+    for (size_t i = 0; i < features.size(); i++) {
+        if (features[i] < 0 || features[i] >= num_keys)
+            fail("perfkernels: features[" + std::to_string(i) + "] = " + std::to_string(features[i]) +
+                 " is not a key of the jagged tensor (0 <= feature < " + std::to_string(num_keys) + ")");
+        if (tables[i] < 0 || tables[i] >= (int64_t)n_tables)
+            fail("perfkernels: tables[" + std::to_string(i) + "] = " + std::to_string(tables[i]) +
+                 " is not a table (0 <= table < " + std::to_string(n_tables) + ")");
+        total_dim += tab[(size_t)tables[i]].dim;
+    }
+    Tensor out = new_output(batch, total_dim);
+    float *dst = output_data(out);
+    std::vector<pk_float_bags_args> args(features.size());
+    std::vector<pk_bags_part> parts(features.size());
+    std::vector<int64_t> part_rows(features.size());
+    int64_t col = 0;
+    for (size_t i = 0; i < features.size(); i++) {
+        const size_t t = (size_t)tables[i];
+        const Table &T = tab[t];
+        args[i] = pk_float_bags_args{T.fn, T.data, T.rows, T.dim, T.row_stride};
+        pk_bags bags = b.bags;
+        bags.indices = b.indices.data;
+        bags.n_indices = b.indices.n;
+        bags.index_64 = b.indices.is64;
+        bags.offsets = b.offsets.data() + features[i] * batch;
+        bags.num_bags = batch;
+        bags.weights = psw ? b.weights.data() : nullptr;
+        bags.positional = 0;
+        bags.mean = mean[t] != 0;
+        bags.padding_idx = padding[t] < 0 ? -1 : padding[t];
+        bags.out = dst + col;
+        bags.out_stride = total_dim;
+        parts[i].bags = bags;
+        parts[i].call = pk_float_bags_call;
+        parts[i].args = &args[i];
+        parts[i].index_cost = T.dim * T.elem + (b.indices.is64 ? 8 : 4);
+        parts[i].bag_cost = T.dim * 4 + 8;
+        parts[i].rows = T.rows;
+        part_rows[i] = T.rows;
+        col += T.dim;
+    }
+    if (!parts.empty()) run(b, parts.data(), (int)parts.size(), part_rows.data());
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* ------------------------------------------------------------------ LSTM unit */
+
+double to_double(StableIValue v)
+{
+    double x;
+    std::memcpy(&x, &v, sizeof x);
+    return x;
+}
+
+/* A float32 CPU matrix [rows, cols] (copied when not contiguous). */
+const float *float_matrix(const Tensor &t, const char *name, int64_t rows, int64_t cols,
+                          std::vector<float> &copy)
+{
+    const View v = view(t, name, 2);
+    if (v.dtype != api.aoti_torch_dtype_float32())
+        fail(std::string("perfkernels: ") + name + " must be float32; got " + dtype_name(v.dtype));
+    if (v.size[0] != rows || v.size[1] != cols)
+        fail(std::string("perfkernels: ") + name + " has shape [" + std::to_string(v.size[0]) +
+             ", " + std::to_string(v.size[1]) + "]; expected [" + std::to_string(rows) + ", " +
+             std::to_string(cols) + "]");
+    return contiguous<float>(v, copy);
+}
+
+struct LstmJob {
+    pk_lstm_params p;
+    const float *a[5];
+    float *o[3];
+    bool backward;
+};
+
+void lstm_rows(const LstmJob &j, int64_t lo, int64_t hi)
+{
+    pk_lstm_params p = j.p;
+    const size_t d = p.d, r = (size_t)lo;
+    p.n = (size_t)(hi - lo);
+    const pk_lstm_kernels *k = pk_lstm_table(g_isa.load(std::memory_order_relaxed));
+    if (j.backward)
+        k->lstm_backward(&p, j.a[0] + r * d, j.a[1] + r * 4 * d, j.a[2] + r * d, j.a[3] + r * d,
+                         j.a[4] + r * d, j.o[0] + r * d, j.o[1] + r * d, j.o[2] + r * 4 * d);
+    else
+        k->lstm_forward(&p, j.a[0] + r * d, j.a[1] + r * d, j.a[2] + r * 4 * d, j.o[0] + r * d,
+                        j.o[1] + r * d);
+}
+
+void lstm_body(int64_t lo, int64_t hi, void *ctx) { lstm_rows(*static_cast<LstmJob *>(ctx), lo, hi); }
+
+/* Rows are independent: split across torch's threads when each gets enough memory traffic. */
+void lstm_run(LstmJob &j)
+{
+    const int64_t n = (int64_t)j.p.n;
+    const int64_t row_bytes = (int64_t)j.p.d * 4 * (j.backward ? 14 : 8);
+    const int threads = pk_parallel_threads_for(n * row_bytes, torch_threads());
+    if (threads <= 1 || n <= 1) {
+        lstm_rows(j, 0, n);
+        return;
+    }
+    const int64_t grain = (n + threads - 1) / threads;
+    if (api.torch_parallel_for(0, n, grain, lstm_body, &j) != 0) lstm_rows(j, 0, n);
+}
+
+pk_lstm_params lstm_params(int64_t n, int64_t d, double forget_bias)
+{
+    pk_lstm_params p;
+    std::memset(&p, 0, sizeof p);
+    p.n = (size_t)n;
+    p.d = (size_t)d;
+    p.forget_bias = (float)forget_bias;
+    p.gate_order = PK_LSTM_IFGO;   /* PyTorch's i, f, g, o */
+    return p;
+}
+
+/* lstm_unit(Tensor c_prev, Tensor gates, float forget_bias=0.) -> (Tensor, Tensor) */
+void lstm_unit(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor c_prev = take_tensor(stack[0]), gates = take_tensor(stack[1]);
+    const double forget_bias = to_double(stack[2]);
+    const View cv = view(c_prev, "c_prev", 2);
+    const int64_t n = cv.size[0], d = cv.size[1];
+    std::vector<float> c1, c2;
+    LstmJob j;
+    j.p = lstm_params(n, d, forget_bias);
+    j.backward = false;
+    j.a[1] = float_matrix(c_prev, "c_prev", n, d, c1);
+    j.a[0] = j.a[1];   /* h_prev: read only for rows past a sequence's end, none here */
+    j.a[2] = float_matrix(gates, "gates", n, 4 * d, c2);
+    Tensor h = new_output(n, d), c = new_output(n, d);
+    j.o[0] = output_data(h);
+    j.o[1] = output_data(c);
+    lstm_run(j);
+    stack[0] = reinterpret_cast<StableIValue>(h.release());
+    stack[1] = reinterpret_cast<StableIValue>(c.release());
+}
+
+/* lstm_unit_backward(Tensor c_prev, Tensor gates, Tensor c, Tensor dh, Tensor dc,
+ *                    float forget_bias=0.) -> (Tensor, Tensor): (dc_prev, dgates) */
+void lstm_unit_backward(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor c_prev = take_tensor(stack[0]), gates = take_tensor(stack[1]);
+    Tensor c = take_tensor(stack[2]), dh = take_tensor(stack[3]), dc = take_tensor(stack[4]);
+    const double forget_bias = to_double(stack[5]);
+    const View cv = view(c_prev, "c_prev", 2);
+    const int64_t n = cv.size[0], d = cv.size[1];
+    std::vector<float> k0, k1, k2, k3, k4;
+    LstmJob j;
+    j.p = lstm_params(n, d, forget_bias);
+    j.backward = true;
+    j.a[0] = float_matrix(c_prev, "c_prev", n, d, k0);
+    j.a[1] = float_matrix(gates, "gates", n, 4 * d, k1);
+    j.a[2] = float_matrix(c, "c", n, d, k2);
+    j.a[3] = float_matrix(dh, "dh", n, d, k3);
+    j.a[4] = float_matrix(dc, "dc", n, d, k4);
+    std::vector<float> dh_prev((size_t)(n * d));   /* the kernel writes it; this op drops it */
+    Tensor dc_prev = new_output(n, d), dgates = new_output(n, 4 * d);
+    j.o[0] = dh_prev.data();
+    j.o[1] = output_data(dc_prev);
+    j.o[2] = output_data(dgates);
+    lstm_run(j);
+    stack[0] = reinterpret_cast<StableIValue>(dc_prev.release());
+    stack[1] = reinterpret_cast<StableIValue>(dgates.release());
+}
+
+/* ------------------------------------------------------------------ registration */
+
+struct Op {
+    const char *name;
+    const char *schema;
+    pk_boxed_kernel fn;
+};
+
+/* The schemas are those the package registered from Python before these ops were native, so
+ * graphs saved then keep loading. */
+const Op OPS[] = {
+    {"embedding_bag",
+     "embedding_bag(Tensor weight, Tensor indices, Tensor? offsets, Tensor? per_sample_weights, "
+     "str mode, bool include_last_offset, SymInt? padding_idx) -> Tensor",
+     embedding_bag},
+    {"embedding_bag_quantized",
+     "embedding_bag_quantized(Tensor packed, Tensor indices, Tensor? offsets, "
+     "Tensor? per_sample_weights, str mode, bool include_last_offset, SymInt? padding_idx, "
+     "SymInt bits, SymInt dim) -> Tensor",
+     embedding_bag_quantized},
+    {"embedding_bag_collection",
+     "embedding_bag_collection(Tensor[] weights, Tensor values, Tensor offsets, "
+     "Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables, "
+     "SymInt[] mean, SymInt[] padding_idx) -> Tensor",
+     embedding_bag_collection},
+    {"lstm_unit", "lstm_unit(Tensor c_prev, Tensor gates, float forget_bias=0.) -> (Tensor, Tensor)",
+     lstm_unit},
+    {"lstm_unit_backward",
+     "lstm_unit_backward(Tensor c_prev, Tensor gates, Tensor c, Tensor dh, Tensor dc, "
+     "float forget_bias=0.) -> (Tensor, Tensor)",
+     lstm_unit_backward},
+};
+
+/* Defines the ops and registers their CPU kernels when the library is loaded; the libraries
+ * are released (and the ops unregistered) when it is unloaded. */
+class Registration {
+public:
+    Registration()
+    {
+        status_ = load_api();
+        if (!status_.empty()) {
+            std::fprintf(stderr, "perfkernels native ops not registered: %s\n", status_.c_str());
+            return;
+        }
+        g_isa.store(best_isa());
+        if (api.aoti_torch_library_init_fragment("perfkernels", __FILE__, __LINE__, &def_) != 0 ||
+            api.aoti_torch_library_init_impl("perfkernels", "CPU", __FILE__, __LINE__, &impl_) != 0) {
+            status_ = "torch refused to open the library of namespace perfkernels";
+            return;
+        }
+        for (const Op &op : OPS) {
+            if (api.aoti_torch_library_def(def_, op.schema) != 0) {
+                status_ = std::string("torch refused the schema ") + op.schema;
+                return;
+            }
+            if (api.torch_library_impl(impl_, op.name, op.fn, PK_TORCH_ABI_VERSION) != 0) {
+                status_ = std::string("torch refused the CPU kernel of ") + op.name;
+                return;
+            }
+        }
+    }
+    ~Registration()
+    {
+        if (impl_) api.aoti_torch_delete_library_object(impl_);
+        if (def_) api.aoti_torch_delete_library_object(def_);
+    }
+    const std::string &status() const { return status_; }
+
+private:
+    TorchLibraryHandle def_ = nullptr, impl_ = nullptr;
+    std::string status_;
+};
+
+const Registration g_registration;
+
+}  // namespace
+
+/* The few C entry points of the library (for perfkernels.torch, through ctypes). */
+extern "C" {
+
+/* "" when every op is registered, else why not. */
+__attribute__((visibility("default"))) const char *pk_native_status(void)
+{
+    return g_registration.status().c_str();
+}
+
+/* The ISA level the kernels run at (perfkernels.use_isa sets it); -1 if not built/unknown. */
+__attribute__((visibility("default"))) int pk_native_set_isa(int isa)
+{
+    if (isa < 0 || isa >= PK_ISA_COUNT || !pk_isa_compiled(isa)) return -1;
+    g_isa.store(isa);
+    return isa;
+}
+
+__attribute__((visibility("default"))) int pk_native_isa(void) { return g_isa.load(); }
+
+}

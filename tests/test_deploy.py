@@ -1,0 +1,79 @@
+"""examples/deploy: a converted DLRM exported with torch.export, packaged by AOTInductor (and
+traced to TorchScript), run by a C++ program that loads only libtorch, perfkernels' native
+library and the model; its output must equal the Python model's within 1e-5, and a bad index
+must raise an exception carrying our message, not crash.  Minutes: AOTInductor compiles the
+model's C++ and the program is built against torch's headers."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import PACKAGE_PARENT  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "examples" / "deploy"
+TORCH_INCLUDE = Path(torch.__file__).parent / "include"
+
+
+def _skip_reason():
+    if shutil.which(os.environ.get("CXX", "g++")) is None:
+        return "no C++ compiler (g++) to build examples/deploy/deploy.cpp"
+    if not (TORCH_INCLUDE / "torch" / "csrc" / "inductor" / "aoti_package"
+            / "model_package_loader.h").exists():
+        return f"this torch wheel has no C++ headers ({TORCH_INCLUDE})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path_factory.mktemp("deploy")
+    env = dict(os.environ, PYTHONPATH=PACKAGE_PARENT)
+    subprocess.run([sys.executable, str(DEPLOY / "export.py"), str(out), "--max-rows", "200",
+                    "--script"], check=True, env=env, timeout=1800, cwd=out)
+    subprocess.run(["sh", str(DEPLOY / "build.sh"), str(out / "deploy")], check=True, env=env,
+                   timeout=1800)
+    return out
+
+
+def _run(deployed, model, *extra):
+    library = (deployed / "native_library.txt").read_text().strip()
+    return subprocess.run([str(deployed / "deploy"), library, str(deployed / model),
+                           str(deployed / "inputs.bin"), *extra], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("model", ["converted.pt2", "converted.ts"])
+def test_cpp_output_equals_python(deployed, model):
+    r = _run(deployed, model, "--expected", str(deployed / "expected.bin"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    diff = float(r.stdout.split("max_abs_diff")[1].split()[0])
+    assert diff <= 1e-5, r.stdout
+
+
+@pytest.mark.parametrize("model", ["converted.pt2", "converted.ts"])
+def test_cpp_bad_index_raises_our_message(deployed, model):
+    r = _run(deployed, model, "--bad-index")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Index 0 of input takes value 1000000000 which is not in the valid range [0, " \
+        in r.stdout, r.stdout + r.stderr
+
+
+def test_package_without_perfkernels_fails_to_load(deployed):
+    """Without our library the package cannot run: the failure the library exists to fix."""
+    code = ("import torch, sys\n"
+            "from torch._inductor.package import load_package\n"
+            f"m = load_package({str(deployed / 'converted.pt2')!r})\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600, cwd="/")
+    assert r.returncode != 0
+    assert "perfkernels::embedding_bag" in r.stderr
