@@ -11,7 +11,7 @@ from torch import Tensor
 import perfkernels as pk
 
 from . import _placement
-from ._bridge import TableViewCache, as_numpy, quantized_index_error
+from ._bridge import TableViewCache, as_numpy, index_error
 from ._quantized import _bits_of, _from_quantized_tensor, packed_dim
 from ..families.quantized.layout import packed_row_bytes
 
@@ -22,7 +22,7 @@ def embedding_quantized_op(packed: Tensor, indices: Tensor, bits: int, dim: int)
     try:
         out = pk.embedding_quantized(as_numpy(packed), indices.numpy(), bits=bits, dim=dim)
     except IndexError as exc:
-        raise quantized_index_error(exc) from None
+        raise index_error(exc, quantized=True) from None
     return torch.from_numpy(out)
 
 
@@ -31,6 +31,7 @@ def _embedding_quantized_fake(packed, indices, bits, dim):
     return packed.new_empty((*indices.shape, dim), dtype=torch.float32)
 
 
+@_placement.register_table_module
 class QuantizedEmbedding(TableViewCache, torch.nn.Module):
     """Drop-in replacement for :class:`torch.ao.nn.quantized.Embedding`: one float32 row per index
     from a row-wise quantized table (8-bit rows with float32 scale / bias, 4-bit and 2-bit with
@@ -92,7 +93,7 @@ class QuantizedEmbedding(TableViewCache, torch.nn.Module):
             out = pk.embedding_quantized(self._table_array(packed), indices.numpy(),
                                          bits=self.bits, dim=self.embedding_dim)
         except IndexError as exc:
-            raise quantized_index_error(exc) from None
+            raise index_error(exc, quantized=True) from None
         return torch.from_numpy(out)
 
     def dequantize(self) -> Tensor:
