@@ -73,6 +73,9 @@ static inline int pk_bags_far_table(int64_t rows, uint64_t row_bytes)
 
 /* Entry j of an index list of int64 (index_64) or int32 entries: the one reader of indices that
  * every bag kernel uses, with the index width a compile-time constant where it is one. */
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
 static inline int64_t pk_index_at(const void *indices, int64_t j, int index_64)
 {
     return index_64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];

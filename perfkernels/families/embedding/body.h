@@ -27,21 +27,12 @@
 enum table_type { TABLE_F32, TABLE_F16, TABLE_BF16 };
 enum weighting { UNWEIGHTED, PER_SAMPLE, POSITIONAL };
 
-/* VL elements of a row starting at element col, as floats. */
-PK_INLINE vf load_row(const void *row, int64_t col, const int type)
-{
-    if (type == TABLE_F32) return v_load((const float *)row + col);
-    const vh h = vh_load((const uint16_t *)row + col);
-    return type == TABLE_F16 ? v_from_f16(h) : v_from_bf16(h);
-}
-
-/* The tail t of a row at col, other lanes 0, nothing past it read. */
-PK_INLINE vf load_row_tail(const void *row, int64_t col, v_tail t, const int type)
-{
-    if (type == TABLE_F32) return v_load_tail((const float *)row + col, t);
-    const vh h = vh_load_tail((const uint16_t *)row + col, t);
-    return type == TABLE_F16 ? v_from_f16(h) : v_from_bf16(h);
-}
+/* A block of a row as floats (common/float_rows.h; the table types are its formats). */
+#include "common/float_rows.h"
+#define load_row pk_load_float_row
+#define load_row_tail pk_load_float_row_tail
+_Static_assert(TABLE_F32 == PK_ROW_F32 && TABLE_F16 == PK_ROW_F16 && TABLE_BF16 == PK_ROW_BF16,
+               "the table types are float_rows.h's formats");
 
 /* How many indices ahead a block's row is prefetched: FBGEMM's 16, doubled for blocks of at most
  * 128 bytes (16-bit rows of D <= 64, float rows of D <= 32).  A short row is summed in few cycles,

@@ -48,28 +48,7 @@ PK_INLINE void prefetch_row(const uint8_t *packed, int64_t idx, int64_t row_byte
  * costs less than a second pass over the bag re-reading every index, trailer and weight. */
 #define SPEC_VECS 16
 
-/* Codes c .. c + VL - 1 of a row (c a multiple of VL) as floats; reads only the bytes holding them. */
-PK_INLINE vf load_codes(const int bits, const uint8_t *row, int64_t c)
-{
-    if (bits == 8) return v_load_u8(row + c);
-    if (bits == 4) return v_load_u4(row + c / 2);
-    return v_load_u2(row + c / 4);
-}
-
-/* The first codes of tail t from c on.  The row's trailer (8 bytes after 8-bit codes, 4 after 4-
- * and 2-bit ones) follows its codes, so where a full load of VL codes takes no more bytes than one
- * code's byte and the trailer hold (AVX2's 8, 4, 2 bytes; AVX-512's 2-bit 4), that load stays
- * inside the row: it replaces the tail load's copy through a buffer (on AVX2 a call to memcpy of a
- * variable size, for every row, around which the compiler spilled the accumulators).  Lanes past
- * the tail then hold codes read from the trailer: finite, and never stored. */
-PK_INLINE vf load_codes_tail(const int bits, const uint8_t *row, int64_t c, v_tail t)
-{
-    const int load_bytes = bits == 8 ? VL : VL * bits / 8, trailer = bits == 8 ? 8 : 4;
-    if (load_bytes <= 1 + trailer) return load_codes(bits, row, c);
-    if (bits == 8) return v_load_u8_tail(row + c, t);
-    if (bits == 4) return v_load_u4_tail(row + c / 2, t);
-    return v_load_u2_tail(row + c / 4, t);
-}
+#include "quantized/codes.h"
 
 /* Sum one bag over output columns [d0, d0 + VL*nv + tail) with that slice of the output row in
  * registers.  bits, nv, index_64, weighted (and row_bytes when D is specialised) are compile-time

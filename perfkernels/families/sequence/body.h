@@ -152,25 +152,7 @@ PK_INLINE float seq_code(const int bits, const uint8_t *row, int64_t c)
     return (float)((row[c / per] >> ((c % per) * (unsigned)bits)) & mask);
 }
 #else
-/* Codes c .. c + VL - 1 of a row (c a multiple of VL) as floats; reads only the bytes holding them. */
-PK_INLINE vf seq_codes(const int bits, const uint8_t *row, int64_t c)
-{
-    if (bits == 8) return v_load_u8(row + c);
-    if (bits == 4) return v_load_u4(row + c / 2);
-    return v_load_u2(row + c / 4);
-}
-
-/* The first codes of tail t from c on.  The row's trailer (8 bytes after 8-bit codes, 4 after 4-
- * and 2-bit ones) follows its codes, so where a full load of VL codes takes no more bytes than one
- * code's byte and the trailer hold, that load stays inside the row (as the quantized bags do). */
-PK_INLINE vf seq_codes_tail(const int bits, const uint8_t *row, int64_t c, v_tail t)
-{
-    const int load_bytes = bits == 8 ? VL : VL * bits / 8, trailer = bits == 8 ? 8 : 4;
-    if (load_bytes <= 1 + trailer) return seq_codes(bits, row, c);
-    if (bits == 8) return v_load_u8_tail(row + c, t);
-    if (bits == 4) return v_load_u4_tail(row + c / 2, t);
-    return v_load_u2_tail(row + c / 4, t);
-}
+#include "quantized/codes.h"   /* load_codes, load_codes_tail */
 #endif
 
 PK_INLINE void seq_dequant(const int bits, const uint8_t *row, int64_t codes_bytes, int64_t dim,
@@ -183,10 +165,10 @@ PK_INLINE void seq_dequant(const int bits, const uint8_t *row, int64_t codes_byt
 #else
     const vf vscale = v_set1(scale), vbias = v_set1(bias);
     int64_t c = 0;
-    for (; c + VL <= dim; c += VL) v_store(o + c, v_fmadd(seq_codes(bits, row, c), vscale, vbias));
+    for (; c + VL <= dim; c += VL) v_store(o + c, v_fmadd(load_codes(bits, row, c), vscale, vbias));
     if (c < dim) {
         const v_tail t = v_tail_of((size_t)(dim - c));
-        v_store_tail(o + c, v_fmadd(seq_codes_tail(bits, row, c, t), vscale, vbias), t);
+        v_store_tail(o + c, v_fmadd(load_codes_tail(bits, row, c, t), vscale, vbias), t);
     }
 #endif
 }

@@ -21,19 +21,11 @@
 #define MAX_VECS (V_REGS / 2 > 8 ? 8 : V_REGS / 2)
 
 /* Table elements at col as floats, and back (nearest even); tails touch only their lanes. */
-PK_INLINE vf load_table(const char *row, int64_t col, const int type)
-{
-    if (type == TRAIN_F32) return v_load((const float *)row + col);
-    const vh h = vh_load((const uint16_t *)row + col);
-    return type == TRAIN_F16 ? v_from_f16(h) : v_from_bf16(h);
-}
-
-PK_INLINE vf load_table_tail(const char *row, int64_t col, v_tail t, const int type)
-{
-    if (type == TRAIN_F32) return v_load_tail((const float *)row + col, t);
-    const vh h = vh_load_tail((const uint16_t *)row + col, t);
-    return type == TRAIN_F16 ? v_from_f16(h) : v_from_bf16(h);
-}
+#include "common/float_rows.h"   /* the table types are its formats */
+#define load_table pk_load_float_row
+#define load_table_tail pk_load_float_row_tail
+_Static_assert(TRAIN_F32 == PK_ROW_F32 && TRAIN_F16 == PK_ROW_F16 && TRAIN_BF16 == PK_ROW_BF16,
+               "the table types are float_rows.h's formats");
 
 PK_INLINE void store_table(char *row, int64_t col, vf x, const int type)
 {
