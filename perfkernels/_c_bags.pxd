@@ -16,3 +16,5 @@ cdef extern from "perfkernels/bags.h":
         int64_t out_stride
     int64_t pk_bags_index(const pk_bags *bags, int64_t j) noexcept nogil
     int64_t pk_bags_first_bad_index(const pk_bags *bags, int64_t rows) noexcept nogil
+    int64_t pk_bags_first_bad_in(const pk_bags *bags, int64_t b0, int64_t b1,
+                                 int64_t rows) noexcept nogil

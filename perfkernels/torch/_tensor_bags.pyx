@@ -128,34 +128,10 @@ cdef pk_dl_view_fn _view_fn = _find_view_fn()
 
 cdef const pk_embedding_kernels *_kernels = NULL
 
-cdef extern from "perfkernels/interaction.h":
-    ctypedef void (*pk_interaction_dot_fn)(const float *z, int64_t dim, const int32_t *li,
-                                           const int32_t *lj, int64_t n_pairs,
-                                           float *out) noexcept nogil
-    ctypedef struct pk_interaction_kernels:
-        pk_interaction_dot_fn interaction_dot
-
-cdef extern from "perfkernels/bags.h":
-    int64_t pk_bags_first_bad_in(const pk_bags *bags, int64_t b0, int64_t b1,
-                                 int64_t rows) noexcept nogil
-
-cdef extern from "multi/fused.h":
-    ctypedef struct pk_dot_interaction_job:
-        const pk_bags_part *parts
-        int n_parts
-        const float *dense
-        int64_t dense_stride
-        int64_t dim
-        const int32_t *li
-        const int32_t *lj
-        int64_t n_pairs
-        pk_interaction_dot_fn dot
-        float *out
-        int64_t out_stride
-        int64_t n_samples
-    pk_status pk_dot_interaction_run(const pk_parallel_api *pool, int n_threads,
-                                     pk_dot_interaction_job *job, int64_t *bad_pos,
-                                     int *bad_part) noexcept nogil
+from perfkernels._c_bags cimport pk_bags_first_bad_in
+from perfkernels.families.interaction._c_interaction cimport (pk_interaction_dot_fn,
+                                                              pk_interaction_kernels)
+from perfkernels.families.multi.fused cimport pk_dot_interaction_job, pk_dot_interaction_run
 
 cdef const pk_interaction_kernels *_dot_kernels = NULL
 

@@ -31,6 +31,10 @@ from perfkernels._arrays cimport as_float32, check_out, finish_out
 from perfkernels._bags cimport (as_int_array, lengths_to_offsets, normalise_offsets,
                                 out_via_temporary)
 from perfkernels._parallel cimport pool, resolve_threads
+from perfkernels._c_bags cimport pk_bags_first_bad_in
+from perfkernels.families.interaction._c_interaction cimport (pk_interaction_dot_fn,
+                                                              pk_interaction_kernels)
+from perfkernels.families.multi.fused cimport pk_dot_interaction_job, pk_dot_interaction_run
 
 cnp.import_array()
 
@@ -38,34 +42,6 @@ cdef const pk_embedding_kernels *_float_kernels = NULL
 cdef const pk_quantized_kernels *_quantized_kernels = NULL
 cdef const pk_interaction_kernels *_interaction_kernels = NULL
 
-cdef extern from "perfkernels/interaction.h":
-    ctypedef void (*pk_interaction_dot_fn)(const float *z, int64_t dim, const int32_t *li,
-                                           const int32_t *lj, int64_t n_pairs,
-                                           float *out) noexcept nogil
-    ctypedef struct pk_interaction_kernels:
-        pk_interaction_dot_fn interaction_dot
-
-cdef extern from "perfkernels/bags.h":
-    int64_t pk_bags_first_bad_in(const pk_bags *bags, int64_t b0, int64_t b1,
-                                 int64_t rows) noexcept nogil
-
-cdef extern from "multi/fused.h":
-    ctypedef struct pk_dot_interaction_job:
-        const pk_bags_part *parts
-        int n_parts
-        const float *dense
-        int64_t dense_stride
-        int64_t dim
-        const int32_t *li
-        const int32_t *lj
-        int64_t n_pairs
-        pk_interaction_dot_fn dot
-        float *out
-        int64_t out_stride
-        int64_t n_samples
-    pk_status pk_dot_interaction_run(const pk_parallel_api *pool, int n_threads,
-                                     pk_dot_interaction_job *job, int64_t *bad_pos,
-                                     int *bad_part) noexcept nogil
 
 
 def _set_isa(int level):
