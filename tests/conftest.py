@@ -80,6 +80,22 @@ def readonly(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="session")
+def torchrec():
+    """TorchRec, an optional comparator: skipped where it is missing or its compiled FBGEMM
+    library does not load under this torch (FBGEMM builds are tied to one torch release).
+
+    With PERFKERNELS_REQUIRE_TORCHREC=1 (CI's interop step) a failed import fails the test."""
+    try:
+        import torchrec as module
+    except (ImportError, OSError) as exc:
+        if os.environ.get("PERFKERNELS_REQUIRE_TORCHREC") == "1":
+            raise
+        pytest.skip(f"TorchRec is not usable here (optional): {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}")
+    return module
+
+
+@pytest.fixture(scope="session")
 def cuda_sim_libraries():
     """perfkernels' CUDA kernels built for the warp simulator (tests/cuda_sim), once per session;
     skips when g++ is missing."""

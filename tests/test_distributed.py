@@ -675,10 +675,9 @@ def test_importing_the_torch_layer_starts_no_process_group():
     assert done.stdout.strip() == "ok", done.stderr
 
 
-def test_torchrec_collection_is_sharded_by_ours():
+def test_torchrec_collection_is_sharded_by_ours(torchrec):
     """TorchRec's unsharded EmbeddingBagCollection (where TorchRec installs), sharded by ours on
     a 1-process world, gives its pooled rows."""
-    torchrec = pytest.importorskip("torchrec", reason="TorchRec is not installed (optional)")
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor as TRKJT
     tables = [torchrec.EmbeddingBagConfig(name="a", embedding_dim=8, num_embeddings=50,
                                           feature_names=["fa"]),

@@ -609,11 +609,10 @@ def test_weight_backward_can_be_replaced():
     assert torch.equal(seen[0][1], torch.ones(3, 3))
 
 
-def test_torchrec_collection_converts_and_our_collection_takes_its_inputs():
+def test_torchrec_collection_converts_and_our_collection_takes_its_inputs(torchrec):
     """With TorchRec installed: convert() swaps the tables inside its unsharded
     EmbeddingBagCollection (called with input=/offsets= keywords), and ours loads its state_dict,
     takes its KeyedJaggedTensor and gives the same values."""
-    torchrec = pytest.importorskip("torchrec")
     tables = [torchrec.EmbeddingBagConfig(name="t0", embedding_dim=8, num_embeddings=40,
                                           feature_names=["f0", "f1"]),
               torchrec.EmbeddingBagConfig(name="t1", embedding_dim=4, num_embeddings=30,
