@@ -104,15 +104,19 @@ class EmbeddingFunction(torch.autograd.Function):
 
 # --------------------------------------------------------------------------- the registered op
 
-@torch.library.custom_op("perfkernels::embedding", mutates_args=())
-def embedding_op(weight: Tensor, indices: Tensor, padding_idx: int) -> Tensor:
-    """The unpooled lookup as a registered op (what torch.compile and torch.export see)."""
-    if _plain(indices, weight):
-        return lookup(weight, indices)
+# Defined, with its CPU kernel, by perfkernels' native library (native/ops.cpp, loaded by _bags):
+# compiled and exported graphs call it without Python.  Registered here: its fake, its autograd
+# and its CUDA kernel (torch's own lookup).
+#: weight[indices] (float32 / float16 / bfloat16 rows), shape indices.shape + (D,)
+embedding_op = torch.ops.perfkernels.embedding.default
+
+
+@torch.library.register_kernel("perfkernels::embedding", "cuda")
+def _embedding_cuda(weight: Tensor, indices: Tensor, padding_idx: int) -> Tensor:
     return torch.embedding(weight, indices, padding_idx)
 
 
-@embedding_op.register_fake
+@torch.library.register_fake("perfkernels::embedding")
 def _embedding_fake(weight, indices, padding_idx):
     return weight.new_empty((*indices.shape, weight.shape[1]))
 
@@ -133,7 +137,8 @@ def _embedding_backward(ctx, grad_output):
     return grad_weight, None, None
 
 
-embedding_op.register_autograd(_embedding_backward, setup_context=_embedding_setup)
+torch.library.register_autograd("perfkernels::embedding", _embedding_backward,
+                                setup_context=_embedding_setup)
 
 
 # --------------------------------------------------------------------------- the functional

@@ -16,17 +16,13 @@ from ._quantized import _bits_of, _from_quantized_tensor, packed_dim
 from ..families.quantized.layout import packed_row_bytes
 
 
-@torch.library.custom_op("perfkernels::embedding_quantized", mutates_args=())
-def embedding_quantized_op(packed: Tensor, indices: Tensor, bits: int, dim: int) -> Tensor:
-    """Unpooled lookup of packed rows as a registered op (what torch.compile / export see)."""
-    try:
-        out = pk.embedding_quantized(as_numpy(packed), indices.numpy(), bits=bits, dim=dim)
-    except IndexError as exc:
-        raise index_error(exc, quantized=True) from None
-    return torch.from_numpy(out)
+#: float32 rows of a packed table, shape indices.shape + (dim,): defined, with its CPU kernel, by
+#: perfkernels' native library (native/ops.cpp, loaded by _bags), so compiled and exported graphs
+#: call it without Python
+embedding_quantized_op = torch.ops.perfkernels.embedding_quantized.default
 
 
-@embedding_quantized_op.register_fake
+@torch.library.register_fake("perfkernels::embedding_quantized")
 def _embedding_quantized_fake(packed, indices, bits, dim):
     return packed.new_empty((*indices.shape, dim), dtype=torch.float32)
 
