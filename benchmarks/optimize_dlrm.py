@@ -75,7 +75,8 @@ def main(argv=None) -> None:
             emb_stock = lambda x: [e(i, o) for e, i, o in zip(stock.emb_l, x[2], x[1])]  # noqa
             emb_conv = lambda x: [e(i, o) for e, i, o in zip(converted.emb_l, x[2], x[1])]  # noqa
             weights = [e.weight for e in converted.emb_l]
-            op = torch.ops.perfkernels.embedding_bags_interaction
+            # what a compiled no-grad graph calls: the native op, no autograd kernel
+            op = torch.ops.perfkernels.embedding_bags_interaction_inference
             eager = _fused_ops.embedding_bags_interaction
 
             def emb_fused(x):       # what optimize()'s eager graph calls

@@ -325,3 +325,34 @@ def test_new_ops_run_without_perfkernels_python():
                        cwd="/")
     assert r.returncode == 0, r.stderr
     assert "ok" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["embedding_bag", "embedding_bag_collection", "embedding",
+                                  "embedding_bags_interaction"])
+def test_inference_twins(name):
+    """Each op with autograd has a twin without it (same schema, same native kernel)."""
+    base = getattr(ops, name).default._schema
+    twin = getattr(ops, f"{name}_inference").default._schema
+    assert str(twin) == str(base).replace(f"perfkernels::{name}(",
+                                          f"perfkernels::{name}_inference(")
+    assert "Autograd" in torch._C._dispatch_dump(f"perfkernels::{name}")
+    assert "Autograd" not in torch._C._dispatch_dump(f"perfkernels::{name}_inference")
+
+
+def _exported_targets(module, args):
+    program = torch.export.export(module, args)
+    return {str(n.target) for n in program.graph.nodes if "perfkernels" in str(n.target)}
+
+
+def test_graphs_without_gradients_call_the_twins(rng):
+    bag = pt.EmbeddingBag(30, 8, mode="sum")
+    seq = pt.Embedding(30, 8)
+    ix, off = torch.tensor([1, 2, 29, 4]), torch.tensor([0, 3])
+    with torch.no_grad():
+        assert _exported_targets(bag, (ix, off)) == {"perfkernels.embedding_bag_inference.default"}
+        assert _exported_targets(seq, (ix,)) == {"perfkernels.embedding_inference.default"}
+        want = torch.nn.functional.embedding_bag(ix, bag.weight, off, mode="sum")
+        compiled = torch.compile(bag, backend="aot_eager", fullgraph=True)
+        torch.testing.assert_close(compiled(ix, off), want)
+    assert _exported_targets(bag, (ix, off)) == {"perfkernels.embedding_bag.default"}
+    assert _exported_targets(seq, (ix,)) == {"perfkernels.embedding.default"}

@@ -273,8 +273,12 @@ class EmbeddingBagCollection(torch.nn.Module):
                                f"its keys are {keys}")
             features.append(position[feature])
             table_index.append(names.index(table))
-        return torch.ops.perfkernels.embedding_bag_collection(
-            [b.weight for b in tables], values, offsets, weights, len(keys), features,
+        ws = [b.weight for b in tables]
+        op = (torch.ops.perfkernels.embedding_bag_collection
+              if _bags.records_grad(weights, *ws)
+              else torch.ops.perfkernels.embedding_bag_collection_inference)
+        return op(
+            ws, values, offsets, weights, len(keys), features,
             table_index, [int(b.mode == "mean") for b in tables],
             [-1 if b.padding_idx is None else b.padding_idx % b.num_embeddings for b in tables])
 
@@ -364,6 +368,9 @@ def _collection_fake(weights, values, offsets, per_sample_weights, num_keys, fea
     batch = (offsets.shape[0] - 1) // max(num_keys, 1)
     return values.new_empty((batch, sum(weights[t].shape[1] for t in tables)),
                             dtype=torch.float32)
+
+
+torch.library.register_fake("perfkernels::embedding_bag_collection_inference")(_collection_fake)
 
 
 def _collection_setup(ctx, inputs, output):

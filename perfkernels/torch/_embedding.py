@@ -109,13 +109,17 @@ class EmbeddingFunction(torch.autograd.Function):
 # and its CUDA kernel (torch's own lookup).
 #: weight[indices] (float32 / float16 / bfloat16 rows), shape indices.shape + (D,)
 embedding_op = torch.ops.perfkernels.embedding.default
+#: the same without autograd, for graphs that record no gradient
+embedding_inference_op = torch.ops.perfkernels.embedding_inference.default
 
 
+@torch.library.register_kernel("perfkernels::embedding_inference", "cuda")
 @torch.library.register_kernel("perfkernels::embedding", "cuda")
 def _embedding_cuda(weight: Tensor, indices: Tensor, padding_idx: int) -> Tensor:
     return torch.embedding(weight, indices, padding_idx)
 
 
+@torch.library.register_fake("perfkernels::embedding_inference")
 @torch.library.register_fake("perfkernels::embedding")
 def _embedding_fake(weight, indices, padding_idx):
     return weight.new_empty((*indices.shape, weight.shape[1]))
@@ -247,7 +251,8 @@ class Embedding(TableViewCache, torch.nn.Embedding):
         elif torch.compiler.is_compiling():
             if w.dtype in _KERNEL_DTYPES and input.dtype in _INDEX_DTYPES:
                 pad = -1 if self.padding_idx is None else self.padding_idx
-                return embedding_op(w, input, pad)
+                op = embedding_op if _bags.records_grad(w) else embedding_inference_op
+                return op(w, input, pad)
         elif (self.padding_idx is None or type(self.padding_idx) is int) and _plain(input, w):
             view = self._np_view
             if (view is None or view[0] is not w or view[1] != w.data_ptr()

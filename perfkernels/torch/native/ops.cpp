@@ -1281,6 +1281,18 @@ const Op OPS[] = {
      "Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables, "
      "SymInt[] mean, SymInt[] padding_idx) -> Tensor",
      embedding_bag_collection},
+    /* the same kernels without autograd: what a graph that records no gradient calls (a
+     * Python autograd kernel costs several microseconds a call even under no_grad) */
+    {"embedding_bag_inference",
+     "embedding_bag_inference(Tensor weight, Tensor indices, Tensor? offsets, "
+     "Tensor? per_sample_weights, str mode, bool include_last_offset, SymInt? padding_idx) "
+     "-> Tensor",
+     embedding_bag},
+    {"embedding_bag_collection_inference",
+     "embedding_bag_collection_inference(Tensor[] weights, Tensor values, Tensor offsets, "
+     "Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables, "
+     "SymInt[] mean, SymInt[] padding_idx) -> Tensor",
+     embedding_bag_collection},
     {"lstm_unit", "lstm_unit(Tensor c_prev, Tensor gates, float forget_bias=0.) -> (Tensor, Tensor)",
      lstm_unit},
     {"lstm_unit_backward",
@@ -1305,6 +1317,9 @@ const Op OPS[] = {
      "bool self_interaction, SymInt[] mean, SymInt[] padding_idx, SymInt group) -> Tensor",
      collection_interaction},
     {"embedding", "embedding(Tensor weight, Tensor indices, SymInt padding_idx) -> Tensor",
+     embedding},
+    {"embedding_inference",
+     "embedding_inference(Tensor weight, Tensor indices, SymInt padding_idx) -> Tensor",
      embedding},
     {"embedding_quantized",
      "embedding_quantized(Tensor packed, Tensor indices, SymInt bits, SymInt dim) -> Tensor",
