@@ -1,6 +1,7 @@
 """The native torch ops (perfkernels/torch/native/, loaded by perfkernels.torch._native_ops):
 their schemas, results against float64 NumPy references and torch's own ops, errors, threads, the
 profiler, and that they run with no perfkernels Python loaded."""
+import ctypes
 import os
 import subprocess
 import sys
@@ -278,12 +279,51 @@ def test_library_without_torch_loaded_reports_why():
         "import ctypes\n"
         f"lib = ctypes.CDLL({pt.native_library_path()!r})\n"
         "lib.pk_native_status.restype = ctypes.c_char_p\n"
+        "lib.pk_native_error_kind.restype = ctypes.c_char_p\n"
         "print(lib.pk_native_status().decode())\n"
+        "print('error kind:', lib.pk_native_error_kind().decode())\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        cwd="/")
     assert r.returncode == 0, r.stderr
     assert "libtorch_cpu.so is not loaded" in r.stdout
+    assert "error kind: std::runtime_error" in r.stdout    # no libc10 in the process
+
+
+def test_bad_input_throws_c10_error():
+    """A failed check throws torch's c10::Error (found in the libc10 of the process), with our
+    message as its what_without_backtrace(): Python shows exactly our message, and with
+    TORCH_SHOW_CPP_STACKTRACES=1 the "Exception raised from FUNCTION at FILE:LINE" that only a
+    c10::Error carries (a std::runtime_error would show our message alone)."""
+    lib = ctypes.CDLL(pt.native_library_path())
+    lib.pk_native_error_kind.restype = ctypes.c_char_p
+    assert lib.pk_native_error_kind().decode() == "c10::Error"
+    code = (
+        "import torch\n"
+        f"torch.ops.load_library({pt.native_library_path()!r})\n"
+        "w = torch.zeros(4, 3)\n"
+        "for ix in (torch.tensor([0, 7]), torch.tensor([0.5])):\n"
+        "    try:\n"
+        "        torch.ops.perfkernels.embedding_bag(w, ix, torch.tensor([0]), None, 'sum', False,"
+        " None)\n"
+        "    except RuntimeError as e:\n"
+        "        print(type(e).__name__, '|', str(e).replace(chr(10), ' ')[:400])\n"
+    )
+    expected = ["Index 1 of input takes value 7 which is not in the valid range [0, 4)",
+                "perfkernels: indices must be int32 or int64; got torch.float32"]
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120, cwd="/")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.splitlines() == [f"RuntimeError | {m}" for m in expected], plain.stdout
+    env = dict(os.environ, TORCH_SHOW_CPP_STACKTRACES="1", TORCH_DISABLE_ADDR2LINE="1")
+    traced = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd="/", env=env)
+    assert traced.returncode == 0, traced.stderr
+    lines = traced.stdout.splitlines()
+    assert len(lines) == 2, traced.stdout
+    for line, message in zip(lines, expected):
+        assert line.startswith(f"RuntimeError | {message} Exception raised from "), line
+        assert "perfkernels/torch/native/ops.cpp:" in line, line
 
 
 @pytest.mark.parametrize("d", [1, 7, 16, 17, 65])
