@@ -326,6 +326,66 @@ def test_bad_input_throws_c10_error():
         assert "perfkernels/torch/native/ops.cpp:" in line, line
 
 
+FAIL_PROGRAM = r"""
+#include <cstdio>
+#include <cstring>
+#include "torch_api.h"
+#ifdef WITH_C10
+#include <c10/util/Exception.h>
+#endif
+int main()
+{
+    pk_torch::load_api();   /* no libtorch_cpu: the stable ABI is missing, libc10 may be there */
+    std::printf("kind %s\n", pk_torch::error_kind());
+    try {
+        pk_torch::fail("perfkernels: x = 3 is bad");
+    }
+#ifdef WITH_C10
+    catch (const c10::Error &e) {
+        std::printf("c10::Error|%s|%d\n", e.what_without_backtrace(),
+                    std::strstr(e.what(), "Exception raised from main at ") != nullptr);
+        return 0;
+    }
+#endif
+    catch (const std::runtime_error &e) {
+        std::printf("std::runtime_error|%s\n", e.what());
+        return 0;
+    }
+    return 1;
+}
+"""
+
+
+@pytest.mark.parametrize("with_c10", [True, False])
+def test_fail_throws_c10_error_else_runtime_error(tmp_path, with_c10):
+    """fail() (torch_api.cpp) in a program of its own: a c10::Error carrying exactly the message
+    and fail()'s caller as source location when libc10 is in the process, std::runtime_error
+    with the message when it is not (the fallback)."""
+    from shutil import which
+    torch_dir = os.path.dirname(torch.__file__)
+    if which("g++") is None or not os.path.exists(
+            os.path.join(torch_dir, "include", "c10", "util", "Exception.h")):
+        pytest.skip("needs g++ and torch's C++ headers")
+    native = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "perfkernels", "torch", "native")
+    (tmp_path / "main.cpp").write_text(FAIL_PROGRAM)
+    cmd = ["g++", "-std=c++17", "-O1", f"-I{native}", str(tmp_path / "main.cpp"),
+           os.path.join(native, "torch_api.cpp"), "-o", str(tmp_path / "main"), "-ldl"]
+    if with_c10:
+        lib = os.path.join(torch_dir, "lib")
+        cmd[3:3] = ["-DWITH_C10", f"-I{os.path.join(torch_dir, 'include')}"]
+        cmd += [f"-L{lib}", f"-Wl,-rpath,{lib}", "-Wl,--no-as-needed", "-lc10"]
+    subprocess.run(cmd, check=True, timeout=300)
+    r = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    if with_c10:
+        assert r.stdout.splitlines() == ["kind c10::Error",
+                                         "c10::Error|perfkernels: x = 3 is bad|1"], r.stdout
+    else:
+        assert r.stdout.splitlines() == ["kind std::runtime_error",
+                                         "std::runtime_error|perfkernels: x = 3 is bad"], r.stdout
+
+
 @pytest.mark.parametrize("d", [1, 7, 16, 17, 65])
 def test_lstm_unit_and_backward_match_float64(isa, rng, d):
     n, fb = 5, 0.5
