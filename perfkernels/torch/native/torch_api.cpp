@@ -4,7 +4,8 @@
  * RTLD_LOCAL (their symbols are not visible to a later library), and a C++ program may load them
  * any way it likes.  So the functions are looked up by name in the libtorch_cpu that is already
  * loaded (dlopen with RTLD_NOLOAD finds it by its soname without loading a second copy), then in
- * the global scope (a program linked with -ltorch_cpu). */
+ * the global scope (a program linked with -ltorch_cpu).  One function of libc10 is found the same
+ * way: torchCheckFail, through which fail() throws torch's c10::Error. */
 #include <dlfcn.h>
 
 #include "torch_api.h"
