@@ -1,8 +1,10 @@
 """examples/deploy: a converted DLRM exported with torch.export, packaged by AOTInductor (and
 traced to TorchScript), run by a C++ program that loads only libtorch, perfkernels' native
 library and the model; its output must equal the Python model's within 1e-5, and a bad index
-must raise an exception carrying our message, not crash.  Minutes: AOTInductor compiles the
-model's C++ and the program is built against torch's headers."""
+or index dtype must raise an exception carrying our message, not crash: a c10::Error from the op
+called through torch's dispatcher, and from the model runtimes the exception they turn every
+failed op into.  Minutes: AOTInductor compiles the model's C++ and the program is built against
+torch's headers."""
 import os
 import shutil
 import subprocess
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "examples" / "deploy"
 TORCH_INCLUDE = Path(torch.__file__).parent / "include"
+TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def _skip_reason():
@@ -60,12 +63,47 @@ def test_cpp_output_equals_python(deployed, model):
     assert diff <= 1e-5, r.stdout
 
 
+BAD_INPUTS = {
+    "--bad-index": "Index 0 of input takes value 1000000000 which is not in the valid range [0, ",
+    "--bad-dtype": "perfkernels: indices must be int32 or int64; got torch.float32",
+}
+
+
+def _line(stdout, label):
+    lines = [line for line in stdout.splitlines() if line.startswith(label + ": ")]
+    assert lines, stdout
+    return lines[0]
+
+
+@pytest.mark.parametrize("flag", sorted(BAD_INPUTS))
 @pytest.mark.parametrize("model", ["converted.pt2", "converted.ts"])
-def test_cpp_bad_index_raises_our_message(deployed, model):
-    r = _run(deployed, model, "--bad-index")
+def test_cpp_bad_input_raises_c10_error(deployed, model, flag):
+    """deploy.cpp catches `const c10::Error &` before `const std::exception &`."""
+    message = BAD_INPUTS[flag]
+    r = _run(deployed, model, flag)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "Index 0 of input takes value 1000000000 which is not in the valid range [0, " \
-        in r.stdout, r.stdout + r.stderr
+    # the op, called from C++ through torch's dispatcher: a c10::Error whose
+    # what_without_backtrace() is our message (deploy.cpp's table has 1000 rows)
+    op = _line(r.stdout, "op")
+    assert op.startswith("op: c10::Error: " + message), r.stdout + r.stderr
+    if flag == "--bad-index":
+        assert op == "op: c10::Error: " + message + "1000)", op
+    # the model: AOTInductor's runner and the TorchScript interpreter catch what an op throws
+    # and throw a std::runtime_error of their own (they do so for torch's own ops too).
+    # TorchScript's carries the model's call stack, then "RuntimeError: " and our message.
+    # AOTInductor logs the c10::Error's what() (our message, then "Exception raised from" our
+    # source) on stderr; torch 2.13's runner also throws it, torch 2.10's throws "run_func_(...)
+    # API call failed".
+    run = r.stdout[:r.stdout.rindex("\nop: ")]
+    assert run.startswith("model: std::exception: "), r.stdout + r.stderr
+    if model.endswith(".pt2"):
+        raised = message + ("\n" if flag == "--bad-dtype" else "200)\n") + "Exception raised from "
+        assert raised in run + r.stderr, r.stdout + r.stderr
+        assert "perfkernels/torch/native/ops.cpp:" in run + r.stderr, r.stdout + r.stderr
+        if TORCH_VERSION >= (2, 13):
+            assert run.startswith("model: std::exception: " + message), run
+    else:
+        assert "\nRuntimeError: " + message in run, run
 
 
 def test_package_without_perfkernels_fails_to_load(deployed):

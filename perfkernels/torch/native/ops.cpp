@@ -9,9 +9,11 @@
  * The kernels are the package's own C kernels (embedding and quantized families, compiled into
  * this library at every ISA level, picked at load time from the CPU's features); the bag
  * splitter of common/bags_parallel.h runs them on torch's intra-op thread pool.  Every argument
- * is checked before a kernel runs; a bad one throws std::runtime_error with a message naming it
- * (RuntimeError in Python).  An index out of range is found by the kernel before its row is read
- * and reported with its flattened position and value; the half-written result is dropped.
+ * is checked before a kernel runs; a bad one calls fail() (torch_api.h) with a message naming it,
+ * which throws a c10::Error carrying that message, as TORCH_CHECK does (std::runtime_error where
+ * the process's libc10 lacks the function that throws it); RuntimeError in Python either way.
+ * An index out of range is found by the kernel before its row is read and reported with its
+ * flattened position and value; the half-written result is dropped.
  */
 #include <algorithm>
 #include <atomic>
