@@ -42,7 +42,7 @@ def deployed(tmp_path_factory):
     out = tmp_path_factory.mktemp("deploy")
     env = dict(os.environ, PYTHONPATH=PACKAGE_PARENT)
     subprocess.run([sys.executable, str(DEPLOY / "export.py"), str(out), "--max-rows", "200",
-                    "--script"], check=True, env=env, timeout=1800, cwd=out)
+                    "--script", "--optimize"], check=True, env=env, timeout=1800, cwd=out)
     subprocess.run(["sh", str(DEPLOY / "build.sh"), str(out / "deploy")], check=True, env=env,
                    timeout=1800)
     return out
@@ -55,7 +55,7 @@ def _run(deployed, model, *extra):
                           timeout=600)
 
 
-@pytest.mark.parametrize("model", ["converted.pt2", "converted.ts"])
+@pytest.mark.parametrize("model", ["converted.pt2", "converted.ts", "optimized.pt2"])
 def test_cpp_output_equals_python(deployed, model):
     r = _run(deployed, model, "--expected", str(deployed / "expected.bin"))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -115,3 +115,19 @@ def test_package_without_perfkernels_fails_to_load(deployed):
                        timeout=600, cwd="/")
     assert r.returncode != 0
     assert "perfkernels::embedding_bag" in r.stderr
+
+
+def test_optimized_package_runs_the_fused_op_and_reports_a_bad_index(deployed):
+    """optimize()'s package: its 26 lookups and the interaction are one native fused op (the
+    package's generated code calls it by name), and a bad index reaches the C++ caller with our
+    message."""
+    wrapper = subprocess.run(["unzip", "-p", str(deployed / "optimized.pt2")],
+                             capture_output=True, timeout=120) if shutil.which("unzip") else None
+    if wrapper is not None and wrapper.returncode == 0:
+        text = wrapper.stdout.decode("latin-1")
+        assert "perfkernels::embedding_bags_interaction_inference" in text
+        assert "perfkernels::embedding_bag_inference" not in text
+    r = _run(deployed, "optimized.pt2", "--bad-index")
+    assert r.returncode == 0, r.stdout + r.stderr
+    message = "Index 0 of input takes value 1000000000 which is not in the valid range [0, 200)"
+    assert message in r.stdout + r.stderr, r.stdout + r.stderr
