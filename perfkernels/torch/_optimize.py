@@ -402,14 +402,18 @@ class _Capture:
                 report.not_fused.append((index, node.name, _UNFUSED_LOOKUPS[node.target]))
         done = set()
         for node in list(graph.nodes):
-            if node.op != "call_function" or node.target is not _aten.cat.default:
+            if node.op != "call_function" or node in done or node not in graph.nodes:
                 continue
-            if node in done:
-                continue
-            (self._dlrm_dot(graph, node, lookups, consts, report, index, done)
-             or self._stacked_dot(graph, node, lookups, consts, report, index, done)
-             or self._torchrec_dot(graph, node, consts, report, index, done)
-             or self._dlrm_cat(graph, node, lookups, report, index, done))
+            if node.target is _aten.cat.default:
+                (self._dlrm_dot(graph, node, lookups, consts, report, index, done)
+                 or self._stacked_dot(graph, node, lookups, consts, report, index, done)
+                 or self._torchrec_dot(graph, node, consts, report, index, done)
+                 or self._dlrm_cat(graph, node, lookups, report, index, done)
+                 or self._lookups_only(graph, node, lookups, report, index, done))
+        for node in list(graph.nodes):
+            if (node.op == "call_function" and node.target is _aten.stack.default
+                    and node not in done):
+                self._lookups_only(graph, node, lookups, report, index, done)
         for node, lk in lookups.items():
             if lk.node in graph.nodes and lk.out.users and node not in done:
                 report.not_fused.append((index, lk.node.name, "its pooled rows do not go "
@@ -555,6 +559,51 @@ class _Capture:
         return self._replace(graph, cat, _fused_ops.embedding_bags_interaction,
                              args, report, index, f"{len(lks)} lookups + concatenation", done,
                              embs)
+
+    def _lookups_only(self, graph, node, lookups, report, index, done) -> bool:
+        """R = cat([e_0, ..., e_{F-1}], 1) or stack([e_0, ...], 1), every e a float32 lookup
+        used only there: the fused op's "cat" form with a dense input of no columns (a stack is
+        its [B, F, D] view)."""
+        parts = node.args[0]
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        stack = node.target is _aten.stack.default
+        if dim not in ((1,) if stack else (1, -1)) or len(parts) < 2:
+            return False
+        embs = [_through_float_cast(e, lookups) for e in parts]
+        lks = [lookups.get(e) for e in embs]
+        if any(lk is None for lk in lks):
+            return False
+        vals = [e.meta.get("val") for e in embs]
+        if any(v is None or v.dim() != 2 or v.dtype is not torch.float32 for v in vals):
+            report.not_fused.append((index, node.name, "lookups whose rows are not float32"))
+            return False
+        if len({lk.include_last for lk in lks}) != 1:
+            return False
+        if stack and len({lk.dim for lk in lks}) != 1:
+            return False
+        if any(len(e.users) != 1 or len(p.users) != 1 for e, p in zip(embs, parts)):
+            report.not_fused.append((index, node.name, "the pooled rows are used elsewhere too"))
+            return False
+        gid = _fused_ops.register_group(self._modules(lks))
+        with graph.inserting_before(node):
+            bags = graph.call_function(_aten.sym_size.int, (lks[0].offsets, 0))
+            if lks[0].include_last:
+                bags = graph.call_function(operator.sub, (bags, 1))
+            dense = graph.call_function(_aten.empty.memory_format, ([bags, 0],),
+                                        {"dtype": torch.float32})
+        args = (dense, [lk.weight for lk in lks], [lk.indices for lk in lks],
+                [lk.offsets for lk in lks], lks[0].include_last, "cat", "dlrm", False,
+                [lk.mean for lk in lks], [lk.padding_idx for lk in lks],
+                [lk.bits for lk in lks], [lk.dim for lk in lks], gid)
+        if not stack:
+            return self._replace(graph, node, _fused_ops.embedding_bags_interaction, args,
+                                 report, index, f"{len(lks)} lookups + concatenation", done,
+                                 embs)
+        with graph.inserting_before(node):
+            fused = graph.call_function(_fused_ops.embedding_bags_interaction, args)
+        fused.meta = {}
+        return self._replace(graph, node, _aten.unflatten.int, (fused, 1, [len(lks), lks[0].dim]),
+                             report, index, f"{len(lks)} lookups + stack", done, embs)
 
     def _torchrec_dot(self, graph, cat, consts, report, index, done) -> bool:
         """cat([x, index(bmm(C, C^T), [None, li, lj])], 1), C = cat([x.unsqueeze(1), S], 1),
