@@ -14,6 +14,16 @@ def bags_of(rng, rows, num_bags, max_len, *, empty=True):
     return indices, offsets
 
 
+def torch_bags_of(gen, rows, num_bags, max_len):
+    """``num_bags`` bags of up to ``max_len`` random indices in [0, rows) drawn from the torch
+    Generator ``gen`` (empty bags too): int64 (indices, offsets) tensors."""
+    import torch
+    lengths = torch.randint(0, max_len + 1, (num_bags,), generator=gen)
+    ix = torch.randint(0, rows, (int(lengths.sum()),), generator=gen)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])
+    return ix, offsets
+
+
 def torch_sparse_bag(weight, mode, padding_idx):
     """``nn.EmbeddingBag(sparse=True)`` holding a copy of the float32 table ``weight``."""
     import torch
