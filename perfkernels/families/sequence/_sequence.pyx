@@ -1,7 +1,6 @@
 """Unpooled lookups (torch.nn.Embedding): one output row per index, for float and packed tables."""
 from libc.stdint cimport uint8_t, int64_t
 from libc.string cimport memset
-import operator
 
 import numpy as np
 cimport numpy as cnp
@@ -11,7 +10,7 @@ from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
 from perfkernels.families.sequence._c_sequence cimport (pk_sequence_kernels, pk_sequence_table,
                                                        pk_sequence_copy_first_bad)
 from perfkernels._arrays cimport check_out, kernel_table_getter, register_family
-from perfkernels._bags cimport as_int_array
+from perfkernels._bags cimport as_int_array, checked_padding_idx
 from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads, ranges_chunks
 from perfkernels.families.embedding._embedding import _checked_table
 from perfkernels.families.quantized._quantized import _checked_packed
@@ -81,21 +80,6 @@ cdef int64_t _first_bad(const _rows_job *j, int k) noexcept nogil:
 cdef int _raise_index(cnp.ndarray ix, int64_t pos, int64_t rows) except -1:
     cdef object value = ix.reshape(-1)[pos]
     raise IndexError(f"indices[{pos}] = {int(value)} is out of range for a table of {rows} rows")
-
-
-cdef int _check_padding(object padding_idx, int64_t rows) except -1:
-    """padding_idx as in PyTorch: None, or an integer in [-rows, rows)."""
-    if padding_idx is None:
-        return 0
-    try:
-        pad = operator.index(padding_idx)
-    except TypeError as exc:
-        raise TypeError(f"padding_idx must be an integer or None; got "
-                        f"{type(padding_idx).__name__}") from exc
-    if pad < -rows or pad >= rows:
-        raise ValueError(f"padding_idx = {pad} is out of range for a table of {rows} rows "
-                         f"(valid: -{rows} <= padding_idx < {rows})")
-    return 0
 
 
 cdef object _run(_rows_job *j, cnp.ndarray ix, cnp.ndarray dst, bint writes_out, int nt):
@@ -237,7 +221,7 @@ def embedding(weight: TableArray, indices: IndexArray, *, padding_idx: int | Non
     cdef int nt = resolve_threads(num_threads)
     cdef cnp.ndarray table = <cnp.ndarray>_checked_table(weight)
     cdef cnp.ndarray ix = as_int_array(indices, "indices")
-    _check_padding(padding_idx, cnp.PyArray_DIM(table, 0))
+    checked_padding_idx(padding_idx, cnp.PyArray_DIM(table, 0))
     return _lookup(table, ix, 0, cnp.PyArray_DIM(table, 1), out, cnp.PyArray_TYPE(table),
                    str(table.dtype), table.dtype, nt)
 
