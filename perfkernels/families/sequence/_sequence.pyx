@@ -11,7 +11,8 @@ from perfkernels.families.sequence._c_sequence cimport (pk_sequence_kernels, pk_
                                                        pk_sequence_copy_first_bad)
 from perfkernels._arrays cimport check_out, kernel_table_getter, register_family
 from perfkernels._bags cimport as_int_array, checked_padding_idx
-from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads, ranges_chunks
+from perfkernels._parallel cimport (resolve_threads, run_ranges, ranges_threads, ranges_chunks,
+                                   range_fn)
 from perfkernels.families.embedding._embedding import _checked_table
 from perfkernels.families.quantized._quantized import _checked_packed
 
@@ -82,6 +83,20 @@ cdef int _raise_index(cnp.ndarray ix, int64_t pos, int64_t rows) except -1:
     raise IndexError(f"indices[{pos}] = {int(value)} is out of range for a table of {rows} rows")
 
 
+cdef int64_t _run_pass(_rows_job *j, range_fn fn, int64_t n, int64_t align, bint tiny,
+                       int threads, int k) noexcept:
+    """fn over the ranges of [0, n): on the calling thread with the GIL held when tiny, else on
+    `threads` threads (k ranges) without it; the first bad position, or -1."""
+    cdef int64_t bad
+    if tiny:
+        run_ranges(n, 1, align, fn, j)
+        return _first_bad(j, 1)
+    with nogil:
+        run_ranges(n, threads, align, fn, j)
+        bad = _first_bad(j, k)
+    return bad
+
+
 cdef object _run(_rows_job *j, cnp.ndarray ix, cnp.ndarray dst, bint writes_out, int nt):
     """Run the lookup on up to nt threads; IndexError for a bad index (dst untouched when
     writes_out: the kernels then read a private copy of the indices checked before they start)."""
@@ -115,23 +130,11 @@ cdef object _run(_rows_job *j, cnp.ndarray ix, cnp.ndarray dst, bint writes_out,
         size = <cnp.npy_intp>(n * isz)
         snapshot = cnp.PyArray_EMPTY(1, &size, cnp.NPY_UINT8, 0)
         j.snapshot = cnp.PyArray_DATA(snapshot)
-        if tiny:
-            run_ranges(n, 1, align, _scan_range, j)
-            bad = _first_bad(j, 1)
-        else:
-            with nogil:
-                run_ranges(n, threads, align, _scan_range, j)
-                bad = _first_bad(j, k)
+        bad = _run_pass(j, _scan_range, n, align, tiny, threads, k)
         if bad >= 0:
             return _raise_index(ix, bad, j.rows)
         j.indices = j.snapshot
-    if tiny:
-        run_ranges(n, 1, align, _rows_range, j)
-        bad = _first_bad(j, 1)
-    else:
-        with nogil:
-            run_ranges(n, threads, align, _rows_range, j)
-            bad = _first_bad(j, k)
+    bad = _run_pass(j, _rows_range, n, align, tiny, threads, k)
     if bad >= 0:
         _raise_index(ix, bad, j.rows)
     return dst
