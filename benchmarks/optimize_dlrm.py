@@ -12,7 +12,8 @@ median of the per-round ratios stock eager / variant.
     python benchmarks/optimize_dlrm.py [--batch 1 128 2048] [--rounds 200] [--max-rows 100000]
 
 The tables' rows are Criteo Kaggle's cardinalities capped at ``--max-rows`` (memory on a small
-machine).  The DLRM model is the faithful copy in tests/dlrm_models.py.
+machine).  The DLRM model is the faithful copy in examples/dlrm_reference.py (built by
+tests/dlrm_models.py).
 """
 from __future__ import annotations
 
