@@ -4,9 +4,6 @@ graph calls them: through torch.ops, straight to the kernel of perfkernels' nati
 Results against the float64 references of perfkernels.reference (written from the formulas) and
 torch's own ops, on every ISA level; errors; threads; and that they run with no perfkernels
 Python loaded."""
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -14,6 +11,8 @@ torch = pytest.importorskip("torch")
 
 import perfkernels.torch as pt  # noqa: E402
 from perfkernels import reference  # noqa: E402
+
+from conftest import run_python  # noqa: E402
 
 ops = torch.ops.perfkernels
 
@@ -321,10 +320,8 @@ def test_new_ops_run_without_perfkernels_python():
         "assert not any(m.startswith('perfkernels') for m in sys.modules)\n"
         "print('ok')\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       cwd="/")
-    assert r.returncode == 0, r.stderr
-    assert "ok" in r.stdout
+    r = run_python(["-c", code], timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
 @pytest.mark.parametrize("name", ["embedding_bag", "embedding_bag_collection", "embedding",

@@ -364,7 +364,144 @@ void run(const Bags &b, const pk_bags_part *parts, int n_parts, const int64_t *r
     if (s != PK_OK) fail("perfkernels: a bag kernel failed with status " + std::to_string((int)s));
 }
 
+/* ------------------------------------------------------------------ tables as bag parts */
+
+/* A table as a bag part: a float table (float32 / float16 / bfloat16 rows of
+ * unit-stride elements, copied otherwise) when bits is 0, else rows of packed codes of `dim`
+ * columns at 8, 4 or 2 bits.  The copies live here as long as the part is used. */
+struct TablePart {
+    pk_float_bags_args fargs;
+    pk_quantized_bags_args qargs;
+    int64_t rows = 0, dim = 0, elem = 4;
+    bool packed = false;
+    std::vector<uint32_t> c32;
+    std::vector<uint16_t> c16;
+    std::vector<uint8_t> c8;
+};
+
+void table_part(const Tensor &weight, int64_t bits, int64_t packed_dim, const std::string &name,
+                TablePart &T)
+{
+    const View w = view(weight, name.c_str(), 2);
+    T.rows = w.size[0];
+    if (bits == 0) {
+        const pk_embedding_kernels *k = pk_embedding_table(g_isa.load(std::memory_order_relaxed));
+        if (w.dtype == api.aoti_torch_dtype_float32()) {
+            T.fargs.fn = k->embedding_bag_f32;
+            T.elem = 4;
+        } else if (w.dtype == api.aoti_torch_dtype_float16()) {
+            T.fargs.fn = k->embedding_bag_f16;
+            T.elem = 2;
+        } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
+            T.fargs.fn = k->embedding_bag_bf16;
+            T.elem = 2;
+        } else {
+            fail("perfkernels: " + name + " must be float32, float16 or bfloat16; got " +
+                 dtype_name(w.dtype));
+        }
+        T.dim = w.size[1];
+        const void *data = w.data;
+        int64_t row_stride = T.rows <= 1 ? T.dim : w.stride[0];
+        if (!(T.dim <= 1 || w.stride[1] == 1) || row_stride < 0) {
+            data = T.elem == 4 ? (const void *)contiguous<uint32_t>(w, T.c32)
+                               : (const void *)contiguous<uint16_t>(w, T.c16);
+            row_stride = T.dim;
+        }
+        T.fargs.table = data;
+        T.fargs.rows = T.rows;
+        T.fargs.dim = T.dim;
+        T.fargs.row_stride = row_stride;
+        return;
+    }
+    if (bits != 8 && bits != 4 && bits != 2)
+        fail("perfkernels: bits of " + name + " must be 0 (a float table), 8, 4 or 2; got " +
+             std::to_string(bits));
+    if (w.dtype != api.aoti_torch_dtype_uint8())
+        fail("perfkernels: " + name + " must be uint8 (rows of packed codes); got " +
+             dtype_name(w.dtype));
+    const int64_t row_bytes = w.size[1];
+    if (packed_dim < 1 || packed_dim > ((int64_t)1 << 40) ||
+        (int64_t)pk_quantized_row_bytes((int)bits, (size_t)packed_dim) != row_bytes)
+        fail("perfkernels: " + name + "'s rows of " + std::to_string(row_bytes) +
+             " bytes do not hold dim = " + std::to_string(packed_dim) + " codes of " +
+             std::to_string(bits) + " bits and their scale and bias");
+    T.packed = true;
+    T.elem = 1;
+    T.dim = packed_dim;
+    T.qargs.fn = pk_quantized_table(g_isa.load(std::memory_order_relaxed))->embedding_bag_quantized;
+    T.qargs.bits = (int)bits;
+    T.qargs.packed = contiguous<uint8_t>(w, T.c8);
+    T.qargs.rows = T.rows;
+    T.qargs.row_bytes = row_bytes;
+    T.qargs.dim = packed_dim;
+}
+
+/* The part of feature f: `num_bags` bags of `T`, offsets (num_bags + 1, into `ix`'s entries). */
+pk_bags_part make_part(const TablePart &T, const Ints &ix, const int64_t *offsets, int64_t num_bags,
+                       bool mean, int64_t padding_idx)
+{
+    pk_bags_part part;
+    std::memset(&part, 0, sizeof part);
+    pk_bags &b = part.bags;
+    b.indices = ix.data;
+    b.n_indices = ix.n;
+    b.index_64 = ix.is64;
+    b.offsets = offsets;
+    b.num_bags = num_bags;
+    b.weights = nullptr;
+    b.positional = 0;
+    b.mean = mean ? 1 : 0;
+    b.padding_idx = padding_idx < 0 ? -1 : padding_idx;
+    part.call = T.packed ? pk_quantized_bags_call : pk_float_bags_call;
+    part.args = T.packed ? (const void *)&T.qargs : (const void *)&T.fargs;
+    part.index_cost = (T.packed ? T.qargs.row_bytes : T.dim * T.elem) + (ix.is64 ? 8 : 4);
+    part.bag_cost = T.dim * 4 + 8;
+    part.rows = T.rows;
+    return part;
+}
+
+/* The per-table options of a collection (mean, padding_idx: one each per table) and its slots
+ * (features[i] of num_keys looked up in tables[i]), checked. */
+void check_collection(const std::vector<TablePart> &tabs, const std::vector<int64_t> &mean,
+                      const std::vector<int64_t> &padding, const std::vector<int64_t> &features,
+                      const std::vector<int64_t> &tables, int64_t num_keys)
+{
+    const size_t n_tables = tabs.size();
+    if (mean.size() != n_tables || padding.size() != n_tables)
+        fail("perfkernels: mean and padding_idx need one entry per table (" +
+             std::to_string(n_tables) + "); got " + std::to_string(mean.size()) + " and " +
+             std::to_string(padding.size()));
+    if (features.size() != tables.size())
+        fail("perfkernels: features and tables must have the same length; got " +
+             std::to_string(features.size()) + " and " + std::to_string(tables.size()));
+    if (num_keys < 1) fail("perfkernels: num_keys must be >= 1; got " + std::to_string(num_keys));
+    for (size_t t = 0; t < n_tables; t++)
+        if (padding[t] >= tabs[t].rows)
+            fail("perfkernels: padding_idx[" + std::to_string(t) + "] = " +
+                 std::to_string(padding[t]) + " is out of range for a table of " +
+                 std::to_string(tabs[t].rows) + " rows");
+    for (size_t i = 0; i < features.size(); i++) {
+        if (features[i] < 0 || features[i] >= num_keys)
+            fail("perfkernels: features[" + std::to_string(i) + "] = " + std::to_string(features[i]) +
+                 " is not a key of the jagged tensor (0 <= feature < " + std::to_string(num_keys) + ")");
+        if (tables[i] < 0 || tables[i] >= (int64_t)n_tables)
+            fail("perfkernels: tables[" + std::to_string(i) + "] = " + std::to_string(tables[i]) +
+                 " is not a table (0 <= table < " + std::to_string(n_tables) + ")");
+    }
+}
+
 /* ------------------------------------------------------------------ the ops */
+
+/* The part of one table's bags `b` (prepared), written into `out` rows of `out_stride`. */
+pk_bags_part bag_part(const TablePart &T, const Bags &b, float *out, int64_t out_stride)
+{
+    pk_bags_part part = make_part(T, b.indices, b.bags.offsets, b.bags.num_bags, b.bags.mean != 0,
+                                  b.bags.padding_idx);
+    part.bags.weights = b.bags.weights;
+    part.bags.out = out;
+    part.bags.out_stride = out_stride;
+    return part;
+}
 
 /* embedding_bag(Tensor weight, Tensor indices, Tensor? offsets, Tensor? per_sample_weights,
  *               str mode, bool include_last_offset, SymInt? padding_idx) -> Tensor */
@@ -376,52 +513,13 @@ void embedding_bag(StableIValue *stack, uint64_t, uint64_t)
     const bool include_last_offset = to_bool(stack[5]);
     const std::optional<int64_t> padding_idx = take_optional_int(stack[6]);
 
-    const View w = view(weight, "weight", 2);
-    const pk_embedding_kernels *k = pk_embedding_table(g_isa.load(std::memory_order_relaxed));
-    pk_float_bags_args args;
-    int64_t elem;
-    if (w.dtype == api.aoti_torch_dtype_float32()) {
-        args.fn = k->embedding_bag_f32;
-        elem = 4;
-    } else if (w.dtype == api.aoti_torch_dtype_float16()) {
-        args.fn = k->embedding_bag_f16;
-        elem = 2;
-    } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
-        args.fn = k->embedding_bag_bf16;
-        elem = 2;
-    } else {
-        fail("perfkernels: weight must be float32, float16 or bfloat16; got " + dtype_name(w.dtype));
-    }
-    const int64_t rows = w.size[0], dim = w.size[1];
-    /* rows of unit-stride elements, any row stride; other layouts are copied */
-    std::vector<uint32_t> c32;
-    std::vector<uint16_t> c16;
-    const void *table = w.data;
-    int64_t row_stride = w.stride[0];
-    if (!(dim <= 1 || w.stride[1] == 1) || row_stride < 0) {
-        table = elem == 4 ? (const void *)contiguous<uint32_t>(w, c32)
-                          : (const void *)contiguous<uint16_t>(w, c16);
-        row_stride = dim;
-    }
-    if (rows <= 1) row_stride = dim;
-
+    TablePart T;
+    table_part(weight, 0, 0, "weight", T);
     Bags b;
-    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, rows);
-    Tensor out = new_output(b.bags.num_bags, dim);
-    b.bags.out = output_data(out);
-    b.bags.out_stride = dim;
-    args.table = table;
-    args.rows = rows;
-    args.dim = dim;
-    args.row_stride = row_stride;
-    pk_bags_part part;
-    part.bags = b.bags;
-    part.call = pk_float_bags_call;
-    part.args = &args;
-    part.index_cost = dim * elem + (b.indices.is64 ? 8 : 4);
-    part.bag_cost = dim * 4 + 8;
-    part.rows = rows;
-    run(b, &part, 1, &rows);
+    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, T.rows);
+    Tensor out = new_output(b.bags.num_bags, T.dim);
+    const pk_bags_part part = bag_part(T, b, output_data(out), T.dim);
+    run(b, &part, 1, &T.rows);
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
@@ -437,39 +535,15 @@ void embedding_bag_quantized(StableIValue *stack, uint64_t, uint64_t)
     const std::optional<int64_t> padding_idx = take_optional_int(stack[6]);
     const int64_t bits = to_int(stack[7]), dim = to_int(stack[8]);
 
-    const View p = view(packed, "packed", 2);
-    if (p.dtype != api.aoti_torch_dtype_uint8())
-        fail("perfkernels: packed must be uint8 (rows of packed codes); got " + dtype_name(p.dtype));
     if (bits != 8 && bits != 4 && bits != 2)
         fail("perfkernels: bits must be 8, 4 or 2; got " + std::to_string(bits));
-    const int64_t rows = p.size[0], row_bytes = p.size[1];
-    if (dim < 1 || dim > ((int64_t)1 << 40) ||
-        (int64_t)pk_quantized_row_bytes((int)bits, (size_t)dim) != row_bytes)
-        fail("perfkernels: packed rows of " + std::to_string(row_bytes) + " bytes do not hold dim = " +
-             std::to_string(dim) + " codes of " + std::to_string(bits) + " bits and their scale and bias");
-    std::vector<uint8_t> copy;
-    const uint8_t *data = contiguous<uint8_t>(p, copy);
-
+    TablePart T;
+    table_part(packed, bits, dim, "packed", T);
     Bags b;
-    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, rows);
+    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, T.rows);
     Tensor out = new_output(b.bags.num_bags, dim);
-    b.bags.out = output_data(out);
-    b.bags.out_stride = dim;
-    pk_quantized_bags_args args;
-    args.fn = pk_quantized_table(g_isa.load(std::memory_order_relaxed))->embedding_bag_quantized;
-    args.bits = (int)bits;
-    args.packed = data;
-    args.rows = rows;
-    args.row_bytes = row_bytes;
-    args.dim = dim;
-    pk_bags_part part;
-    part.bags = b.bags;
-    part.call = pk_quantized_bags_call;
-    part.args = &args;
-    part.index_cost = row_bytes + (b.indices.is64 ? 8 : 4);
-    part.bag_cost = dim * 4 + 8;
-    part.rows = rows;
-    run(b, &part, 1, &rows);
+    const pk_bags_part part = bag_part(T, b, output_data(out), dim);
+    run(b, &part, 1, &T.rows);
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
@@ -489,16 +563,10 @@ void embedding_bag_collection(StableIValue *stack, uint64_t, uint64_t)
     const std::vector<int64_t> mean = take_list<int64_t>(stack[7], to_int);
     const std::vector<int64_t> padding = take_list<int64_t>(stack[8], to_int);
 
-    const size_t n_tables = weights.size();
-    if (mean.size() != n_tables || padding.size() != n_tables)
-        fail("perfkernels: mean and padding_idx need one entry per table (" +
-             std::to_string(n_tables) + "); got " + std::to_string(mean.size()) + " and " +
-             std::to_string(padding.size()));
-    if (features.size() != tables.size())
-        fail("perfkernels: features and tables must have the same length; got " +
-             std::to_string(features.size()) + " and " + std::to_string(tables.size()));
-    if (num_keys < 1) fail("perfkernels: num_keys must be >= 1; got " + std::to_string(num_keys));
-
+    std::vector<TablePart> tabs(weights.size());
+    for (size_t t = 0; t < weights.size(); t++)
+        table_part(weights[t], 0, 0, "weights[" + std::to_string(t) + "]", tabs[t]);
+    check_collection(tabs, mean, padding, features, tables, num_keys);
     Bags b;
     std::memset(&b.bags, 0, sizeof b.bags);
     const View vv = view(values, "values", 1);
@@ -512,86 +580,22 @@ void embedding_bag_collection(StableIValue *stack, uint64_t, uint64_t)
     normalise_offsets(off, true, b.indices.n, b.offsets);
     if (psw) read_weights(psw, vv, b.weights);
 
-    struct Table {
-        const void *data;
-        int64_t rows, dim, row_stride, elem;
-        pk_embedding_bag_fn fn;
-        std::vector<uint32_t> c32;
-        std::vector<uint16_t> c16;
-    };
-    const pk_embedding_kernels *k = pk_embedding_table(g_isa.load(std::memory_order_relaxed));
-    std::vector<Table> tab(n_tables);
-    for (size_t t = 0; t < n_tables; t++) {
-        const std::string name = "weights[" + std::to_string(t) + "]";
-        const View w = view(weights[t], name.c_str(), 2);
-        Table &T = tab[t];
-        if (w.dtype == api.aoti_torch_dtype_float32()) {
-            T.fn = k->embedding_bag_f32;
-            T.elem = 4;
-        } else if (w.dtype == api.aoti_torch_dtype_float16()) {
-            T.fn = k->embedding_bag_f16;
-            T.elem = 2;
-        } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
-            T.fn = k->embedding_bag_bf16;
-            T.elem = 2;
-        } else {
-            fail("perfkernels: " + name + " must be float32, float16 or bfloat16; got " +
-                 dtype_name(w.dtype));
-        }
-        T.rows = w.size[0];
-        T.dim = w.size[1];
-        T.data = w.data;
-        T.row_stride = T.rows <= 1 ? T.dim : w.stride[0];
-        if (!(T.dim <= 1 || w.stride[1] == 1)) {
-            T.data = T.elem == 4 ? (const void *)contiguous<uint32_t>(w, T.c32)
-                                 : (const void *)contiguous<uint16_t>(w, T.c16);
-            T.row_stride = T.dim;
-        }
-        if (padding[t] >= T.rows)
-            fail("perfkernels: padding_idx[" + std::to_string(t) + "] = " +
-                 std::to_string(padding[t]) + " is out of range for a table of " +
-                 std::to_string(T.rows) + " rows");
-    }
     int64_t total_dim = 0;
-    for (size_t i = 0; i < features.size(); i++) {
-        if (features[i] < 0 || features[i] >= num_keys)
-            fail("perfkernels: features[" + std::to_string(i) + "] = " + std::to_string(features[i]) +
-                 " is not a key of the jagged tensor (0 <= feature < " + std::to_string(num_keys) + ")");
-        if (tables[i] < 0 || tables[i] >= (int64_t)n_tables)
-            fail("perfkernels: tables[" + std::to_string(i) + "] = " + std::to_string(tables[i]) +
-                 " is not a table (0 <= table < " + std::to_string(n_tables) + ")");
-        total_dim += tab[(size_t)tables[i]].dim;
-    }
+    for (int64_t t : tables) total_dim += tabs[(size_t)t].dim;
     Tensor out = new_output(batch, total_dim);
     float *dst = output_data(out);
-    std::vector<pk_float_bags_args> args(features.size());
     std::vector<pk_bags_part> parts(features.size());
     std::vector<int64_t> part_rows(features.size());
     int64_t col = 0;
     for (size_t i = 0; i < features.size(); i++) {
         const size_t t = (size_t)tables[i];
-        const Table &T = tab[t];
-        args[i] = pk_float_bags_args{T.fn, T.data, T.rows, T.dim, T.row_stride};
-        pk_bags bags = b.bags;
-        bags.indices = b.indices.data;
-        bags.n_indices = b.indices.n;
-        bags.index_64 = b.indices.is64;
-        bags.offsets = b.offsets.data() + features[i] * batch;
-        bags.num_bags = batch;
-        bags.weights = psw ? b.weights.data() : nullptr;
-        bags.positional = 0;
-        bags.mean = mean[t] != 0;
-        bags.padding_idx = padding[t] < 0 ? -1 : padding[t];
-        bags.out = dst + col;
-        bags.out_stride = total_dim;
-        parts[i].bags = bags;
-        parts[i].call = pk_float_bags_call;
-        parts[i].args = &args[i];
-        parts[i].index_cost = T.dim * T.elem + (b.indices.is64 ? 8 : 4);
-        parts[i].bag_cost = T.dim * 4 + 8;
-        parts[i].rows = T.rows;
-        part_rows[i] = T.rows;
-        col += T.dim;
+        parts[i] = make_part(tabs[t], b.indices, b.offsets.data() + features[i] * batch, batch,
+                             mean[t] != 0, padding[t]);
+        parts[i].bags.weights = psw ? b.weights.data() : nullptr;
+        parts[i].bags.out = dst + col;
+        parts[i].bags.out_stride = total_dim;
+        part_rows[i] = tabs[t].rows;
+        col += tabs[t].dim;
     }
     if (!parts.empty()) run(b, parts.data(), (int)parts.size(), part_rows.data());
     stack[0] = reinterpret_cast<StableIValue>(out.release());
@@ -719,100 +723,6 @@ void lstm_unit_backward(StableIValue *stack, uint64_t, uint64_t)
 }
 
 /* ------------------------------------------------------------------ lookups fused with the interaction */
-
-/* One feature's table as a bag part: a float table (float32 / float16 / bfloat16 rows of
- * unit-stride elements, copied otherwise) when bits is 0, else rows of packed codes of `dim`
- * columns at 8, 4 or 2 bits.  The copies live here as long as the part is used. */
-struct TablePart {
-    pk_float_bags_args fargs;
-    pk_quantized_bags_args qargs;
-    int64_t rows = 0, dim = 0, elem = 4;
-    bool packed = false;
-    std::vector<uint32_t> c32;
-    std::vector<uint16_t> c16;
-    std::vector<uint8_t> c8;
-};
-
-void table_part(const Tensor &weight, int64_t bits, int64_t packed_dim, const std::string &name,
-                TablePart &T)
-{
-    const View w = view(weight, name.c_str(), 2);
-    T.rows = w.size[0];
-    if (bits == 0) {
-        const pk_embedding_kernels *k = pk_embedding_table(g_isa.load(std::memory_order_relaxed));
-        if (w.dtype == api.aoti_torch_dtype_float32()) {
-            T.fargs.fn = k->embedding_bag_f32;
-            T.elem = 4;
-        } else if (w.dtype == api.aoti_torch_dtype_float16()) {
-            T.fargs.fn = k->embedding_bag_f16;
-            T.elem = 2;
-        } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
-            T.fargs.fn = k->embedding_bag_bf16;
-            T.elem = 2;
-        } else {
-            fail("perfkernels: " + name + " must be float32, float16 or bfloat16; got " +
-                 dtype_name(w.dtype));
-        }
-        T.dim = w.size[1];
-        const void *data = w.data;
-        int64_t row_stride = T.rows <= 1 ? T.dim : w.stride[0];
-        if (!(T.dim <= 1 || w.stride[1] == 1) || row_stride < 0) {
-            data = T.elem == 4 ? (const void *)contiguous<uint32_t>(w, T.c32)
-                               : (const void *)contiguous<uint16_t>(w, T.c16);
-            row_stride = T.dim;
-        }
-        T.fargs.table = data;
-        T.fargs.rows = T.rows;
-        T.fargs.dim = T.dim;
-        T.fargs.row_stride = row_stride;
-        return;
-    }
-    if (bits != 8 && bits != 4 && bits != 2)
-        fail("perfkernels: bits of " + name + " must be 0 (a float table), 8, 4 or 2; got " +
-             std::to_string(bits));
-    if (w.dtype != api.aoti_torch_dtype_uint8())
-        fail("perfkernels: " + name + " must be uint8 (rows of packed codes); got " +
-             dtype_name(w.dtype));
-    const int64_t row_bytes = w.size[1];
-    if (packed_dim < 1 || packed_dim > ((int64_t)1 << 40) ||
-        (int64_t)pk_quantized_row_bytes((int)bits, (size_t)packed_dim) != row_bytes)
-        fail("perfkernels: " + name + "'s rows of " + std::to_string(row_bytes) +
-             " bytes do not hold dim = " + std::to_string(packed_dim) + " codes of " +
-             std::to_string(bits) + " bits and their scale and bias");
-    T.packed = true;
-    T.elem = 1;
-    T.dim = packed_dim;
-    T.qargs.fn = pk_quantized_table(g_isa.load(std::memory_order_relaxed))->embedding_bag_quantized;
-    T.qargs.bits = (int)bits;
-    T.qargs.packed = contiguous<uint8_t>(w, T.c8);
-    T.qargs.rows = T.rows;
-    T.qargs.row_bytes = row_bytes;
-    T.qargs.dim = packed_dim;
-}
-
-/* The part of feature f: `num_bags` bags of `T`, offsets (num_bags + 1, into `ix`'s entries). */
-pk_bags_part make_part(const TablePart &T, const Ints &ix, const int64_t *offsets, int64_t num_bags,
-                       bool mean, int64_t padding_idx)
-{
-    pk_bags_part part;
-    std::memset(&part, 0, sizeof part);
-    pk_bags &b = part.bags;
-    b.indices = ix.data;
-    b.n_indices = ix.n;
-    b.index_64 = ix.is64;
-    b.offsets = offsets;
-    b.num_bags = num_bags;
-    b.weights = nullptr;
-    b.positional = 0;
-    b.mean = mean ? 1 : 0;
-    b.padding_idx = padding_idx < 0 ? -1 : padding_idx;
-    part.call = T.packed ? pk_quantized_bags_call : pk_float_bags_call;
-    part.args = T.packed ? (const void *)&T.qargs : (const void *)&T.fargs;
-    part.index_cost = (T.packed ? T.qargs.row_bytes : T.dim * T.elem) + (ix.is64 ? 8 : 4);
-    part.bag_cost = T.dim * 4 + 8;
-    part.rows = T.rows;
-    return part;
-}
 
 /* The pairs (li, lj) of an n-row interaction in the model's order: "dlrm" is facebookresearch
  * DLRM's lower triangle row by row (the diagonal too with self_interaction), "torchrec" is
@@ -1026,15 +936,10 @@ void collection_interaction(StableIValue *stack, uint64_t, uint64_t)
     const std::vector<int64_t> padding = take_list<int64_t>(stack[11], to_int);
     (void)to_int(stack[12]);
 
-    const size_t n_tables = weights.size();
-    if (mean.size() != n_tables || padding.size() != n_tables)
-        fail("perfkernels: mean and padding_idx need one entry per table (" +
-             std::to_string(n_tables) + "); got " + std::to_string(mean.size()) + " and " +
-             std::to_string(padding.size()));
-    if (features.size() != tables.size())
-        fail("perfkernels: features and tables must have the same length; got " +
-             std::to_string(features.size()) + " and " + std::to_string(tables.size()));
-    if (num_keys < 1) fail("perfkernels: num_keys must be >= 1; got " + std::to_string(num_keys));
+    std::vector<TablePart> tabs(weights.size());
+    for (size_t t = 0; t < weights.size(); t++)
+        table_part(weights[t], 0, 0, "weights[" + std::to_string(t) + "]", tabs[t]);
+    check_collection(tabs, mean, padding, features, tables, num_keys);
     View d;
     std::vector<float> dense_copy;
     const float *drows = dense_rows(dense, d, dense_copy);
@@ -1051,23 +956,9 @@ void collection_interaction(StableIValue *stack, uint64_t, uint64_t)
              " samples but dense has " + std::to_string(d.size[0]) + " rows");
     std::vector<int64_t> offs;
     normalise_offsets(off, true, ix.n, offs);
-    std::vector<TablePart> tabs(n_tables);
-    for (size_t t = 0; t < n_tables; t++) {
-        table_part(weights[t], 0, 0, "weights[" + std::to_string(t) + "]", tabs[t]);
-        if (padding[t] >= tabs[t].rows)
-            fail("perfkernels: padding_idx[" + std::to_string(t) + "] = " +
-                 std::to_string(padding[t]) + " is out of range for a table of " +
-                 std::to_string(tabs[t].rows) + " rows");
-    }
     std::vector<pk_bags_part> parts(features.size());
     std::vector<const Ints *> index_of(features.size(), &ix);
     for (size_t i = 0; i < features.size(); i++) {
-        if (features[i] < 0 || features[i] >= num_keys)
-            fail("perfkernels: features[" + std::to_string(i) + "] = " + std::to_string(features[i]) +
-                 " is not a key of the jagged tensor (0 <= feature < " + std::to_string(num_keys) + ")");
-        if (tables[i] < 0 || tables[i] >= (int64_t)n_tables)
-            fail("perfkernels: tables[" + std::to_string(i) + "] = " + std::to_string(tables[i]) +
-                 " is not a table (0 <= table < " + std::to_string(n_tables) + ")");
         const size_t t = (size_t)tables[i];
         parts[i] = make_part(tabs[t], ix, offs.data() + features[i] * batch, batch, mean[t] != 0,
                              padding[t]);
