@@ -353,3 +353,52 @@ def test_graphs_without_gradients_call_the_twins(rng):
         torch.testing.assert_close(compiled(ix, off), want)
     assert _exported_targets(bag, (ix, off)) == {"perfkernels.embedding_bag.default"}
     assert _exported_targets(seq, (ix,)) == {"perfkernels.embedding.default"}
+
+
+PREPACK = {8: "embedding_bag_byte_prepack", 4: "embedding_bag_4bit_prepack",
+           2: "embedding_bag_2bit_prepack"}
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("dim", [1, 7, 8, 16, 17, 64, 129])
+def test_quantize_and_dequantize_rowwise(isa, rng, bits, dim):
+    table = rng.standard_normal((23, dim)).astype(np.float32)
+    table[3] = 0.5                                     # a constant row (scale 0)
+    for src in (table, table.astype(np.float16)):
+        got = pt.quantize_rowwise(torch.from_numpy(src), bits)
+        assert got.dtype == torch.uint8
+        assert got.numpy().tobytes() == reference.quantize_rowwise(src, bits).tobytes()
+    if dim % (8 // bits) == 0 and bits != 2:            # and torch's own packing, bit for bit
+        torch_packed = getattr(torch.ops.quantized, PREPACK[bits])(torch.from_numpy(table))
+        assert torch.equal(pt.quantize_rowwise(torch.from_numpy(table), bits), torch_packed)
+    packed = pt.quantize_rowwise(torch.from_numpy(table), bits)
+    want = reference.embedding_quantized(packed.numpy(), np.arange(23), bits, dim)
+    reference.assert_close(pt.dequantize_rowwise(packed, bits, dim).numpy(), want, rtol=1e-6,
+                           atol=1e-6)
+    strided = torch.from_numpy(np.ascontiguousarray(np.repeat(table, 2, axis=1)))[:, ::2]
+    assert torch.equal(pt.quantize_rowwise(strided, bits), packed)   # a strided table is copied
+
+
+def test_conversion_errors_and_tracing():
+    w = torch.randn(5, 8)
+    bad = w.clone()
+    bad[2, 3] = float("nan")
+    with pytest.raises(RuntimeError, match="weight row 2 holds NaN or inf"):
+        pt.quantize_rowwise(bad, 8)
+    with pytest.raises(RuntimeError, match="bits must be 8, 4 or 2; got 3"):
+        pt.quantize_rowwise(w, 3)
+    with pytest.raises(RuntimeError, match="weight must be float32 or float16; got torch.float64"):
+        pt.quantize_rowwise(w.double(), 8)
+    with pytest.raises(RuntimeError, match="do not hold dim"):
+        pt.dequantize_rowwise(pt.quantize_rowwise(w, 4), 4, 9)
+    assert pt.dequantize_rowwise(pt.quantize_rowwise(w, 4), 4).shape == (5, 8)
+
+    class RoundTrip(torch.nn.Module):
+        def forward(self, x):
+            return pt.dequantize_rowwise(pt.quantize_rowwise(x, 8), 8, x.shape[1])
+
+    targets = _exported_targets(RoundTrip(), (w,))
+    assert targets == {"perfkernels.quantize_rowwise.default",
+                       "perfkernels.dequantize_rowwise.default"}
+    compiled = torch.compile(RoundTrip(), backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(w), RoundTrip()(w))

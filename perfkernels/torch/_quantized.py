@@ -34,6 +34,37 @@ def packed_dim(row_bytes: int, bits: int) -> int:
     return row_bytes - 8 if bits == 8 else (row_bytes - 4) * (8 // bits)
 
 
+# --------------------------------------------------------------------------- the conversions
+
+def quantize_rowwise(weight: Tensor, bits: int = 8) -> Tensor:
+    """Pack a float32 or float16 CPU table row by row at 8, 4 or 2 bits: uint8 rows of codes and
+    their scale and bias, bit for bit ``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_prepack``
+    (any ``D >= 1``; see :func:`perfkernels.quantize_rowwise`).  The native op
+    ``perfkernels::quantize_rowwise``: it traces, exports and runs from C++.  A row holding NaN or
+    inf raises RuntimeError naming it."""
+    return torch.ops.perfkernels.quantize_rowwise(weight, bits)
+
+
+def dequantize_rowwise(packed: Tensor, bits: int = 8, dim: Optional[int] = None) -> Tensor:
+    """The float32 rows ``q * scale + bias`` of a packed table (``dim``: its columns, default the
+    largest the row holds, as torch's ops infer it).  The native op
+    ``perfkernels::dequantize_rowwise``."""
+    if dim is None:
+        dim = packed_dim(packed.shape[-1], bits)
+    return torch.ops.perfkernels.dequantize_rowwise(packed, bits, dim)
+
+
+@torch.library.register_fake("perfkernels::quantize_rowwise")
+def _quantize_rowwise_fake(weight, bits):
+    return weight.new_empty((weight.shape[0], packed_row_bytes(weight.shape[1], bits)),
+                            dtype=torch.uint8)
+
+
+@torch.library.register_fake("perfkernels::dequantize_rowwise")
+def _dequantize_rowwise_fake(packed, bits, dim):
+    return packed.new_empty((packed.shape[0], dim), dtype=torch.float32)
+
+
 def _from_quantized_tensor(qweight: Tensor, bits: int) -> Tensor:
     """torch.ao's per-row quantized weight (per_channel_affine_float_qparams) as packed uint8 rows
     in the ``embedding_bag_*_prepack`` layout, bit for bit what torch's own packing stores

@@ -1149,6 +1149,72 @@ void embedding_quantized(StableIValue *stack, uint64_t, uint64_t)
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
+/* ------------------------------------------------------------------ conversions */
+
+/* A 2-D table's elements in row-major order (copied when not contiguous), for the conversions. */
+template <class T>
+const T *table_elements(const Tensor &t, const char *name, View &v, std::vector<T> &copy)
+{
+    v = view(t, name, 2);
+    return contiguous<T>(v, copy);
+}
+
+/* quantize_rowwise(Tensor weight, SymInt bits) -> Tensor
+ * float32 or float16 rows -> uint8 rows of packed codes and their scale and bias (the layout of
+ * torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_prepack, bit for bit). */
+void quantize_rowwise(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor weight = take_tensor(stack[0]);
+    const int64_t bits = to_int(stack[1]);
+    if (bits != 8 && bits != 4 && bits != 2)
+        fail("perfkernels: bits must be 8, 4 or 2; got " + std::to_string(bits));
+    View w = view(weight, "weight", 2);
+    const bool half = w.dtype == api.aoti_torch_dtype_float16();
+    if (!half && w.dtype != api.aoti_torch_dtype_float32())
+        fail("perfkernels: weight must be float32 or float16; got " + dtype_name(w.dtype));
+    std::vector<uint32_t> c32;
+    std::vector<uint16_t> c16;
+    const void *data = half ? (const void *)table_elements<uint16_t>(weight, "weight", w, c16)
+                            : (const void *)table_elements<uint32_t>(weight, "weight", w, c32);
+    const int64_t rows = w.size[0], dim = w.size[1];
+    if (dim < 1) fail("perfkernels: weight must have at least one column; got 0");
+    const int64_t row_bytes = (int64_t)pk_quantized_row_bytes((int)bits, (size_t)dim);
+    const int64_t sizes[2] = {rows, row_bytes}, strides[2] = {row_bytes, 1};
+    AtenTensorHandle h = nullptr;
+    check_call(api.aoti_torch_empty_strided(2, sizes, strides, api.aoti_torch_dtype_uint8(),
+                                            api.aoti_torch_device_type_cpu(), 0, &h),
+               "empty_strided");
+    Tensor out(h);
+    void *o = nullptr;
+    check_call(api.aoti_torch_get_data_ptr(out.get(), &o), "get_data_ptr");
+    size_t bad_row = 0;
+    const pk_status s = pk_quantized_table(g_isa.load(std::memory_order_relaxed))
+        ->quantize_rowwise((int)bits, half ? 1 : 0, data, (size_t)rows, (size_t)dim,
+                           static_cast<uint8_t *>(o), &bad_row);
+    if (s == PK_ERR_NONFINITE)
+        fail("perfkernels: weight row " + std::to_string(bad_row) + " holds NaN or inf: it has "
+             "no finite range to quantize");
+    if (s != PK_OK) fail("perfkernels: quantize_rowwise failed with status " + std::to_string((int)s));
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* dequantize_rowwise(Tensor packed, SymInt bits, SymInt dim) -> Tensor
+ * float32 rows q * scale + bias of a packed table. */
+void dequantize_rowwise(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor packed = take_tensor(stack[0]);
+    const int64_t bits = to_int(stack[1]), dim = to_int(stack[2]);
+    if (bits != 8 && bits != 4 && bits != 2)
+        fail("perfkernels: bits must be 8, 4 or 2; got " + std::to_string(bits));
+    TablePart T;
+    table_part(packed, bits, dim, "packed", T);
+    Tensor out = new_output(T.rows, dim);
+    pk_quantized_table(g_isa.load(std::memory_order_relaxed))
+        ->dequantize_rowwise((int)bits, T.qargs.packed, (size_t)T.rows, (size_t)T.qargs.row_bytes,
+                             (size_t)dim, output_data(out));
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
 /* ------------------------------------------------------------------ registration */
 
 struct Op {
@@ -1186,6 +1252,10 @@ const Op OPS[] = {
      "Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables, "
      "SymInt[] mean, SymInt[] padding_idx) -> Tensor",
      embedding_bag_collection},
+    {"quantize_rowwise", "quantize_rowwise(Tensor weight, SymInt bits) -> Tensor",
+     quantize_rowwise},
+    {"dequantize_rowwise", "dequantize_rowwise(Tensor packed, SymInt bits, SymInt dim) -> Tensor",
+     dequantize_rowwise},
     {"lstm_unit", "lstm_unit(Tensor c_prev, Tensor gates, float forget_bias=0.) -> (Tensor, Tensor)",
      lstm_unit},
     {"lstm_unit_backward",
