@@ -86,3 +86,18 @@ def test_dlrm_example_model_classes(model):
     assert result["infer"]["float32"]["max_pred_diff"] <= 1e-4
     assert "torch_hp" in result["infer"]["float32"] and "MiB" in result["infer"]["float32"][
         "huge_pages"]
+
+
+@pytest.mark.skipif(not EXAMPLE.exists(), reason="examples/dlrm.py not found next to tests/")
+def test_dlrm_example_optimize_predicts_like_stock(capsys):
+    """--optimize: every table format's optimized model fuses its lookups with the interaction
+    and predicts what stock torch does (the example raises past --pred-tol)."""
+    dlrm = _load_example()
+    result = dlrm.run(dlrm.parse_args([
+        "--batch", "16", "--max-rows", "300", "--dim", "8", "--bag-size", "2",
+        "--train-steps", "0", "--infer-batches", "2", "--repeat", "1", "--optimize"]))
+    assert set(result["infer"]) == {"float32", "float16", "8-bit"}
+    for name, r in result["infer"].items():
+        assert r["max_pred_diff"] <= (1e-3 if name == "float16" else 1e-4), (name, r)
+    out = capsys.readouterr().out
+    assert out.count("26 lookups + dot interaction") == 3, out
