@@ -5,14 +5,16 @@ for stock eager, ``torch.compile(stock)``, ``convert()``, ``optimize()`` and
 ``nn.EmbeddingBag``, convert()'s loop of ours, and one fused lookup writing ``[B, 16 + 26 * 16]``,
 called as optimize()'s eager graph calls it and as the registered op).
 
-Every variant runs in one process on one thread, interleaved round by round (each round times
+Every variant runs in one process (on one thread, or ``--threads N``; 0: each side's default),
+interleaved round by round (each round times
 every variant on the same batch, in a rotated order); printed: p50 and p99 per variant and the
 median of the per-round ratios stock eager / variant.
 
     python benchmarks/optimize_dlrm.py [--batch 1 128 2048] [--rounds 200] [--max-rows 100000]
 
 The tables' rows are Criteo Kaggle's cardinalities capped at ``--max-rows`` (memory on a small
-machine).  The DLRM model is the faithful copy in tests/dlrm_models.py.
+machine).  The DLRM model is the faithful copy in examples/dlrm_reference.py (built by
+tests/dlrm_models.py).
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--max-rows", type=int, default=100_000)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads of both sides (0: each side's default, torch's intra-op count)")
     return p.parse_args(argv)
 
 
@@ -46,18 +50,23 @@ def pct(values, q):
 def main(argv=None) -> None:
     args = parse_args(argv)
     import torch
-    torch.set_num_threads(1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     import perfkernels
     import perfkernels.torch as pkt
     from perfkernels.torch import _fused_ops
     from dlrm_models import dlrm_inputs, dlrm_net
-    perfkernels.set_num_threads(1)
+    if args.threads:
+        perfkernels.set_num_threads(args.threads)
 
     rows = [min(r, args.max_rows) for r in KAGGLE_ROWS]
     stock = dlrm_net(rows, 16, [13, 512, 256, 64, 16], [512, 256, 1], "dot", False).eval()
     converted = pkt.convert(stock)
     optimized = pkt.optimize(stock)
-    print(f"# torch {torch.__version__}, perfkernels ISA {perfkernels.active_isa()}, 1 thread, "
+    threads = (f"{args.threads} thread(s)" if args.threads else
+               f"default threads (torch {torch.get_num_threads()}, perfkernels "
+               f"{perfkernels.get_num_threads()})")
+    print(f"# torch {torch.__version__}, perfkernels ISA {perfkernels.active_isa()}, {threads}, "
           f"rows capped at {args.max_rows}")
     for batch in args.batch:
         inputs = [dlrm_inputs(rows, batch, 13, seed=s) for s in range(8)]
@@ -75,7 +84,8 @@ def main(argv=None) -> None:
             emb_stock = lambda x: [e(i, o) for e, i, o in zip(stock.emb_l, x[2], x[1])]  # noqa
             emb_conv = lambda x: [e(i, o) for e, i, o in zip(converted.emb_l, x[2], x[1])]  # noqa
             weights = [e.weight for e in converted.emb_l]
-            op = torch.ops.perfkernels.embedding_bags_interaction
+            # what a compiled no-grad graph calls: the native op, no autograd kernel
+            op = torch.ops.perfkernels.embedding_bags_interaction_inference
             eager = _fused_ops.embedding_bags_interaction
 
             def emb_fused(x):       # what optimize()'s eager graph calls

@@ -48,10 +48,14 @@ What it does:
     python examples/dlrm.py --fused-optimizer rowwise_adagrad --lr 0.01 --infer-batches 0
     python examples/dlrm.py --fused-optimizer adam --lr 0.001 --infer-batches 0
     python examples/dlrm.py --latency --plot latency.png   # serving latency, p50/p99 by batch
+    python examples/dlrm.py --optimize --train-steps 0   # inference of optimize()'s model
 
 ``--latency`` measures serving latency instead, of facebookresearch's reference ``DLRM_Net``
 (``dlrm_reference.py``) at Criteo Kaggle's shape, for batches 1 to 2048: stock eager, stock
 ``torch.compile``, ``convert()`` and ``optimize()`` (``dlrm_latency.py`` says how).
+``--optimize`` times the converted model after ``perfkernels.torch.optimize`` in the inference
+comparison (its lookups and the dot interaction one fused op; the "emb" columns still time the
+converted modules' lookups alone).
 
 (Adagrad's steps are normalised by the gradient's size, so the SGD default ``--lr 0.1`` makes both
 models diverge alike; 0.01 trains.)
@@ -63,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import sys
 import time
 import warnings
@@ -334,17 +339,18 @@ def huge_pages(model: nn.Module) -> str:
     return f"{huge / 2**20:.0f}/{total / 2**20:.0f} MiB"
 
 
-def inference_variants(stock: DLRM):
+def inference_variants(stock: DLRM, convert=pt.convert):
     """(name, torch model, torch model on huge pages or None, converted model) for float32,
-    float16 and 8-bit tables, built one at a time (each holds copies of the tables)."""
+    float16 and 8-bit tables, built one at a time (each holds copies of the tables).
+    ``convert``: pt.convert, or pt.optimize with its example inputs."""
     f32 = copy.deepcopy(stock)        # so that placing the converted tables leaves stock's alone
-    yield "float32", stock, pt.place(copy.deepcopy(stock), "hugepage"), pt.convert(f32)
+    yield "float32", stock, pt.place(copy.deepcopy(stock), "hugepage"), convert(f32)
     del f32
     half = half_tables(stock)
     yield ("float16", half, pt.place(copy.deepcopy(half), "hugepage"),
-           pt.convert(stock, dtype=torch.float16))
+           convert(stock, dtype=torch.float16))
     del half
-    yield "8-bit", torch_quantized(stock), None, pt.convert(stock, bits=8)
+    yield "8-bit", torch_quantized(stock), None, convert(stock, bits=8)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -412,7 +418,15 @@ def run(args: argparse.Namespace) -> dict:
     print(f"{'tables':<9}{'torch':>8}{'torch hp':>9}{'ours':>8}{'x dflt':>8}{'x same':>8}"
           f"{'emb torch':>10}{'emb hp':>8}{'emb ours':>9}{'emb x':>7}{'emb %':>10}"
           f"{'max |dp|':>10}  huge pages torch / torch hp / ours")
-    for name, ref, ref_hp, conv in inference_variants(stock):
+    optimize = getattr(args, "optimize", False)
+    # optimize(): converted as convert() does, then its lookups and the dot interaction one op
+    make = (functools.partial(pt.optimize, example_inputs=tuple(batches[0][:3])) if optimize
+            else pt.convert)
+    for name, ref, ref_hp, conv in inference_variants(stock, make):
+        if optimize:
+            report = pt.last_optimize_report()
+            print(f"  optimize() ({name}): " + ("; ".join(w for _, _, w in report.fused)
+                                               if report.fused else "nothing fused"))
         with torch.inference_mode():
             p_ref = torch.cat([ref(*b[:3]) for b in batches])
             p_conv = torch.cat([conv(*b[:3]) for b in batches])
@@ -509,6 +523,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="largest |loss difference| accepted (default 1e-4; 1e-3 with an Adagrad "
                         "--fused-optimizer, 5e-3 with adam)")
     p.add_argument("--pred-tol", type=float, default=1e-4)
+    p.add_argument("--optimize", action="store_true",
+                   help="inference: optimize() the converted model (its lookups and the dot "
+                        "interaction become one fused op) before timing it")
     p.add_argument("--plot", metavar="PATH", help="save the time breakdown as an image")
     p.add_argument("--distributed", action="store_true",
                    help="shard the tables over the ranks of a torchrun world instead "

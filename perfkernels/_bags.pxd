@@ -56,6 +56,10 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
                          object padding_idx, bint positional_weights, int64_t rows,
                          int64_t *scratch, Py_ssize_t scratch_len)
 
+# padding_idx as PyTorch takes it (None, or an integer in [-rows, rows), negative counting from
+# the end): -1 for None, else the row it names; TypeError / ValueError naming it otherwise.
+cdef int64_t checked_padding_idx(object padding_idx, int64_t rows) except -2
+
 # The IndexError for the index at flattened position pos.
 cdef int raise_index_error(const pk_bags *bags, int64_t pos, int64_t rows) except -1
 

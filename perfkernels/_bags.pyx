@@ -130,7 +130,7 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
     arrays that must stay alive while the kernel runs.
     """
     cdef cnp.ndarray ix, off = None, lens, w = None, norm = None
-    cdef int64_t n, max_len = 0, num_bags, L, b, pad
+    cdef int64_t n, max_len = 0, num_bags, L, b
     cdef Py_ssize_t count
     cdef int64_t *dst
 
@@ -232,24 +232,27 @@ cdef object prepare_bags(pk_bags *bags, object indices, object offsets, object l
                              f"weight per index, shape {(<object>ix).shape}")
         bags.weights = <const float *>cnp.PyArray_DATA(w)
 
-    # padding_idx (PyTorch: in [-rows, rows), negative counts from the end)
-    if padding_idx is None:
-        bags.padding_idx = -1
-    else:
-        try:
-            pad_obj = operator.index(padding_idx)
-        except TypeError as exc:
-            raise TypeError(f"padding_idx must be an integer or None; got "
-                            f"{type(padding_idx).__name__}") from exc
-        if pad_obj < -rows or pad_obj >= rows:
-            raise ValueError(f"padding_idx = {pad_obj} is out of range for a table of {rows} rows "
-                             f"(valid: -{rows} <= padding_idx < {rows})")
-        pad = pad_obj
-        bags.padding_idx = pad + rows if pad < 0 else pad
+    bags.padding_idx = checked_padding_idx(padding_idx, rows)
 
     bags.out = NULL
     bags.out_stride = 0
     return (ix, off, w, norm)
+
+
+cdef int64_t checked_padding_idx(object padding_idx, int64_t rows) except -2:
+    # PyTorch's padding_idx: None, or an integer in [-rows, rows), negative counting from the end
+    if padding_idx is None:
+        return -1
+    try:
+        pad_obj = operator.index(padding_idx)
+    except TypeError as exc:
+        raise TypeError(f"padding_idx must be an integer or None; got "
+                        f"{type(padding_idx).__name__}") from exc
+    if pad_obj < -rows or pad_obj >= rows:
+        raise ValueError(f"padding_idx = {pad_obj} is out of range for a table of {rows} rows "
+                         f"(valid: -{rows} <= padding_idx < {rows})")
+    cdef int64_t pad = pad_obj
+    return pad + rows if pad < 0 else pad
 
 
 cdef int raise_index_error(const pk_bags *bags, int64_t pos, int64_t rows) except -1:

@@ -1,9 +1,10 @@
-"""Small, faithful copies of two public DLRM implementations, for the whole-model tests.
+"""The two public DLRM implementations of the whole-model tests.
 
-``DLRM_Net``: facebookresearch/dlrm ``dlrm_s_pytorch.py`` (the single-device path:
-``create_mlp``, ``create_emb``, ``apply_mlp``, ``apply_emb``, ``interact_features`` with "dot",
-with and without ``arch_interaction_itself``, and "cat", ``sequential_forward``), without the
-QR / MD embeddings, the distributed and multi-GPU paths and the argument parsing.
+``DLRM_Net``: facebookresearch/dlrm ``dlrm_s_pytorch.py``'s model, the faithful copy in
+``examples/dlrm_reference.py`` (the single-device path: ``create_mlp``, ``create_emb``,
+``apply_mlp``, ``apply_emb``, ``interact_features`` with "dot", with and without
+``arch_interaction_itself``, and "cat", ``sequential_forward``), without the QR / MD embeddings,
+the distributed and multi-GPU paths and the argument parsing; :func:`dlrm_net` builds it.
 
 ``TorchRecDLRM``: TorchRec's ``torchrec.models.dlrm`` (``SparseArch``, ``DenseArch``,
 ``InteractionArch``, ``OverArch``) over perfkernels' own ``EmbeddingBagCollection``,
@@ -11,97 +12,33 @@ QR / MD embeddings, the distributed and multi-GPU paths and the argument parsing
 """
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn as nn
 
 
-class DLRM_Net(nn.Module):
-    def create_mlp(self, ln, sigmoid_layer):
-        layers = nn.ModuleList()
-        for i in range(0, ln.size - 1):
-            n = ln[i]
-            m = ln[i + 1]
-            LL = nn.Linear(int(n), int(m), bias=True)
-            mean = 0.0
-            std_dev = np.sqrt(2 / (m + n))
-            W = np.random.normal(mean, std_dev, size=(m, n)).astype(np.float32)
-            std_dev = np.sqrt(1 / m)
-            bt = np.random.normal(mean, std_dev, size=m).astype(np.float32)
-            LL.weight.data = torch.tensor(W, requires_grad=True)
-            LL.bias.data = torch.tensor(bt, requires_grad=True)
-            layers.append(LL)
-            if i == sigmoid_layer:
-                layers.append(nn.Sigmoid())
-            else:
-                layers.append(nn.ReLU())
-        return torch.nn.Sequential(*layers)
+def _reference():
+    """examples/dlrm_reference.py, loaded by path under the name examples/dlrm_latency.py gives
+    it (so the two share one module)."""
+    name = "perfkernels_dlrm_reference"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "examples" / "dlrm_reference.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
-    def create_emb(self, m, ln, weighted_pooling=None):
-        emb_l = nn.ModuleList()
-        for i in range(0, ln.size):
-            n = ln[i]
-            EE = nn.EmbeddingBag(n, m, mode="sum", sparse=True)
-            W = np.random.uniform(low=-np.sqrt(1 / n), high=np.sqrt(1 / n),
-                                  size=(n, m)).astype(np.float32)
-            EE.weight.data = torch.tensor(W, requires_grad=True)
-            emb_l.append(EE)
-        return emb_l
 
-    def __init__(self, m_spa=None, ln_emb=None, ln_bot=None, ln_top=None,
-                 arch_interaction_op=None, arch_interaction_itself=False, sigmoid_bot=-1,
-                 sigmoid_top=-1, loss_threshold=0.0):
-        super(DLRM_Net, self).__init__()
-        self.arch_interaction_op = arch_interaction_op
-        self.arch_interaction_itself = arch_interaction_itself
-        self.loss_threshold = loss_threshold
-        self.emb_l = self.create_emb(m_spa, ln_emb)
-        self.bot_l = self.create_mlp(ln_bot, sigmoid_bot)
-        self.top_l = self.create_mlp(ln_top, sigmoid_top)
-
-    def apply_mlp(self, x, layers):
-        return layers(x)
-
-    def apply_emb(self, lS_o, lS_i, emb_l):
-        ly = []
-        for k, sparse_index_group_batch in enumerate(lS_i):
-            sparse_offset_group_batch = lS_o[k]
-            E = emb_l[k]
-            V = E(sparse_index_group_batch, sparse_offset_group_batch)
-            ly.append(V)
-        return ly
-
-    def interact_features(self, x, ly):
-        if self.arch_interaction_op == "dot":
-            (batch_size, d) = x.shape
-            T = torch.cat([x] + ly, dim=1).view((batch_size, -1, d))
-            Z = torch.bmm(T, torch.transpose(T, 1, 2))
-            _, ni, nj = Z.shape
-            offset = 1 if self.arch_interaction_itself else 0
-            li = torch.tensor([i for i in range(ni) for j in range(i + offset)])
-            lj = torch.tensor([j for i in range(nj) for j in range(i + offset)])
-            Zflat = Z[:, li, lj]
-            R = torch.cat([x] + [Zflat], dim=1)
-        elif self.arch_interaction_op == "cat":
-            R = torch.cat([x] + ly, dim=1)
-        else:
-            raise ValueError("ERROR: --arch-interaction-op=" + self.arch_interaction_op
-                             + " is not supported")
-        return R
-
-    def forward(self, dense_x, lS_o, lS_i):
-        return self.sequential_forward(dense_x, lS_o, lS_i)
-
-    def sequential_forward(self, dense_x, lS_o, lS_i):
-        x = self.apply_mlp(dense_x, self.bot_l)
-        ly = self.apply_emb(lS_o, lS_i, self.emb_l)
-        z = self.interact_features(x, ly)
-        p = self.apply_mlp(z, self.top_l)
-        if 0.0 < self.loss_threshold and self.loss_threshold < 1.0:
-            z = torch.clamp(p, min=self.loss_threshold, max=(1.0 - self.loss_threshold))
-        else:
-            z = p
-        return z
+DLRM_Net = _reference().DLRM_Net
 
 
 def dlrm_net(rows, dim, bottom, top, interaction="dot", itself=False, seed=0) -> DLRM_Net:

@@ -43,16 +43,10 @@ def _new_repo(tmp_path, monkeypatch):
 
 
 def test_last_commits_follow_first_parents_through_a_merge(tmp_path, monkeypatch):
-    repo, commit = _new_repo(tmp_path, monkeypatch)
-    base = commit("base")
-    _git(repo, "checkout", "-q", "-b", "side")
-    side = commit("side")
-    _git(repo, "checkout", "-q", "main")
-    first = commit("first")
-    _git(repo, "merge", "-q", "--no-ff", "-m", "merge", "side")
-    merge = _git(repo, "rev-parse", "HEAD")
-    monkeypatch.chdir(repo)
-    assert _history.last_commits(3) == [merge, first, base]       # the side commit is not one
+    base, side = _repo_with_a_merged_side_branch(tmp_path, monkeypatch)
+    main2, merge, main1 = (_git(".", "rev-parse", rev) for rev in ("HEAD", "HEAD~1", "HEAD~2"))
+    # the side commit is not one
+    assert _history.last_commits(4) == [main2, merge, main1, base]
     assert side not in _history.last_commits(10)
     with pytest.raises(ValueError, match="at least 1"):
         _history.last_commits(0)
@@ -301,6 +295,8 @@ def test_the_cpu_label_names_the_generation_a_vm_hides():
 
 
 def _repo_with_a_merged_side_branch(tmp_path, monkeypatch):
+    """A repository (the working directory now): base, then main1 and a side branch's commit
+    merged with --no-ff, then main2.  Returns (base, side)."""
     repo, commit = _new_repo(tmp_path, monkeypatch)
     base = commit("base")
     _git(repo, "checkout", "-q", "-b", "side")

@@ -313,3 +313,85 @@ def test_quantized_tables_are_fused(bits, interaction):
             torch.testing.assert_close(opt(*inputs), unfused(*inputs), rtol=1e-5, atol=1e-6)
     assert any(f"{len(ROWS)} lookups" in what for _, _, what in pkt.last_optimize_report().fused)
     assert all(count(g, EAGER) == 1 for g in fused_graphs(opt))
+
+
+def test_stacked_dot_interaction_of_the_example_model():
+    """examples/dlrm.py's interaction (torch.stack, bmm, flatten, flat pair positions, and a
+    .float() after each lookup) is fused too: predictions and a training step equal the
+    unfused model's."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "examples" / "dlrm.py"
+    spec = importlib.util.spec_from_file_location("dlrm_example_for_optimize", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    torch.manual_seed(0)
+    stock = example.DLRM(ROWS, dim=8, sparse=False, bottom=(13, 16), top=(12, 1)).eval()
+    ref = copy.deepcopy(stock)
+    opt = pkt.optimize(stock)
+    batches = example.make_batches(ROWS, 9, 2, 2, 4)
+    for dense, indices, offsets, _ in batches:
+        with torch.no_grad():
+            want = ref(dense, indices, offsets)
+            got = opt(dense, indices, offsets)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    report = pkt.last_optimize_report()
+    assert [what for _, _, what in report.fused] == [
+        f"{len(ROWS)} lookups + dot interaction (dlrm order, self_interaction=False)"]
+    for graph in fused_graphs(opt):
+        assert count(graph, torch.ops.aten.bmm.default) == 0
+        assert count(graph, torch.ops.perfkernels.embedding_bag.default) == 0
+        assert count(graph, torch.ops.perfkernels.embedding_bag_inference.default) == 0
+    opt.train()
+    ref.train()
+    dense, indices, offsets, _ = batches[0]
+    for model in (ref, opt):
+        model(dense, indices, offsets).square().sum().backward()
+    for (name, a), b in zip(ref.named_parameters(), stock.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+class _LookupsOnly(torch.nn.Module):
+    """Lookups meeting in a plain concatenation or stack (no dense input), then a linear layer."""
+
+    def __init__(self, how: str, dim: int = 4):
+        super().__init__()
+        self.how = how
+        self.tables = torch.nn.ModuleList(torch.nn.EmbeddingBag(r, dim, mode="sum")
+                                          for r in ROWS)
+        self.head = torch.nn.Linear(len(ROWS) * dim, 1)
+
+    def forward(self, indices, offsets):
+        ly = [t(i, o) for t, i, o in zip(self.tables, indices, offsets)]
+        if self.how == "cat":
+            z = torch.cat(ly, dim=1)
+        else:
+            z = torch.stack(ly, dim=1).flatten(1)
+        return self.head(z)
+
+
+@pytest.mark.parametrize("how", ["cat", "stack"])
+def test_lookups_meeting_in_a_concatenation_or_stack_are_fused(how):
+    torch.manual_seed(2)
+    stock = _LookupsOnly(how)
+    ref = copy.deepcopy(stock)
+    opt = pkt.optimize(stock)
+    for batch, bag in ((1, 1), (9, 3)):
+        _, offsets, indices = dlrm_inputs(ROWS, batch, 6, bag=bag, seed=batch)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(indices, offsets), ref(indices, offsets), rtol=1e-5,
+                                       atol=1e-6)
+    report = pkt.last_optimize_report()
+    name = {"cat": "concatenation", "stack": "stack"}[how]
+    assert report.fused and {what for _, _, what in report.fused} == {
+        f"{len(ROWS)} lookups + {name}"}
+    for graph in fused_graphs(opt):
+        assert count(graph, EAGER) == 1
+        assert count(graph, torch.ops.perfkernels.embedding_bag.default) == 0
+        assert count(graph, torch.ops.perfkernels.embedding_bag_inference.default) == 0
+    # a training step: the same gradients as the unfused model
+    _, offsets, indices = dlrm_inputs(ROWS, 7, 6, bag=2, seed=11)
+    for model in (ref, opt):
+        model(indices, offsets).square().sum().backward()
+    for (name, a), b in zip(ref.named_parameters(), stock.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6, msg=name)

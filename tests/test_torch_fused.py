@@ -11,13 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import perfkernels.torch as pt  # noqa: E402
 from perfkernels import reference  # noqa: E402
-
-
-def _bags(gen, rows, num_bags, max_len):
-    lengths = torch.randint(0, max_len + 1, (num_bags,), generator=gen)
-    ix = torch.randint(0, rows, (int(lengths.sum()),), generator=gen)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])
-    return ix, offsets
+from sparse_training import torch_bags_of as _bags  # noqa: E402
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])

@@ -1,6 +1,7 @@
 """The native torch ops (perfkernels/torch/native/, loaded by perfkernels.torch._native_ops):
 their schemas, results against float64 NumPy references and torch's own ops, errors, threads, the
 profiler, and that they run with no perfkernels Python loaded."""
+import ctypes
 import os
 import subprocess
 import sys
@@ -278,12 +279,111 @@ def test_library_without_torch_loaded_reports_why():
         "import ctypes\n"
         f"lib = ctypes.CDLL({pt.native_library_path()!r})\n"
         "lib.pk_native_status.restype = ctypes.c_char_p\n"
+        "lib.pk_native_error_kind.restype = ctypes.c_char_p\n"
         "print(lib.pk_native_status().decode())\n"
+        "print('error kind:', lib.pk_native_error_kind().decode())\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        cwd="/")
     assert r.returncode == 0, r.stderr
     assert "libtorch_cpu.so is not loaded" in r.stdout
+    assert "error kind: std::runtime_error" in r.stdout    # no libc10 in the process
+
+
+def test_bad_input_throws_c10_error():
+    """A failed check throws torch's c10::Error (found in the libc10 of the process), with our
+    message as its what_without_backtrace(): Python shows exactly our message, and with
+    TORCH_SHOW_CPP_STACKTRACES=1 the "Exception raised from FUNCTION at FILE:LINE" that only a
+    c10::Error carries (a std::runtime_error would show our message alone)."""
+    lib = ctypes.CDLL(pt.native_library_path())
+    lib.pk_native_error_kind.restype = ctypes.c_char_p
+    assert lib.pk_native_error_kind().decode() == "c10::Error"
+    code = (
+        "import torch\n"
+        f"torch.ops.load_library({pt.native_library_path()!r})\n"
+        "w = torch.zeros(4, 3)\n"
+        "for ix in (torch.tensor([0, 7]), torch.tensor([0.5])):\n"
+        "    try:\n"
+        "        torch.ops.perfkernels.embedding_bag(w, ix, torch.tensor([0]), None, 'sum', False,"
+        " None)\n"
+        "    except RuntimeError as e:\n"
+        "        print(type(e).__name__, '|', str(e).replace(chr(10), ' ')[:400])\n"
+    )
+    expected = ["Index 1 of input takes value 7 which is not in the valid range [0, 4)",
+                "perfkernels: indices must be int32 or int64; got torch.float32"]
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120, cwd="/")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.splitlines() == [f"RuntimeError | {m}" for m in expected], plain.stdout
+    env = dict(os.environ, TORCH_SHOW_CPP_STACKTRACES="1", TORCH_DISABLE_ADDR2LINE="1")
+    traced = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd="/", env=env)
+    assert traced.returncode == 0, traced.stderr
+    lines = traced.stdout.splitlines()
+    assert len(lines) == 2, traced.stdout
+    for line, message in zip(lines, expected):
+        assert line.startswith(f"RuntimeError | {message} Exception raised from "), line
+        assert "perfkernels/torch/native/ops.cpp:" in line, line
+
+
+FAIL_PROGRAM = r"""
+#include <cstdio>
+#include <cstring>
+#include "torch_api.h"
+#ifdef WITH_C10
+#include <c10/util/Exception.h>
+#endif
+int main()
+{
+    pk_torch::load_api();   /* no libtorch_cpu: the stable ABI is missing, libc10 may be there */
+    std::printf("kind %s\n", pk_torch::error_kind());
+    try {
+        pk_torch::fail("perfkernels: x = 3 is bad");
+    }
+#ifdef WITH_C10
+    catch (const c10::Error &e) {
+        std::printf("c10::Error|%s|%d\n", e.what_without_backtrace(),
+                    std::strstr(e.what(), "Exception raised from main at ") != nullptr);
+        return 0;
+    }
+#endif
+    catch (const std::runtime_error &e) {
+        std::printf("std::runtime_error|%s\n", e.what());
+        return 0;
+    }
+    return 1;
+}
+"""
+
+
+@pytest.mark.parametrize("with_c10", [True, False])
+def test_fail_throws_c10_error_else_runtime_error(tmp_path, with_c10):
+    """fail() (torch_api.cpp) in a program of its own: a c10::Error carrying exactly the message
+    and fail()'s caller as source location when libc10 is in the process, std::runtime_error
+    with the message when it is not (the fallback)."""
+    from shutil import which
+    torch_dir = os.path.dirname(torch.__file__)
+    if which("g++") is None or not os.path.exists(
+            os.path.join(torch_dir, "include", "c10", "util", "Exception.h")):
+        pytest.skip("needs g++ and torch's C++ headers")
+    native = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "perfkernels", "torch", "native")
+    (tmp_path / "main.cpp").write_text(FAIL_PROGRAM)
+    cmd = ["g++", "-std=c++17", "-O1", f"-I{native}", str(tmp_path / "main.cpp"),
+           os.path.join(native, "torch_api.cpp"), "-o", str(tmp_path / "main"), "-ldl"]
+    if with_c10:
+        lib = os.path.join(torch_dir, "lib")
+        cmd[3:3] = ["-DWITH_C10", f"-I{os.path.join(torch_dir, 'include')}"]
+        cmd += [f"-L{lib}", f"-Wl,-rpath,{lib}", "-Wl,--no-as-needed", "-lc10"]
+    subprocess.run(cmd, check=True, timeout=300)
+    r = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    if with_c10:
+        assert r.stdout.splitlines() == ["kind c10::Error",
+                                         "c10::Error|perfkernels: x = 3 is bad|1"], r.stdout
+    else:
+        assert r.stdout.splitlines() == ["kind std::runtime_error",
+                                         "std::runtime_error|perfkernels: x = 3 is bad"], r.stdout
 
 
 @pytest.mark.parametrize("d", [1, 7, 16, 17, 65])

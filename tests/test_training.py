@@ -9,6 +9,7 @@ import perfkernels
 from perfkernels import embedding_bag_backward_update as update
 
 from conftest import AWKWARD_DIMS, TABLE_DTYPES, readonly, unaligned
+from sparse_training import bags_of, torch_sparse_bag, torch_sparse_step
 from perfkernels.reference import assert_update_close
 from perfkernels.reference import embedding_bag_backward_update as reference
 
@@ -23,13 +24,6 @@ def new_state(optimizer, rows, D, rng, zeros=False):
     if zeros:
         return np.zeros(shape, np.float32)
     return rng.uniform(0.1, 1.0, shape).astype(np.float32)
-
-
-def bags_of(rng, rows, num_bags, max_len, *, empty=True):
-    lengths = rng.integers(0 if empty else 1, max_len + 1, num_bags)
-    indices = rng.integers(0, rows, int(lengths.sum()))
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    return indices, offsets
 
 
 def check_update(weight, state, optimizer, lr, eps, weight_decay, grad_output, indices,
@@ -290,24 +284,14 @@ def test_matches_torch(isa, rng, optimizer, case, D):
     weight = rng.standard_normal((rows, D)).astype(np.float32)
     mode = "mean" if case in ("mean", "mean_padding") else "sum"
     padding_idx = 7 if "padding" in case else None
-    bag = torch.nn.EmbeddingBag(rows, D, mode=mode, sparse=True, padding_idx=padding_idx)
-    with torch.no_grad():
-        bag.weight.copy_(torch.from_numpy(weight))
+    bag = torch_sparse_bag(weight, mode, padding_idx)
     topt = (torch.optim.SGD(bag.parameters(), lr=lr) if optimizer == "sgd"
             else torch.optim.Adagrad(bag.parameters(), lr=lr, eps=eps))
     ours = weight.copy()
     state = None if optimizer == "sgd" else np.zeros((rows, D), np.float32)
-    for _ in range(steps):
-        indices, offsets = bags_of(rng, 12, B, 6)   # a 12-row hot set: duplicates across steps
-        if padding_idx is not None:
-            indices[::4] = padding_idx
-        psw = rng.standard_normal(indices.size).astype(np.float32) if case == "weighted" else None
-        grad = rng.standard_normal((B, D)).astype(np.float32)
-        topt.zero_grad()
-        out = bag(torch.from_numpy(indices), torch.from_numpy(offsets),
-                  per_sample_weights=None if psw is None else torch.from_numpy(psw))
-        (out * torch.from_numpy(grad)).sum().backward()
-        topt.step()
+    for _ in range(steps):   # a 12-row hot set: duplicates across steps
+        indices, offsets, psw, grad = torch_sparse_step(rng, bag, topt, B, padding_idx,
+                                                        case == "weighted")
         update(ours, indices, offsets, grad_output=grad, optimizer=optimizer, state=state, lr=lr,
                eps=eps, mode=mode, padding_idx=padding_idx, per_sample_weights=psw)
     np.testing.assert_allclose(ours, bag.weight.detach().numpy(), rtol=2e-5, atol=2e-6)

@@ -12,6 +12,7 @@ import perfkernels
 from perfkernels import embedding_bag_backward_update as update
 
 from conftest import AWKWARD_DIMS, TABLE_DTYPES, readonly, unaligned
+from sparse_training import bags_of, torch_sparse_bag, torch_sparse_step
 from perfkernels.reference import embedding_bag_backward_adam as reference
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -46,13 +47,6 @@ def copy_state(state):
 
 def state_parts(state):
     return state if isinstance(state, tuple) else (state,)
-
-
-def bags_of(rng, rows, num_bags, max_len, *, empty=True):
-    lengths = rng.integers(0 if empty else 1, max_len + 1, num_bags)
-    indices = rng.integers(0, rows, int(lengths.sum()))
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    return indices, offsets
 
 
 def check_step(weight, state, optimizer, opts, grad, indices, offsets=None, *, step=3, lr=0.05,
@@ -201,23 +195,13 @@ def test_adam_matches_sparse_adam(isa, rng, case, D):
     weight = rng.standard_normal((rows, D)).astype(np.float32)
     mode = "mean" if "mean" in case else "sum"
     padding_idx = 7 if "padding" in case else None
-    bag = torch.nn.EmbeddingBag(rows, D, mode=mode, sparse=True, padding_idx=padding_idx)
-    with torch.no_grad():
-        bag.weight.copy_(torch.from_numpy(weight))
+    bag = torch_sparse_bag(weight, mode, padding_idx)
     topt = torch.optim.SparseAdam(bag.parameters(), lr=lr, betas=betas, eps=eps)
     ours = weight.copy()
     m, v = np.zeros((rows, D), np.float32), np.zeros((rows, D), np.float32)
     for step in range(1, steps + 1):
-        indices, offsets = bags_of(rng, 12, B, 6)
-        if padding_idx is not None:
-            indices[::4] = padding_idx
-        psw = rng.standard_normal(indices.size).astype(np.float32) if case == "weighted" else None
-        grad = rng.standard_normal((B, D)).astype(np.float32)
-        topt.zero_grad()
-        out = bag(torch.from_numpy(indices), torch.from_numpy(offsets),
-                  per_sample_weights=None if psw is None else torch.from_numpy(psw))
-        (out * torch.from_numpy(grad)).sum().backward()
-        topt.step()
+        indices, offsets, psw, grad = torch_sparse_step(rng, bag, topt, B, padding_idx,
+                                                        case == "weighted")
         update(ours, indices, offsets, grad_output=grad, optimizer="adam", state=(m, v), lr=lr,
                eps=eps, betas=betas, step=step, mode=mode, padding_idx=padding_idx,
                per_sample_weights=psw)

@@ -1,6 +1,7 @@
 // Run an exported model that calls perfkernels' ops from C++, without Python.
 //
-//   deploy LIBRARY MODEL INPUTS [--expected FILE] [--bench N] [--threads T] [--bad-index]
+//   deploy LIBRARY MODEL INPUTS [--expected FILE] [--bench N] [--threads T]
+//          [--bad-index | --bad-dtype]
 //
 // LIBRARY: perfkernels' native torch library (perfkernels.torch.native_library_path()), loaded
 // with dlopen before the model: loading it registers the ops perfkernels::* with torch's
@@ -8,7 +9,10 @@
 // TorchScript file (.ts / .pt, run with torch::jit::load).  INPUTS (and --expected): tensors in
 // the raw format of export.py.  Prints the output's values, the largest difference from
 // --expected, and with --bench N the p50 / p90 of N calls.  --bad-index sets the first index to
-// a value past every table and shows the exception the call raises.
+// a value past every table, --bad-dtype makes the first index tensor float32; either shows the
+// exception the model's call raises, then the one perfkernels::embedding_bag raises when called
+// directly through torch's dispatcher with that bad index tensor ("c10::Error: MESSAGE" or
+// "std::exception: MESSAGE"), and exits 0 when both were caught.
 //
 // Build (docs/deployment.md):
 //   T=$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')
@@ -27,6 +31,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/script.h>
@@ -86,24 +91,43 @@ bool ends_with(const std::string &s, const std::string &end)
     return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
 }
 
+// Runs `call`, which must throw; prints what it threw after `label`.  A bad input to
+// perfkernels' ops throws c10::Error (what TORCH_CHECK throws), or std::runtime_error where the
+// library found no libc10 to throw it with; both derive from std::exception.
+template <class F>
+bool show_exception(const char *label, F call)
+{
+    try {
+        call();
+        std::printf("%s: no exception\n", label);
+        return false;
+    } catch (const c10::Error &e) {
+        std::printf("%s: c10::Error: %s\n", label, e.what_without_backtrace());
+    } catch (const std::exception &e) {
+        std::printf("%s: std::exception: %s\n", label, e.what());
+    }
+    return true;
+}
+
 }  // namespace
 
 int main(int argc, char **argv)
 {
     if (argc < 4) {
         std::fprintf(stderr, "usage: %s LIBRARY MODEL INPUTS [--expected FILE] [--bench N] "
-                             "[--threads T] [--bad-index]\n", argv[0]);
+                             "[--threads T] [--bad-index | --bad-dtype]\n", argv[0]);
         return 2;
     }
     std::string expected_path;
     int bench = 0, threads = 0;
-    bool bad_index = false;
+    bool bad_index = false, bad_dtype = false;
     for (int i = 4; i < argc; i++) {
         const std::string a = argv[i];
         if (a == "--expected" && i + 1 < argc) expected_path = argv[++i];
         else if (a == "--bench" && i + 1 < argc) bench = std::atoi(argv[++i]);
         else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
         else if (a == "--bad-index") bad_index = true;
+        else if (a == "--bad-dtype") bad_dtype = true;
         else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
     }
     if (threads > 0) at::set_num_threads(threads);
@@ -122,19 +146,24 @@ int main(int argc, char **argv)
     else model = std::make_unique<Script>(path);
     std::vector<at::Tensor> inputs = read_tensors(argv[3]);
 
-    if (bad_index) {
-        inputs[1] = inputs[1].clone();
-        inputs[1].data_ptr<int64_t>()[0] = 1000000000;
-        try {
-            model->run(inputs);
-            std::printf("no exception\n");
-            return 1;
-        } catch (const c10::Error &e) {
-            std::printf("c10::Error: %s\n", e.what_without_backtrace());
-        } catch (const std::exception &e) {
-            std::printf("std::exception: %s\n", e.what());
+    if (bad_index || bad_dtype) {
+        // inputs: dense, then the 26 index tensors, then the 26 offset tensors
+        if (bad_index) {
+            inputs[1] = inputs[1].clone();
+            inputs[1].data_ptr<int64_t>()[0] = 1000000000;
+        } else {
+            inputs[1] = inputs[1].to(at::kFloat);
         }
-        return 0;
+        const bool model_threw = show_exception("model", [&] { model->run(inputs); });
+        // the op itself, called as any C++ code calls an op, with the first table's size
+        const c10::OperatorHandle op =
+            c10::Dispatcher::singleton().findSchemaOrThrow("perfkernels::embedding_bag", "");
+        const bool op_threw = show_exception("op", [&] {
+            torch::jit::Stack stack{at::zeros({1000, 4}), inputs[1], inputs[1 + 26].clone(),
+                                    c10::IValue(), std::string("sum"), false, c10::IValue()};
+            op.callBoxed(&stack);
+        });
+        return model_threw && op_threw ? 0 : 1;
     }
 
     std::vector<at::Tensor> out = model->run(inputs);

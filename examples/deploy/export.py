@@ -1,12 +1,15 @@
 """Export a converted DLRM for a C++ server: an AOTInductor package (and a traced TorchScript
 model) whose embedding lookups are perfkernels' native ops.
 
-    python examples/deploy/export.py OUT_DIR [--max-rows 1000] [--batch 1] [--stock] [--script]
+    python examples/deploy/export.py OUT_DIR [--max-rows 1000] [--batch 1] [--stock] [--optimize]
+                                     [--script]
 
 Writes into OUT_DIR:
 
 * ``converted.pt2``: the AOTInductor package of the model after ``perfkernels.torch.convert``
-  (``stock.pt2`` with ``--stock``: the same model unconverted, for comparison);
+  (``stock.pt2`` with ``--stock``: the same model unconverted, for comparison;
+  ``optimized.pt2`` with ``--optimize``: the model after ``perfkernels.torch.optimize``, its 26
+  lookups and the dot interaction one native fused op);
 * ``converted.ts`` (with ``--script``): the model traced with ``torch.jit.trace``;
 * ``inputs.bin``: one batch of inputs in the order the package takes them (dense, the 26 index
   tensors, the 26 offset tensors), and ``expected.bin``: the Python model's output for it, in
@@ -85,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-rows", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--stock", action="store_true", help="also package the unconverted model")
+    ap.add_argument("--optimize", action="store_true",
+                    help="also package the optimize()d model (lookups fused with the interaction)")
     ap.add_argument("--script", action="store_true", help="also write a traced TorchScript model")
     args = ap.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -100,6 +105,14 @@ def main(argv: list[str] | None = None) -> None:
     export_package(Flat(converted), inputs, os.path.join(args.out_dir, "converted.pt2"))
     if args.stock:
         export_package(Flat(stock), inputs, os.path.join(args.out_dir, "stock.pt2"))
+    if args.optimize:
+        n = len(stock.tables)
+        optimized = pt.optimize(copy.deepcopy(stock),
+                                example_inputs=(inputs[0], inputs[1:1 + n], inputs[1 + n:]))
+        with torch.no_grad():
+            got = Flat(optimized)(*inputs)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        export_package(Flat(optimized), inputs, os.path.join(args.out_dir, "optimized.pt2"))
     if args.script:
         with torch.no_grad():
             traced = torch.jit.trace(Flat(converted), tuple(inputs), check_trace=False)

@@ -35,8 +35,9 @@ from ._embedding import Embedding, embedding
 from ._quantized_embedding import QuantizedEmbedding
 from ._embedding_collection import EmbeddingCollection, EmbeddingConfig, JaggedTensor
 from ._fused import FusedOptimizer
-from ._quantized import (QuantizedEmbeddingBag, embedding_bag_2bit_rowwise_offsets,
-                         embedding_bag_4bit_rowwise_offsets, embedding_bag_byte_rowwise_offsets)
+from ._quantized import (QuantizedEmbeddingBag, dequantize_rowwise,
+                         embedding_bag_2bit_rowwise_offsets, embedding_bag_4bit_rowwise_offsets,
+                         embedding_bag_byte_rowwise_offsets, quantize_rowwise)
 from ._collection import (EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor,
                           KeyedTensor)
 from ._lstm import LSTMCell, lstm_unit
@@ -51,7 +52,7 @@ __all__ = [
     "EmbeddingBag", "FusedOptimizer", "Embedding", "embedding", "QuantizedEmbedding",
     "EmbeddingCollection", "EmbeddingConfig", "JaggedTensor", "QuantizedEmbeddingBag",
     "embedding_bag_byte_rowwise_offsets", "embedding_bag_4bit_rowwise_offsets",
-    "embedding_bag_2bit_rowwise_offsets",
+    "embedding_bag_2bit_rowwise_offsets", "quantize_rowwise", "dequantize_rowwise",
     "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor",
     "LSTMCell", "lstm_unit",
     "convert", "ConversionReport", "last_report", "embedding_bag", "route_functional",

@@ -324,6 +324,8 @@ def _embedding_bag_quantized_fake(packed, indices, offsets, per_sample_weights, 
 
 
 torch.library.register_fake("perfkernels::embedding_bag")(_embedding_bag_fake)
+torch.library.register_fake("perfkernels::embedding_bag_inference")(_embedding_bag_fake)
+torch.library.register_kernel("perfkernels::embedding_bag_inference", "cuda")(_embedding_bag_cuda)
 torch.library.register_autograd("perfkernels::embedding_bag", _embedding_bag_backward,
                                 setup_context=_embedding_bag_setup)
 torch.library.register_kernel("perfkernels::embedding_bag", "cuda")(_embedding_bag_cuda)
@@ -334,6 +336,13 @@ torch.library.register_kernel("perfkernels::embedding_bag_quantized", "cuda")(
 
 
 # --------------------------------------------------------------------------- one entry point
+
+def records_grad(*tensors: Optional[Tensor]) -> bool:
+    """Whether a call on these tensors records a gradient: graphs that record none call the
+    ``*_inference`` twin of an op (the same native kernel without an autograd kernel, which in
+    Python costs several microseconds a call even under ``no_grad``)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
 
 def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
                 per_sample_weights: Optional[Tensor], spec: BagSpec,
@@ -350,9 +359,11 @@ def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
     if route is Route.DEVICE or route is Route.REFUSED or route is Route.TORCH:
         return torch_answer(input, weight, offsets, per_sample_weights, spec, dtype)
     if route is Route.OP:
-        out = torch.ops.perfkernels.embedding_bag(weight, input, offsets, per_sample_weights,
-                                                  spec.mode, spec.include_last_offset,
-                                                  spec.padding_idx)
+        op = (torch.ops.perfkernels.embedding_bag
+              if records_grad(weight, per_sample_weights)
+              else torch.ops.perfkernels.embedding_bag_inference)
+        out = op(weight, input, offsets, per_sample_weights, spec.mode, spec.include_last_offset,
+                 spec.padding_idx)
         return out if dtype is torch.float32 else out.to(dtype)
     if route is not Route.OUR_AUTOGRAD and route is not Route.KERNEL and route is not Route.CUDA:
         raise AssertionError(f"bag_forward cannot take the route {route.value!r}")

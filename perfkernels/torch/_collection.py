@@ -52,7 +52,56 @@ def _table_dtype(data_type: Any) -> Optional[torch.dtype]:
     return {"FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}.get(name)
 
 
-class KeyedJaggedTensor:
+class _Jagged:
+    """What :class:`KeyedJaggedTensor` and :class:`~perfkernels.torch.JaggedTensor` share: values
+    back to back, optional per-value weights, and lengths or offsets (each made from the other
+    on first use)."""
+
+    _values: Tensor
+    _weights: Optional[Tensor]
+    _lengths: Optional[Tensor]
+    _offsets: Optional[Tensor]
+
+    def values(self) -> Tensor:
+        return self._values
+
+    def weights_or_none(self) -> Optional[Tensor]:
+        return self._weights
+
+    def lengths(self) -> Tensor:
+        if self._lengths is None:
+            self._lengths = self._offsets[1:] - self._offsets[:-1]
+        return self._lengths
+
+    def offsets(self) -> Tensor:
+        if self._offsets is None:
+            lengths = self._lengths
+            self._offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+        return self._offsets
+
+
+def _init_table(table: torch.nn.Module, cfg: Any, fused_optimizer: Optional[Any]) -> None:
+    """A collection's new table as TorchRec initialises it: uniform in
+    [weight_init_min, weight_init_max] (default +-sqrt(1 / num_embeddings)), and the fused
+    optimizer when one is given."""
+    hi = cfg.weight_init_max
+    lo = cfg.weight_init_min
+    bound = math.sqrt(1.0 / cfg.num_embeddings)
+    with torch.no_grad():
+        table.weight.uniform_(-bound if lo is None else lo, bound if hi is None else hi)
+    if fused_optimizer is not None:
+        table.set_fused_optimizer(fused_optimizer)
+
+
+def _kjt_parts(features: Any) -> tuple[list, Tensor, Tensor, int]:
+    """A KJT's keys, values, offsets and batch size B (its F * B + 1 offsets say B)."""
+    keys = list(features.keys())
+    values = features.values()
+    offsets = features.offsets()
+    return keys, values, offsets, (offsets.numel() - 1) // max(len(keys), 1)
+
+
+class KeyedJaggedTensor(_Jagged):
     """Jagged sparse features in TorchRec's layout: the ``values`` of every key back to back,
     ``lengths[f * B + b]`` values for key f and sample b (or ``offsets``, F * B + 1 entries), and
     optional per-value ``weights``."""
@@ -73,23 +122,6 @@ class KeyedJaggedTensor:
 
     def keys(self) -> list:
         return self._keys
-
-    def values(self) -> Tensor:
-        return self._values
-
-    def weights_or_none(self) -> Optional[Tensor]:
-        return self._weights
-
-    def lengths(self) -> Tensor:
-        if self._lengths is None:
-            self._lengths = self._offsets[1:] - self._offsets[:-1]
-        return self._lengths
-
-    def offsets(self) -> Tensor:
-        if self._offsets is None:
-            lengths = self._lengths
-            self._offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
-        return self._offsets
 
     def stride(self) -> int:
         """The batch size B."""
@@ -191,13 +223,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                                device=device, dtype=_table_dtype(cfg.data_type),
                                placement=placement)
             bag.output_dtype = torch.float32
-            hi = cfg.weight_init_max
-            lo = cfg.weight_init_min
-            bound = math.sqrt(1.0 / cfg.num_embeddings)
-            with torch.no_grad():
-                bag.weight.uniform_(-bound if lo is None else lo, bound if hi is None else hi)
-            if fused_optimizer is not None:
-                bag.set_fused_optimizer(fused_optimizer)
+            _init_table(bag, cfg, fused_optimizer)
             self.embedding_bags[cfg.name] = bag
             for feature in (cfg.feature_names or [cfg.name]):
                 self._feature_table.append((feature, cfg.name, cfg.embedding_dim))
@@ -210,12 +236,8 @@ class EmbeddingBagCollection(torch.nn.Module):
 
     def forward(self, features: Any) -> KeyedTensor:
         """Pooled rows for every feature of every table (KeyedTensor layout)."""
-        keys = list(features.keys())
-        values = features.values()
-        offsets = features.offsets()
+        keys, values, offsets, batch = _kjt_parts(features)
         weights = features.weights_or_none() if self._is_weighted else None
-        num_keys = len(keys)
-        batch = (offsets.numel() - 1) // max(num_keys, 1)
         out = None
         no_grad = not (torch.is_grad_enabled() and self._needs_grad(weights))
         if torch.compiler.is_compiling():
@@ -273,8 +295,12 @@ class EmbeddingBagCollection(torch.nn.Module):
                                f"its keys are {keys}")
             features.append(position[feature])
             table_index.append(names.index(table))
-        return torch.ops.perfkernels.embedding_bag_collection(
-            [b.weight for b in tables], values, offsets, weights, len(keys), features,
+        ws = [b.weight for b in tables]
+        op = (torch.ops.perfkernels.embedding_bag_collection
+              if _bags.records_grad(weights, *ws)
+              else torch.ops.perfkernels.embedding_bag_collection_inference)
+        return op(
+            ws, values, offsets, weights, len(keys), features,
             table_index, [int(b.mode == "mean") for b in tables],
             [-1 if b.padding_idx is None else b.padding_idx % b.num_embeddings for b in tables])
 
@@ -364,6 +390,9 @@ def _collection_fake(weights, values, offsets, per_sample_weights, num_keys, fea
     batch = (offsets.shape[0] - 1) // max(num_keys, 1)
     return values.new_empty((batch, sum(weights[t].shape[1] for t in tables)),
                             dtype=torch.float32)
+
+
+torch.library.register_fake("perfkernels::embedding_bag_collection_inference")(_collection_fake)
 
 
 def _collection_setup(ctx, inputs, output):

@@ -104,15 +104,23 @@ class EmbeddingFunction(torch.autograd.Function):
 
 # --------------------------------------------------------------------------- the registered op
 
-@torch.library.custom_op("perfkernels::embedding", mutates_args=())
-def embedding_op(weight: Tensor, indices: Tensor, padding_idx: int) -> Tensor:
-    """The unpooled lookup as a registered op (what torch.compile and torch.export see)."""
-    if _plain(indices, weight):
-        return lookup(weight, indices)
+# Defined, with its CPU kernel, by perfkernels' native library (native/ops.cpp, loaded by _bags):
+# compiled and exported graphs call it without Python.  Registered here: its fake, its autograd
+# and its CUDA kernel (torch's own lookup).
+#: weight[indices] (float32 / float16 / bfloat16 rows), shape indices.shape + (D,)
+embedding_op = torch.ops.perfkernels.embedding.default
+#: the same without autograd, for graphs that record no gradient
+embedding_inference_op = torch.ops.perfkernels.embedding_inference.default
+
+
+@torch.library.register_kernel("perfkernels::embedding_inference", "cuda")
+@torch.library.register_kernel("perfkernels::embedding", "cuda")
+def _embedding_cuda(weight: Tensor, indices: Tensor, padding_idx: int) -> Tensor:
     return torch.embedding(weight, indices, padding_idx)
 
 
-@embedding_op.register_fake
+@torch.library.register_fake("perfkernels::embedding_inference")
+@torch.library.register_fake("perfkernels::embedding")
 def _embedding_fake(weight, indices, padding_idx):
     return weight.new_empty((*indices.shape, weight.shape[1]))
 
@@ -133,7 +141,8 @@ def _embedding_backward(ctx, grad_output):
     return grad_weight, None, None
 
 
-embedding_op.register_autograd(_embedding_backward, setup_context=_embedding_setup)
+torch.library.register_autograd("perfkernels::embedding", _embedding_backward,
+                                setup_context=_embedding_setup)
 
 
 # --------------------------------------------------------------------------- the functional
@@ -242,7 +251,8 @@ class Embedding(TableViewCache, torch.nn.Embedding):
         elif torch.compiler.is_compiling():
             if w.dtype in _KERNEL_DTYPES and input.dtype in _INDEX_DTYPES:
                 pad = -1 if self.padding_idx is None else self.padding_idx
-                return embedding_op(w, input, pad)
+                op = embedding_op if _bags.records_grad(w) else embedding_inference_op
+                return op(w, input, pad)
         elif (self.padding_idx is None or type(self.padding_idx) is int) and _plain(input, w):
             view = self._np_view
             if (view is None or view[0] is not w or view[1] != w.data_ptr()

@@ -6,14 +6,13 @@ model uses); when TorchRec is installed its ``JaggedTensor`` is returned instead
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from ._collection import _table_dtype
+from ._collection import _init_table, _Jagged, _kjt_parts, _table_dtype
 from ._embedding import Embedding
 
 
@@ -30,7 +29,7 @@ class EmbeddingConfig:
     data_type: Any = None                  # a torch dtype (or torchrec DataType FP32/FP16)
 
 
-class JaggedTensor:
+class JaggedTensor(_Jagged):
     """One feature's unpooled rows in TorchRec's layout: ``values()`` ``[n, D]`` (every sample's
     rows back to back), ``lengths()`` ``[B]`` rows per sample, ``offsets()`` ``[B + 1]``."""
 
@@ -40,22 +39,6 @@ class JaggedTensor:
             raise ValueError("give lengths or offsets")
         self._values, self._lengths = values, lengths
         self._offsets, self._weights = offsets, weights
-
-    def values(self) -> Tensor:
-        return self._values
-
-    def weights_or_none(self) -> Optional[Tensor]:
-        return self._weights
-
-    def lengths(self) -> Tensor:
-        if self._lengths is None:
-            self._lengths = self._offsets[1:] - self._offsets[:-1]
-        return self._lengths
-
-    def offsets(self) -> Tensor:
-        if self._offsets is None:
-            self._offsets = torch.cat([self._lengths.new_zeros(1), torch.cumsum(self._lengths, 0)])
-        return self._offsets
 
     def to_dense(self) -> list:
         """One ``[length_b, D]`` tensor per sample."""
@@ -98,12 +81,7 @@ class EmbeddingCollection(torch.nn.Module):
                 raise ValueError(f"two tables are named {cfg.name!r}")
             emb = Embedding(cfg.num_embeddings, cfg.embedding_dim, device=device,
                             dtype=_table_dtype(cfg.data_type), placement=placement)
-            hi, lo = cfg.weight_init_max, cfg.weight_init_min
-            bound = math.sqrt(1.0 / cfg.num_embeddings)
-            with torch.no_grad():
-                emb.weight.uniform_(-bound if lo is None else lo, bound if hi is None else hi)
-            if fused_optimizer is not None:
-                emb.set_fused_optimizer(fused_optimizer)
+            _init_table(emb, cfg, fused_optimizer)
             self.embeddings[cfg.name] = emb
             for feature in (cfg.feature_names or [cfg.name]):
                 if feature in self._feature_table:
@@ -118,12 +96,9 @@ class EmbeddingCollection(torch.nn.Module):
 
     def forward(self, features: Any) -> dict:
         """``{feature: JaggedTensor}`` for every feature of the input."""
-        keys = list(features.keys())
-        values = features.values()
+        keys, values, offsets, batch = _kjt_parts(features)
         lengths = features.lengths()
-        offsets = features.offsets()
         num_keys = len(keys)
-        batch = (offsets.numel() - 1) // max(num_keys, 1)
         bounds = offsets[::batch].tolist() if batch > 0 else [0] * (num_keys + 1)
         by_table: dict[str, list[int]] = {}
         for i, key in enumerate(keys):

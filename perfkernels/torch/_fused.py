@@ -43,18 +43,24 @@ FusedOptimizerSpec = Union[Tuple[str, Mapping[str, Any]], "FusedOptimizer"]
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
+def _real_option(value: Any, name: str) -> float:
+    """The option ``name``'s ``value`` as a float (inf where it overflows one); TypeError for a
+    bool, a string or anything that is not a real number."""
+    if isinstance(value, (bool, str, bytes)) or not hasattr(type(value), "__float__"):
+        raise TypeError(f"fused optimizer option {name} must be a real number; got "
+                        f"{type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 def _float32_option(options: Mapping[str, Any], key: str, default: Optional[float]) -> float:
     """``options[key]`` (or ``default``) checked as the kernels need it: a real number (TypeError
     for a bool or a string), finite, >= 0 and finite in float32, the precision the update runs
     in (ValueError), so a bad value fails here and not inside a later backward."""
     value = options.get(key, default)
-    if isinstance(value, (bool, str, bytes)) or not hasattr(type(value), "__float__"):
-        raise TypeError(f"fused optimizer option {key} must be a real number; got "
-                        f"{type(value).__name__}")
-    try:
-        v = float(value)
-    except OverflowError:
-        v = math.inf
+    v = _real_option(value, key)
     if not (math.isfinite(v) and 0 <= v <= _FLOAT32_MAX):
         raise ValueError(f"fused optimizer option {key} = {value} must be finite, >= 0 and at "
                          f"most {_FLOAT32_MAX:.7g} (float32)")
@@ -71,16 +77,10 @@ def _betas_option(options: Mapping[str, Any]) -> Tuple[float, float]:
                         f"{betas!r}") from None
     out = []
     for i, b in enumerate((b1, b2)):
-        if isinstance(b, (bool, str, bytes)) or not hasattr(type(b), "__float__"):
-            raise TypeError(f"fused optimizer option betas[{i}] must be a real number; got "
-                            f"{type(b).__name__}")
-        try:
-            value = float(b)
-        except OverflowError:
-            value = math.inf
+        value = _real_option(b, f"betas[{i}]")
         if not 0.0 <= value < 1.0:
             raise ValueError(f"fused optimizer option betas[{i}] = {b} must be in [0, 1)")
-        out.append(float(b))
+        out.append(value)
     return out[0], out[1]
 
 

@@ -6,9 +6,11 @@
 
 The first takes one index / offsets tensor per table (facebookresearch DLRM's ``lS_i``, ``lS_o``),
 the second TorchRec's KeyedJaggedTensor layout (what :class:`EmbeddingBagCollection` takes).  Both
-run :func:`perfkernels.embedding_bags_interaction` (plain C kernels, see docs/optimize.md), have
-fake implementations (``torch.compile(fullgraph=True)`` and ``torch.export`` keep each one op),
-and autograd: the dense input's gradient and each table's, as the unfused model computes them
+are native ops (perfkernels' native library defines them and runs the C kernels of
+:func:`perfkernels.embedding_bags_interaction`, see docs/optimize.md, so compiled and exported
+graphs call them without Python); eager calls without a gradient read the tensors straight from
+Python (the ``_tensor_bags`` fast path).  They have fake implementations
+(``torch.compile(fullgraph=True)`` and ``torch.export`` keep each one op), and autograd: the dense input's gradient and each table's, as the unfused model computes them
 (dense, or a COO tensor for a table with ``sparse=True``, or the table's fused optimizer step).
 :func:`perfkernels.torch.optimize` puts them into models.
 """
@@ -22,14 +24,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-import perfkernels as pk
 from perfkernels.families.interaction._interaction import pair_lists
 
 from . import _bags, _tensor_bags
-from ._bridge import as_numpy, index_error, index_error_at
-
-_NUMPY_MESSAGE = re.compile(r"feature (\d+): indices\[(\d+)\] = (-?\d+) is out of range for a "
-                            r"table of (\d+) rows")
+from ._bridge import as_numpy, index_error_at
 
 
 class FusedInputError(RuntimeError):
@@ -93,55 +91,25 @@ def _fast(dense, weights, indices, offsets, include_last, interaction, pairs, it
                                            interaction == "cat", li, lj, mean, padding_idx)
 
 
-def _run(dense: Tensor, weights: list, indices: list, offsets: list, include_last: bool,
-         interaction: str, pairs: str, itself: bool, mean: list, padding_idx: list,
-         bits: Optional[list] = None, dims: Optional[list] = None) -> Tensor:
-    """The eager kernel call: straight from the tensors when they are the plain cases (float
-    tables), else through NumPy views (no copy) and the NumPy API's checks; the result as a
-    tensor."""
-    packed = bool(bits) and any(bits)
-    if not packed:
-        out = _fast(dense, weights, indices, offsets, include_last, interaction, pairs, itself,
-                    mean, padding_idx)
-        if out is not None:
-            return out
-    try:
-        out = pk.embedding_bags_interaction(
-            as_numpy(dense.detach().float()), [as_numpy(w.detach()) for w in weights],
-            [as_numpy(i) for i in indices], [as_numpy(o) for o in offsets],
-            interaction=interaction, pairs=pairs, self_interaction=itself,
-            include_last_offset=include_last, modes=["mean" if m else "sum" for m in mean],
-            padding_idx=[None if p < 0 else p for p in padding_idx],
-            bits=[b or None for b in bits] if packed else None,
-            dims=[d if b else None for b, d in zip(bits, dims)] if packed else None)
-    except IndexError as exc:
-        m = _NUMPY_MESSAGE.search(str(exc))
-        if m is None:
-            raise index_error(exc) from None
-        raise index_error_at(int(m.group(2)), int(m.group(3)), int(m.group(4))) from None
-    except (ValueError, TypeError) as exc:
-        raise FusedInputError(str(exc)) from None
-    return torch.from_numpy(out)
-
-
 # --------------------------------------------------------------------------- per-table inputs
 
-@torch.library.custom_op("perfkernels::embedding_bags_interaction", mutates_args=())
-def embedding_bags_interaction_op(dense: Tensor, weights: list[Tensor], indices: list[Tensor],
-                                  offsets: list[Tensor], include_last_offset: bool,
-                                  interaction: str, pairs: str, self_interaction: bool,
-                                  mean: list[int], padding_idx: list[int], bits: list[int],
-                                  dims: list[int], group: int) -> Tensor:
-    """F lookups (``indices[f]`` / ``offsets[f]`` in ``weights[f]``, mode mean where
-    ``mean[f]``, ``padding_idx[f]`` (-1: none); a packed table where ``bits[f]`` is 8/4/2, of
-    ``dims[f]`` columns, 0 for a float table) and the interaction with ``dense``:
-    ``"cat"`` ``[B, Dd + sum D]``, ``"dot"`` ``[B, D + pairs]`` (pairs ``"dlrm"`` /
-    ``"torchrec"``).  ``group``: the id of the modules whose gradient rules backward applies."""
-    return _run(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
-                self_interaction, mean, padding_idx, bits, dims)
+# The ops are defined, with their CPU kernels, by perfkernels' native library (native/ops.cpp,
+# loaded by _bags): a compiled or exported graph calls them without Python.  What is registered
+# here is what tracing and training need: fake implementations and the autograd formulas.
+
+#: F lookups (``indices[f]`` / ``offsets[f]`` in ``weights[f]``, mode mean where ``mean[f]``,
+#: ``padding_idx[f]`` (-1: none); a packed table where ``bits[f]`` is 8/4/2, of ``dims[f]``
+#: columns, 0 for a float table) and the interaction with ``dense``: ``"cat"``
+#: ``[B, Dd + sum D]``, ``"dot"`` ``[B, D + pairs]`` (pairs ``"dlrm"`` / ``"torchrec"``).
+#: ``group``: the id of the modules whose gradient rules backward applies.
+embedding_bags_interaction_op = torch.ops.perfkernels.embedding_bags_interaction.default
+
+#: the same op without autograd, for graphs that record no gradient (torch.compile under
+#: ``torch.no_grad()``): the dispatcher goes straight to the native kernel
+embedding_bags_interaction_inference_op = \
+    torch.ops.perfkernels.embedding_bags_interaction_inference.default
 
 
-@embedding_bags_interaction_op.register_fake
 def _per_table_fake(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
                     self_interaction, mean, padding_idx, bits, dims, group):
     return dense.new_empty((dense.shape[0], _widths(dense, weights, interaction, pairs,
@@ -149,20 +117,33 @@ def _per_table_fake(dense, weights, indices, offsets, include_last_offset, inter
                            dtype=torch.float32)
 
 
-@torch.library.custom_op("perfkernels::embedding_bags_interaction_inference", mutates_args=())
-def embedding_bags_interaction_inference_op(
-        dense: Tensor, weights: list[Tensor], indices: list[Tensor], offsets: list[Tensor],
-        include_last_offset: bool, interaction: str, pairs: str, self_interaction: bool,
-        mean: list[int], padding_idx: list[int], bits: list[int], dims: list[int],
-        group: int) -> Tensor:
-    """:func:`embedding_bags_interaction_op` without autograd, for graphs that record no gradient
-    (torch.compile under ``torch.no_grad()``): the dispatcher skips the autograd wrapper, about
-    half of a Python custom op's cost per call."""
-    return _run(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
-                self_interaction, mean, padding_idx, bits, dims)
+torch.library.register_fake("perfkernels::embedding_bags_interaction")(_per_table_fake)
+torch.library.register_fake("perfkernels::embedding_bags_interaction_inference")(
+    _per_table_fake)
+
+_NATIVE_INDEX_MESSAGE = re.compile(r"Index (\d+) of input takes value (-?\d+) which is not in the "
+                                   r"valid range \[0, (\d+)\)")
 
 
-embedding_bags_interaction_inference_op.register_fake(_per_table_fake)
+def _refused(exc: RuntimeError) -> RuntimeError:
+    """A native fused op's error in an eager call, as what the optimized model answers by running
+    its unfused modules: :class:`IndexOutOfRangeError` for an index, else FusedInputError."""
+    m = _NATIVE_INDEX_MESSAGE.search(str(exc))
+    if m is not None:
+        return index_error_at(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    return FusedInputError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
+def _call(op, *args):
+    """The registered op; in an eager call its errors become what the model refuses."""
+    if torch.compiler.is_compiling():
+        return op(*args)
+    try:
+        return op(*args)
+    except RuntimeError as exc:
+        if isinstance(exc, FusedInputError):
+            raise
+        raise _refused(exc) from None
 
 
 def _needs_grad(dense: Tensor, weights: list) -> bool:
@@ -182,8 +163,8 @@ def embedding_bags_interaction(dense, weights, indices, offsets, include_last_of
         if out is not None:
             return out
     op = embedding_bags_interaction_op if grad else embedding_bags_interaction_inference_op
-    return op(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
-              self_interaction, mean, padding_idx, bits, dims, group)
+    return _call(op, dense, weights, indices, offsets, include_last_offset, interaction, pairs,
+                 self_interaction, mean, padding_idx, bits, dims, group)
 
 
 # --------------------------------------------------------------------------- a KJT
@@ -207,21 +188,13 @@ def _split_kjt(values: Tensor, offsets: Tensor, num_keys: int, features: list):
     return idx, offs
 
 
-@torch.library.custom_op("perfkernels::collection_interaction", mutates_args=())
-def collection_interaction_op(dense: Tensor, weights: list[Tensor], values: Tensor,
-                              offsets: Tensor, num_keys: int, features: list[int],
-                              tables: list[int], interaction: str, pairs: str,
-                              self_interaction: bool, mean: list[int], padding_idx: list[int],
-                              group: int) -> Tensor:
-    """The lookups of a collection (TorchRec's KJT ``values`` / ``offsets``, F * B + 1; output
-    slot i is input feature ``features[i]`` in ``weights[tables[i]]``) and the interaction with
-    ``dense``, as :func:`embedding_bags_interaction_op`."""
-    idx, offs = _split_kjt(values, offsets, num_keys, features)
-    return _run(dense, [weights[t] for t in tables], idx, offs, True, interaction, pairs,
-                self_interaction, [mean[t] for t in tables], [padding_idx[t] for t in tables])
+#: the lookups of a collection (TorchRec's KJT ``values`` / ``offsets``, F * B + 1; output slot
+#: i is input feature ``features[i]`` in ``weights[tables[i]]``) and the interaction with
+#: ``dense``, as :data:`embedding_bags_interaction_op` (native, like it)
+collection_interaction_op = torch.ops.perfkernels.collection_interaction.default
 
 
-@collection_interaction_op.register_fake
+@torch.library.register_fake("perfkernels::collection_interaction")
 def _collection_fake(dense, weights, values, offsets, num_keys, features, tables, interaction,
                      pairs, self_interaction, mean, padding_idx, group):
     return dense.new_empty((dense.shape[0], _widths(dense, [weights[t] for t in tables],
@@ -244,9 +217,8 @@ def collection_interaction(dense, weights, values, offsets, num_keys, features, 
                         [padding_idx[t] for t in tables])
             if out is not None:
                 return out
-    return collection_interaction_op(dense, weights, values, offsets, num_keys, features, tables,
-                                     interaction, pairs, self_interaction, mean, padding_idx,
-                                     group)
+    return _call(collection_interaction_op, dense, weights, values, offsets, num_keys, features,
+                 tables, interaction, pairs, self_interaction, mean, padding_idx, group)
 
 
 # --------------------------------------------------------------------------- autograd
@@ -330,8 +302,8 @@ def _per_table_backward(ctx, grad):
             None, None, None)
 
 
-embedding_bags_interaction_op.register_autograd(_per_table_backward,
-                                                setup_context=_per_table_setup)
+torch.library.register_autograd("perfkernels::embedding_bags_interaction", _per_table_backward,
+                                setup_context=_per_table_setup)
 
 
 def _collection_setup(ctx, inputs, output):
@@ -376,4 +348,5 @@ def _collection_backward(ctx, grad):
             None)
 
 
-collection_interaction_op.register_autograd(_collection_backward, setup_context=_collection_setup)
+torch.library.register_autograd("perfkernels::collection_interaction", _collection_backward,
+                                setup_context=_collection_setup)

@@ -103,6 +103,7 @@ def last_optimize_report() -> Optional[OptimizationReport]:
 # --------------------------------------------------------------------------- graph matching
 
 _LOOKUP_OPS = {torch.ops.perfkernels.embedding_bag.default: "ours",
+               torch.ops.perfkernels.embedding_bag_inference.default: "ours",
                torch.ops.perfkernels.embedding_bag_quantized.default: "packed",
                _aten.embedding_bag.padding_idx: "aten", _aten.embedding_bag.default: "aten",
                _aten._embedding_bag.default: "aten"}
@@ -263,6 +264,40 @@ def _single_user(node, target=None):
 
 # --------------------------------------------------------------------------- one capture
 
+#: casts a model may write after a lookup (``.float()``): no-ops on our float32 pooled rows
+_CASTS = {_aten.to.dtype, _aten._to_copy.default}
+
+
+def _through_float_cast(node, lookups: dict):
+    """The lookup behind ``lookup(...).float()`` (a cast of float32 pooled rows to float32, a
+    no-op), or the node itself."""
+    if (node.op == "call_function" and node.target in _CASTS and node.args
+            and node.args[0] in lookups):
+        dtype = node.args[1] if len(node.args) > 1 else node.kwargs.get("dtype")
+        val = node.args[0].meta.get("val")
+        if dtype is torch.float32 and val is not None and val.dtype is torch.float32 \
+                and not node.kwargs.get("memory_format"):
+            return node.args[0]
+    return node
+
+
+def _drop_orphan_assertions(graph, lookups_of: set) -> None:
+    """Remove export's metadata assertions (``_assert_tensor_metadata``) on values a fused op
+    replaced, and on casts of them: they are a fused lookup's last users and would keep it
+    running beside the fused op."""
+    assert_op = getattr(_aten, "_assert_tensor_metadata", None)
+    if assert_op is None or not lookups_of:
+        return
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not assert_op.default:
+            continue
+        src = node.args[0]
+        base = src.args[0] if (src.op == "call_function" and src.target in _CASTS
+                               and src.args) else src
+        if base in lookups_of or src in lookups_of:
+            graph.erase_node(node)
+
+
 class _Capture:
     """One captured and rewritten forward, for inputs of one signature."""
 
@@ -306,6 +341,7 @@ class _Capture:
         self.fqn_module = {node: self.feeds[i][1] for i, node in enumerate(placeholders)
                            if self.feeds[i][0] == "state"}
         self._fuse(gm, weights, consts, report, index)
+        _drop_orphan_assertions(gm.graph, lookups_of=set(self._fused_lookups))
         gm.graph.eliminate_dead_code()
         gm.recompile()
         self.gm = gm
@@ -354,6 +390,7 @@ class _Capture:
     # ---- the rewrite
     def _fuse(self, gm, weights, consts, report, index):
         graph = gm.graph
+        self._fused_lookups = []
         lookups = {}
         for node in list(graph.nodes):
             lk, why = _lookup_of(node, weights)
@@ -365,13 +402,18 @@ class _Capture:
                 report.not_fused.append((index, node.name, _UNFUSED_LOOKUPS[node.target]))
         done = set()
         for node in list(graph.nodes):
-            if node.op != "call_function" or node.target is not _aten.cat.default:
+            if node.op != "call_function" or node in done or node not in graph.nodes:
                 continue
-            if node in done:
-                continue
-            (self._dlrm_dot(graph, node, lookups, consts, report, index, done)
-             or self._torchrec_dot(graph, node, consts, report, index, done)
-             or self._dlrm_cat(graph, node, lookups, report, index, done))
+            if node.target is _aten.cat.default:
+                (self._dlrm_dot(graph, node, lookups, consts, report, index, done)
+                 or self._stacked_dot(graph, node, lookups, consts, report, index, done)
+                 or self._torchrec_dot(graph, node, consts, report, index, done)
+                 or self._dlrm_cat(graph, node, lookups, report, index, done)
+                 or self._lookups_only(graph, node, lookups, report, index, done))
+        for node in list(graph.nodes):
+            if (node.op == "call_function" and node.target is _aten.stack.default
+                    and node not in done):
+                self._lookups_only(graph, node, lookups, report, index, done)
         for node, lk in lookups.items():
             if lk.node in graph.nodes and lk.out.users and node not in done:
                 report.not_fused.append((index, lk.node.name, "its pooled rows do not go "
@@ -379,6 +421,7 @@ class _Capture:
                                          "the other lookups"))
 
     def _replace(self, graph, at, target, args, report, index, what, done, members):
+        self._fused_lookups.extend(m for m in members if m.op == "call_function")
         with graph.inserting_before(at):
             new = graph.call_function(target, args)
         new.meta = dict(at.meta)
@@ -415,22 +458,68 @@ class _Capture:
             return False
         li = _constant_value(idx.args[1][1], consts)
         lj = _constant_value(idx.args[1][2], consts)
+        out = _single_user(idx, _aten.cat.default)
+        if out is None or list(out.args[0]) != [x, idx] or out.args[1] not in (1, -1):
+            return False
+        return self._fuse_dot(graph, out, x, embs, idx, li, lj, lookups, report, index, done,
+                              [cat])
+
+    def _stacked_dot(self, graph, out, lookups, consts, report, index, done) -> bool:
+        """R = cat([x, index(flatten(bmm(T, T^T), 1), [None, p])], 1), T = stack([x, e...], 1),
+        p the flat positions i * n + j of the pairs (examples/dlrm.py's interaction)."""
+        parts = out.args[0]
+        if len(parts) != 2 or (out.args[1] if len(out.args) > 1 else 0) not in (1, -1):
+            return False
+        x, idx = parts
+        if (idx.op != "call_function" or idx.target is not _aten.index.Tensor
+                or len(idx.args[1]) != 2 or idx.args[1][0] is not None or len(idx.users) != 1):
+            return False
+        flat = _skip_full_slices_up(idx.args[0])
+        if flat.op != "call_function" or flat.target not in (
+                _aten.flatten.using_ints, _aten.view.default, _aten.reshape.default):
+            return False
+        bmm = flat.args[0]
+        if bmm.op != "call_function" or bmm.target is not _aten.bmm.default \
+                or len(bmm.users) != 1:
+            return False
+        st, tr = bmm.args
+        if (not _is_transpose_12(tr, st) or st.op != "call_function"
+                or st.target is not _aten.stack.default
+                or (st.args[1] if len(st.args) > 1 else st.kwargs.get("dim", 0)) != 1
+                or len(st.users) != 2 or st.args[0][0] is not x):
+            return False
+        embs = list(st.args[0][1:])
+        n = len(embs) + 1
+        flat_pairs = _constant_value(idx.args[1][1], consts)
+        if flat_pairs is None:
+            report.not_fused.append((index, idx.name, "pairs that are not constants"))
+            return False
+        flat_pairs = torch.as_tensor(flat_pairs).reshape(-1).long()
+        if flat_pairs.numel() and (flat_pairs.min() < 0 or flat_pairs.max() >= n * n):
+            return False
+        return self._fuse_dot(graph, out, x, embs, idx, flat_pairs // n, flat_pairs % n, lookups,
+                              report, index, done, [st])
+
+    def _fuse_dot(self, graph, out, x, embs, idx, li, lj, lookups, report, index, done,
+                  also) -> bool:
+        """Replace `out` (the dense row and the pairs li, lj of the dot products of
+        [x, embs...]) by the fused op, when the pairs are a model's order and embs are plain
+        lookups as wide as x."""
         found = None if li is None or lj is None else _pairs_of(li, lj, len(embs) + 1)
         if found is None:
             report.not_fused.append((index, idx.name, "pairs that are not DLRM's or TorchRec's "
                                      "order"))
             return False
-        out = _single_user(idx, _aten.cat.default)
-        if out is None or list(out.args[0]) != [x, idx] or out.args[1] not in (1, -1):
-            return False
+        embs = [_through_float_cast(e, lookups) for e in embs]
         lks = [lookups.get(e) for e in embs]
         if any(lk is None for lk in lks):
-            report.not_fused.append((index, cat.name, "a concatenation feeding a dot "
+            report.not_fused.append((index, also[0].name, "a concatenation feeding a dot "
                                      "interaction with inputs that are not plain lookups"))
             return False
         xv = x.meta.get("val")
         if xv is None or xv.dim() != 2 or any(lk.dim != xv.shape[1] for lk in lks):
-            report.not_fused.append((index, cat.name, "the dense and pooled rows differ in D"))
+            report.not_fused.append((index, also[0].name, "the dense and pooled rows differ "
+                                     "in D"))
             return False
         if len({lk.include_last for lk in lks}) != 1:
             return False
@@ -443,7 +532,7 @@ class _Capture:
         return self._replace(graph, out, _fused_ops.embedding_bags_interaction,
                              args, report, index,
                              f"{len(lks)} lookups + dot interaction ({pairs} order, "
-                             f"self_interaction={itself})", done, embs + [cat])
+                             f"self_interaction={itself})", done, embs + also)
 
     def _dlrm_cat(self, graph, cat, lookups, report, index, done) -> bool:
         """R = cat([x, e_0, ..., e_{F-1}], 1) with every e a lookup (and x not one)."""
@@ -470,6 +559,51 @@ class _Capture:
         return self._replace(graph, cat, _fused_ops.embedding_bags_interaction,
                              args, report, index, f"{len(lks)} lookups + concatenation", done,
                              embs)
+
+    def _lookups_only(self, graph, node, lookups, report, index, done) -> bool:
+        """R = cat([e_0, ..., e_{F-1}], 1) or stack([e_0, ...], 1), every e a float32 lookup
+        used only there: the fused op's "cat" form with a dense input of no columns (a stack is
+        its [B, F, D] view)."""
+        parts = node.args[0]
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        stack = node.target is _aten.stack.default
+        if dim not in ((1,) if stack else (1, -1)) or len(parts) < 2:
+            return False
+        embs = [_through_float_cast(e, lookups) for e in parts]
+        lks = [lookups.get(e) for e in embs]
+        if any(lk is None for lk in lks):
+            return False
+        vals = [e.meta.get("val") for e in embs]
+        if any(v is None or v.dim() != 2 or v.dtype is not torch.float32 for v in vals):
+            report.not_fused.append((index, node.name, "lookups whose rows are not float32"))
+            return False
+        if len({lk.include_last for lk in lks}) != 1:
+            return False
+        if stack and len({lk.dim for lk in lks}) != 1:
+            return False
+        if any(len(e.users) != 1 or len(p.users) != 1 for e, p in zip(embs, parts)):
+            report.not_fused.append((index, node.name, "the pooled rows are used elsewhere too"))
+            return False
+        gid = _fused_ops.register_group(self._modules(lks))
+        with graph.inserting_before(node):
+            bags = graph.call_function(_aten.sym_size.int, (lks[0].offsets, 0))
+            if lks[0].include_last:
+                bags = graph.call_function(operator.sub, (bags, 1))
+            dense = graph.call_function(_aten.empty.memory_format, ([bags, 0],),
+                                        {"dtype": torch.float32})
+        args = (dense, [lk.weight for lk in lks], [lk.indices for lk in lks],
+                [lk.offsets for lk in lks], lks[0].include_last, "cat", "dlrm", False,
+                [lk.mean for lk in lks], [lk.padding_idx for lk in lks],
+                [lk.bits for lk in lks], [lk.dim for lk in lks], gid)
+        if not stack:
+            return self._replace(graph, node, _fused_ops.embedding_bags_interaction, args,
+                                 report, index, f"{len(lks)} lookups + concatenation", done,
+                                 embs)
+        with graph.inserting_before(node):
+            fused = graph.call_function(_fused_ops.embedding_bags_interaction, args)
+        fused.meta = {}
+        return self._replace(graph, node, _aten.unflatten.int, (fused, 1, [len(lks), lks[0].dim]),
+                             report, index, f"{len(lks)} lookups + stack", done, embs)
 
     def _torchrec_dot(self, graph, cat, consts, report, index, done) -> bool:
         """cat([x, index(bmm(C, C^T), [None, li, lj])], 1), C = cat([x.unsqueeze(1), S], 1),
@@ -526,8 +660,9 @@ class _Capture:
                                _aten._unsafe_view.default):
             return None
         src = node.args[0]
-        target = torch.ops.perfkernels.embedding_bag_collection.default
-        if src.target is target:
+        targets = (torch.ops.perfkernels.embedding_bag_collection.default,
+                   torch.ops.perfkernels.embedding_bag_collection_inference.default)
+        if src.target in targets:
             return src
         if src.target is not _aten.cat.default:
             return None
@@ -543,7 +678,7 @@ class _Capture:
                 base = split
             elif split is not base:
                 return None
-        if base is None or base.args[0].target is not target:
+        if base is None or base.args[0].target not in targets:
             return None
         sizes = base.args[1]
         if len(pieces) != len(sizes) if isinstance(sizes, (list, tuple)) else True:

@@ -34,6 +34,37 @@ def packed_dim(row_bytes: int, bits: int) -> int:
     return row_bytes - 8 if bits == 8 else (row_bytes - 4) * (8 // bits)
 
 
+# --------------------------------------------------------------------------- the conversions
+
+def quantize_rowwise(weight: Tensor, bits: int = 8) -> Tensor:
+    """Pack a float32 or float16 CPU table row by row at 8, 4 or 2 bits: uint8 rows of codes and
+    their scale and bias, bit for bit ``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_prepack``
+    (any ``D >= 1``; see :func:`perfkernels.quantize_rowwise`).  The native op
+    ``perfkernels::quantize_rowwise``: it traces, exports and runs from C++.  A row holding NaN or
+    inf raises RuntimeError naming it."""
+    return torch.ops.perfkernels.quantize_rowwise(weight, bits)
+
+
+def dequantize_rowwise(packed: Tensor, bits: int = 8, dim: Optional[int] = None) -> Tensor:
+    """The float32 rows ``q * scale + bias`` of a packed table (``dim``: its columns, default the
+    largest the row holds, as torch's ops infer it).  The native op
+    ``perfkernels::dequantize_rowwise``."""
+    if dim is None:
+        dim = packed_dim(packed.shape[-1], bits)
+    return torch.ops.perfkernels.dequantize_rowwise(packed, bits, dim)
+
+
+@torch.library.register_fake("perfkernels::quantize_rowwise")
+def _quantize_rowwise_fake(weight, bits):
+    return weight.new_empty((weight.shape[0], packed_row_bytes(weight.shape[1], bits)),
+                            dtype=torch.uint8)
+
+
+@torch.library.register_fake("perfkernels::dequantize_rowwise")
+def _dequantize_rowwise_fake(packed, bits, dim):
+    return packed.new_empty((packed.shape[0], dim), dtype=torch.float32)
+
+
 def _from_quantized_tensor(qweight: Tensor, bits: int) -> Tensor:
     """torch.ao's per-row quantized weight (per_channel_affine_float_qparams) as packed uint8 rows
     in the ``embedding_bag_*_prepack`` layout, bit for bit what torch's own packing stores
@@ -48,8 +79,83 @@ def _from_quantized_tensor(qweight: Tensor, bits: int) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(packed))
 
 
+def _float_weight(mod: torch.nn.Module) -> Tensor:
+    """A float module's weight as the row-wise quantizer takes it: detached, float32 or float16
+    (any other dtype as float32)."""
+    weight = mod.weight.detach()
+    if weight.dtype not in (torch.float32, torch.float16):
+        weight = weight.float()
+    return weight
+
+
+class _PackedRows:
+    """What :class:`QuantizedEmbeddingBag` and :class:`~perfkernels.torch.QuantizedEmbedding`
+    share (a mixin before ``torch.nn.Module``): the table as the buffer ``packed_weight`` (uint8
+    rows in the ``embedding_bag_*_prepack`` layout), its checks, :meth:`dequantize` and the
+    loading of a torch.ao module's ``state_dict``."""
+
+    def _init_packed(self, num_embeddings: int, embedding_dim: int, max_norm: Optional[float],
+                     norm_type: float, scale_grad_by_freq: bool, sparse: bool, dtype,
+                     _weight: Optional[Tensor], placement: str) -> None:
+        """Set torch's attributes and the buffer ``packed_weight``: zero rows, ``_weight``'s packed
+        rows (uint8) or its torch.ao quantized tensor converted; placed as ``placement`` says."""
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.max_norm = max_norm
+        self.norm_type = norm_type
+        self.scale_grad_by_freq = scale_grad_by_freq
+        self.sparse = sparse
+        self.bits = _bits_of(dtype)
+        self.dtype = dtype
+        if _weight is None:
+            packed = torch.from_numpy(pk.quantize_rowwise(
+                np.zeros((num_embeddings, embedding_dim), np.float32), self.bits))
+        elif _weight.dtype == torch.uint8:
+            packed = _weight
+        else:
+            packed = _from_quantized_tensor(_weight, self.bits)
+        self.register_buffer("packed_weight", self._check_packed(packed))
+        _placement.place_tensor_attr(self, "packed_weight", placement)
+
+    def _check_packed(self, packed: Tensor) -> Tensor:
+        want = (self.num_embeddings, packed_row_bytes(self.embedding_dim, self.bits))
+        if packed.dtype != torch.uint8 or tuple(packed.shape) != want:
+            raise ValueError(f"packed weight must be uint8 of shape {want} for "
+                             f"{self.num_embeddings} x {self.embedding_dim} {self.bits}-bit rows; "
+                             f"got {packed.dtype} {tuple(packed.shape)}")
+        return packed
+
+    def dequantize(self) -> Tensor:
+        """The table as float32 ``[num_embeddings, embedding_dim]``."""
+        return torch.from_numpy(pk.dequantize_rowwise(as_numpy(self.packed_weight), self.bits,
+                                                      dim=self.embedding_dim))
+
+    def _torch_weight_error(self, key: str, qweight: Tensor) -> Optional[str]:
+        """Why torch.ao's quantized weight ``qweight`` (at ``key``) cannot load here, or None."""
+        return None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # A checkpoint of torch.ao's module: convert its quantized weight.
+        torch_key = prefix + "_packed_params._packed_weight"
+        if torch_key in state_dict:
+            state_dict = dict(state_dict)
+            qweight = state_dict.pop(torch_key)
+            error = self._torch_weight_error(torch_key, qweight)
+            if error is not None:
+                error_msgs.append(error)
+                return
+            state_dict.pop(prefix + "_packed_params.dtype", None)
+            state_dict[prefix + "packed_weight"] = _from_quantized_tensor(qweight, self.bits)
+        key = prefix + "packed_weight"
+        if key in state_dict:
+            self._check_packed(state_dict[key])
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+
 @_placement.register_table_module
-class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
+class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
     """Drop-in replacement for :class:`torch.ao.nn.quantized.EmbeddingBag`: row-wise quantized
     tables (8-bit with float32 scale/bias, 4-bit and 2-bit with float16 scale/bias).
 
@@ -80,35 +186,12 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
         super().__init__()
         if mode not in ("sum", "mean"):
             raise ValueError(f"mode must be 'sum' or 'mean' for a quantized table; got {mode!r}")
-        self.num_embeddings = num_embeddings
-        self.embedding_dim = embedding_dim
-        self.max_norm = max_norm
-        self.norm_type = norm_type
-        self.scale_grad_by_freq = scale_grad_by_freq
         self.mode = mode
-        self.sparse = sparse
         self.include_last_offset = include_last_offset
-        self.bits = _bits_of(dtype)
-        self.dtype = dtype
         self.padding_idx: Optional[int] = None
         self.average_mean = average_mean
-        if _weight is None:
-            packed = torch.from_numpy(pk.quantize_rowwise(
-                np.zeros((num_embeddings, embedding_dim), np.float32), self.bits))
-        elif _weight.dtype == torch.uint8:
-            packed = _weight
-        else:
-            packed = _from_quantized_tensor(_weight, self.bits)
-        self.register_buffer("packed_weight", self._check_packed(packed))
-        _placement.place_tensor_attr(self, "packed_weight", placement)
-
-    def _check_packed(self, packed: Tensor) -> Tensor:
-        want = (self.num_embeddings, packed_row_bytes(self.embedding_dim, self.bits))
-        if packed.dtype != torch.uint8 or tuple(packed.shape) != want:
-            raise ValueError(f"packed weight must be uint8 of shape {want} for "
-                             f"{self.num_embeddings} x {self.embedding_dim} {self.bits}-bit rows; "
-                             f"got {packed.dtype} {tuple(packed.shape)}")
-        return packed
+        self._init_packed(num_embeddings, embedding_dim, max_norm, norm_type, scale_grad_by_freq,
+                          sparse, dtype, _weight, placement)
 
     def forward(self, indices: Tensor, offsets: Optional[Tensor] = None,
                 per_sample_weights: Optional[Tensor] = None,
@@ -145,11 +228,6 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
             raise RuntimeError(str(exc)) from None    # torch's ops raise RuntimeError
         return torch.from_numpy(out)
 
-    def dequantize(self) -> Tensor:
-        """The table as float32 ``[num_embeddings, embedding_dim]``."""
-        return torch.from_numpy(pk.dequantize_rowwise(as_numpy(self.packed_weight), self.bits,
-                                                      dim=self.embedding_dim))
-
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}, bits={self.bits}, mode={self.mode!r}"
         if self.average_mean:
@@ -159,21 +237,6 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
         if self.padding_idx is not None:
             s += f", padding_idx={self.padding_idx}"
         return s
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        # A checkpoint of torch.ao.nn.quantized.EmbeddingBag: convert its quantized weight.
-        torch_key = prefix + "_packed_params._packed_weight"
-        if torch_key in state_dict:
-            state_dict = dict(state_dict)
-            qweight = state_dict.pop(torch_key)
-            state_dict.pop(prefix + "_packed_params.dtype", None)
-            state_dict[prefix + "packed_weight"] = _from_quantized_tensor(qweight, self.bits)
-        key = prefix + "packed_weight"
-        if key in state_dict:
-            self._check_packed(state_dict[key])
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
 
     # ---------------------------------------------------------------- constructors
 
@@ -211,10 +274,8 @@ class QuantizedEmbeddingBag(TableViewCache, torch.nn.Module):
         """
         if bits is not None:
             bits = _bits_of(bits)
-            weight = mod.weight.detach()
-            if weight.dtype not in (torch.float32, torch.float16):
-                weight = weight.float()
-            packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(weight.cpu()), bits))
+            packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(_float_weight(mod).cpu()),
+                                                          bits))
             new = cls(mod.num_embeddings, mod.embedding_dim, max_norm=mod.max_norm,
                       norm_type=mod.norm_type, scale_grad_by_freq=mod.scale_grad_by_freq,
                       mode=mod.mode, sparse=mod.sparse, _weight=packed.to(mod.weight.device),

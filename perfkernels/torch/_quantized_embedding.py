@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -13,26 +12,22 @@ import perfkernels as pk
 from . import _placement
 from ._bridge import TableViewCache, as_numpy, index_error
 from ._quantized import _bits_of, _from_quantized_tensor, packed_dim
-from ..families.quantized.layout import packed_row_bytes
+from ._quantized import _PackedRows, _float_weight
 
 
-@torch.library.custom_op("perfkernels::embedding_quantized", mutates_args=())
-def embedding_quantized_op(packed: Tensor, indices: Tensor, bits: int, dim: int) -> Tensor:
-    """Unpooled lookup of packed rows as a registered op (what torch.compile / export see)."""
-    try:
-        out = pk.embedding_quantized(as_numpy(packed), indices.numpy(), bits=bits, dim=dim)
-    except IndexError as exc:
-        raise index_error(exc, quantized=True) from None
-    return torch.from_numpy(out)
+#: float32 rows of a packed table, shape indices.shape + (dim,): defined, with its CPU kernel, by
+#: perfkernels' native library (native/ops.cpp, loaded by _bags), so compiled and exported graphs
+#: call it without Python
+embedding_quantized_op = torch.ops.perfkernels.embedding_quantized.default
 
 
-@embedding_quantized_op.register_fake
+@torch.library.register_fake("perfkernels::embedding_quantized")
 def _embedding_quantized_fake(packed, indices, bits, dim):
     return packed.new_empty((*indices.shape, dim), dtype=torch.float32)
 
 
 @_placement.register_table_module
-class QuantizedEmbedding(TableViewCache, torch.nn.Module):
+class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
     """Drop-in replacement for :class:`torch.ao.nn.quantized.Embedding`: one float32 row per index
     from a row-wise quantized table (8-bit rows with float32 scale / bias, 4-bit and 2-bit with
     float16 scale / bias), shape ``indices.shape + (embedding_dim,)``.
@@ -54,32 +49,9 @@ class QuantizedEmbedding(TableViewCache, torch.nn.Module):
                  _weight: Optional[Tensor] = None, dtype=torch.quint8, *,
                  placement: str = "auto") -> None:
         super().__init__()
-        self.num_embeddings = num_embeddings
-        self.embedding_dim = embedding_dim
         self.padding_idx = padding_idx
-        self.max_norm = max_norm
-        self.norm_type = norm_type
-        self.scale_grad_by_freq = scale_grad_by_freq
-        self.sparse = sparse
-        self.bits = _bits_of(dtype)
-        self.dtype = dtype
-        if _weight is None:
-            packed = torch.from_numpy(pk.quantize_rowwise(
-                np.zeros((num_embeddings, embedding_dim), np.float32), self.bits))
-        elif _weight.dtype == torch.uint8:
-            packed = _weight
-        else:
-            packed = _from_quantized_tensor(_weight, self.bits)
-        self.register_buffer("packed_weight", self._check_packed(packed))
-        _placement.place_tensor_attr(self, "packed_weight", placement)
-
-    def _check_packed(self, packed: Tensor) -> Tensor:
-        want = (self.num_embeddings, packed_row_bytes(self.embedding_dim, self.bits))
-        if packed.dtype != torch.uint8 or tuple(packed.shape) != want:
-            raise ValueError(f"packed weight must be uint8 of shape {want} for "
-                             f"{self.num_embeddings} x {self.embedding_dim} {self.bits}-bit rows; "
-                             f"got {packed.dtype} {tuple(packed.shape)}")
-        return packed
+        self._init_packed(num_embeddings, embedding_dim, max_norm, norm_type, scale_grad_by_freq,
+                          sparse, dtype, _weight, placement)
 
     def forward(self, indices: Tensor) -> Tensor:
         """Float32 rows ``indices.shape + (embedding_dim,)``."""
@@ -96,32 +68,14 @@ class QuantizedEmbedding(TableViewCache, torch.nn.Module):
             raise index_error(exc, quantized=True) from None
         return torch.from_numpy(out)
 
-    def dequantize(self) -> Tensor:
-        """The table as float32 ``[num_embeddings, embedding_dim]``."""
-        return torch.from_numpy(pk.dequantize_rowwise(as_numpy(self.packed_weight), self.bits,
-                                                      dim=self.embedding_dim))
-
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, bits={self.bits}"
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        # A checkpoint of torch.ao.nn.quantized.Embedding: convert its quantized weight.
-        torch_key = prefix + "_packed_params._packed_weight"
-        if torch_key in state_dict:
-            state_dict = dict(state_dict)
-            qweight = state_dict.pop(torch_key)
-            if _bits_of(qweight.dtype) != self.bits:
-                error_msgs.append(f"{torch_key} holds {qweight.dtype} rows; this module has "
-                                  f"{self.bits}-bit rows")
-                return
-            state_dict.pop(prefix + "_packed_params.dtype", None)
-            state_dict[prefix + "packed_weight"] = _from_quantized_tensor(qweight, self.bits)
-        key = prefix + "packed_weight"
-        if key in state_dict:
-            self._check_packed(state_dict[key])
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+    def _torch_weight_error(self, key: str, qweight: Tensor) -> Optional[str]:
+        # torch.ao.nn.quantized.Embedding's checkpoint: its rows must have this module's width
+        if _bits_of(qweight.dtype) != self.bits:
+            return f"{key} holds {qweight.dtype} rows; this module has {self.bits}-bit rows"
+        return None
 
     @classmethod
     def from_torch_ao(cls, mod: torch.nn.Module, *, placement: str = "auto"
@@ -140,10 +94,8 @@ class QuantizedEmbedding(TableViewCache, torch.nn.Module):
         torch's ``embedding_bag_*_prepack`` (and with torch.ao's float_qparams weight-only
         quantization of the module, which packs the same rows)."""
         bits = _bits_of(bits)
-        weight = mod.weight.detach()
-        if weight.dtype not in (torch.float32, torch.float16):
-            weight = weight.float()
-        packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(weight.contiguous()), bits))
+        packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(_float_weight(mod).contiguous()),
+                                                      bits))
         new = cls(mod.num_embeddings, mod.embedding_dim, dtype=bits, _weight=packed,
                   placement=placement)
         new.padding_idx = mod.padding_idx

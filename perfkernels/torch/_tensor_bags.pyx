@@ -47,10 +47,9 @@ from perfkernels._c_common cimport pk_status, PK_OK
 from perfkernels._c_bags cimport pk_bags
 from perfkernels._bags cimport BAGS_SCRATCH, TINY_BAGS, normalise_offsets, run_bags
 from perfkernels._parallel cimport pool, resolve_threads
-from perfkernels._c_bags_parallel cimport pk_bags_part, pk_bags_run
+from perfkernels._c_bags_parallel cimport pk_bags_part
 from perfkernels._c_parallel cimport pk_parallel_api
 from libc.stdlib cimport malloc, free
-from libc.string cimport memcpy
 from perfkernels.families.embedding._c_embedding cimport (pk_embedding_bag_fn, pk_embedding_kernels,
                                                          pk_float_bags_args, pk_float_bags_call)
 
@@ -131,7 +130,7 @@ cdef const pk_embedding_kernels *_kernels = NULL
 from perfkernels._c_bags cimport pk_bags_first_bad_in
 from perfkernels.families.interaction._c_interaction cimport (pk_interaction_dot_fn,
                                                               pk_interaction_kernels)
-from perfkernels.families.multi.fused cimport pk_dot_interaction_job, pk_dot_interaction_run
+from perfkernels.families.multi.fused cimport run_interaction
 
 cdef const pk_interaction_kernels *_dot_kernels = NULL
 
@@ -433,15 +432,16 @@ def interaction_lookup(dense, list weights, list indices, list offsets, bint inc
     NumPy API's bag checks, every index in range."""
     cdef _View x, w, ix, off
     cdef Py_ssize_t F = len(weights), f
-    cdef int64_t B, Dd, width, P = 0, count, n, max_len = 0, col, total = 0, bad = -1, b, pad
+    cdef int64_t B, Dd, width, P = 0, count, n, max_len = 0, col, total = 0, bad = -1, pad
     cdef int bad_part = -1, nt
     cdef pk_bags_part *parts = NULL
     cdef pk_float_bags_args *args = NULL
     cdef int64_t *offs = NULL
     cdef pk_bags *bg
-    cdef pk_dot_interaction_job job
     cdef pk_status status = PK_OK
     cdef cnp.ndarray out, ali, alj
+    cdef const int32_t *li_p = NULL
+    cdef const int32_t *lj_p = NULL
     cdef cnp.npy_intp shape[2]
     cdef float *o
     if (_view_fn == NULL or len(indices) != F or len(offsets) != F or F == 0
@@ -532,25 +532,13 @@ def interaction_lookup(dense, list weights, list indices, list offsets, bint inc
                 parts[f].bags.out = o + col
                 parts[f].bags.out_stride = width
                 col += args[f].dim
-            with nogil:
-                for b in range(B):
-                    memcpy(o + b * width, <const float *>x.data + b * Dd, Dd * sizeof(float))
-                status = pk_bags_run(pool, nt, parts, <int>F, NULL, &bad, &bad_part)
         else:
-            job.parts = parts
-            job.n_parts = <int>F
-            job.dense = <const float *>x.data
-            job.dense_stride = Dd
-            job.dim = Dd
-            job.li = <const int32_t *>cnp.PyArray_DATA(ali)
-            job.lj = <const int32_t *>cnp.PyArray_DATA(alj)
-            job.n_pairs = P
-            job.dot = _dot_kernels.interaction_dot
-            job.out = o
-            job.out_stride = width
-            job.n_samples = B
-            with nogil:
-                status = pk_dot_interaction_run(pool, nt, &job, &bad, &bad_part)
+            li_p = <const int32_t *>cnp.PyArray_DATA(ali)
+            lj_p = <const int32_t *>cnp.PyArray_DATA(alj)
+        with nogil:
+            status = run_interaction(pool, nt, parts, <int>F, cat, <const float *>x.data, Dd,
+                                     li_p, lj_p, P, _dot_kernels.interaction_dot, o, width, B,
+                                     &bad, &bad_part)
         if status != PK_OK:
             return None
         return _from_numpy(out)

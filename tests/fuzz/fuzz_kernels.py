@@ -457,16 +457,7 @@ def fuzz_torch_embedding_bag(d: Draw):
     rows, dim = d.int(0, 30), d.pick(DIMS)
     dtype = d.pick((np.float32, np.float16, BF16))
     table = d.floats(rows * dim).astype(dtype).reshape(rows, dim)
-    nbags = d.int(0, 8)
-    lens = [d.pick((0, 1, 2, 3, 17)) for _ in range(nbags)]
-    n = sum(lens)
-    values = np.array([d.int(0, rows - 1) if rows else 0 for _ in range(n)], np.int64)
-    if n and (rows == 0 or d.chance(8)):
-        values[d.int(0, n - 1)] = d.pick(HUGE_INDICES + (rows,))
-        d.errors.update((IndexError, RuntimeError))
-    ix_t = d.pick((torch.int32, torch.int64))
-    if ix_t == torch.int32:
-        values = np.where((values >= 2 ** 31) | (values < -2 ** 31), -1, values)
+    nbags, lens, n, values, ix_t = _torch_bag_values(d, rows, (IndexError, RuntimeError))
     kw, ref_kw = {}, {}
     offsets = np.cumsum([0] + lens[:-1]).astype(np.int64) if nbags else np.zeros(0, np.int64)
     if nbags and len(set(lens)) == 1 and d.chance(2):
@@ -827,20 +818,29 @@ def _torch():
     return _TORCH
 
 
-def torch_bags(d: Draw, rows: int, weights: bool = True):
-    """Bags for the torch entry points: (indices, offsets or None, reference kwargs); an
-    out-of-range index must raise IndexOutOfRangeError (an IndexError and a RuntimeError)."""
-    torch, pkt = _torch()
+def _torch_bag_values(d: Draw, rows: int, errors: tuple):
+    """The values of up to 8 bags (lengths 0, 1, 2, 3, 17) for the torch entry points, sometimes
+    one out of range (the call may then raise ``errors``), and the index dtype (int32 values that
+    do not fit become -1): (nbags, lens, n, values, index dtype)."""
+    torch, _ = _torch()
     nbags = d.int(0, 8)
     lens = [d.pick((0, 1, 2, 3, 17)) for _ in range(nbags)]
     n = sum(lens)
     values = np.array([d.int(0, rows - 1) if rows else 0 for _ in range(n)], np.int64)
     if n and (rows == 0 or d.chance(8)):
         values[d.int(0, n - 1)] = d.pick(HUGE_INDICES + (rows,))
-        d.errors.add(pkt.IndexOutOfRangeError)
+        d.errors.update(errors)
     ix_t = d.pick((torch.int32, torch.int64))
     if ix_t == torch.int32:
         values = np.where((values >= 2 ** 31) | (values < -2 ** 31), -1, values)
+    return nbags, lens, n, values, ix_t
+
+
+def torch_bags(d: Draw, rows: int, weights: bool = True):
+    """Bags for the torch entry points: (indices, offsets or None, reference kwargs); an
+    out-of-range index must raise IndexOutOfRangeError (an IndexError and a RuntimeError)."""
+    torch, pkt = _torch()
+    nbags, lens, n, values, ix_t = _torch_bag_values(d, rows, (pkt.IndexOutOfRangeError,))
     ref_kw = {"mode": d.pick(("sum", "mean"))}
     if nbags and len(set(lens)) == 1 and d.chance(2):
         indices, offs = values.reshape(nbags, lens[0]), None

@@ -5,7 +5,6 @@ modules as capsules); this module validates the whole batch once and runs every 
 on the thread pool (csrc/common/bags_parallel.h).
 """
 from libc.stdint cimport uint8_t, int32_t, int64_t
-from libc.string cimport memcpy
 from libc.stdlib cimport malloc, free
 from cpython.pycapsule cimport PyCapsule_GetPointer
 import operator
@@ -34,7 +33,7 @@ from perfkernels._parallel cimport pool, resolve_threads
 from perfkernels._c_bags cimport pk_bags_first_bad_in
 from perfkernels.families.interaction._c_interaction cimport (pk_interaction_dot_fn,
                                                               pk_interaction_kernels)
-from perfkernels.families.multi.fused cimport pk_dot_interaction_job, pk_dot_interaction_run
+from perfkernels.families.multi.fused cimport run_interaction
 
 cnp.import_array()
 
@@ -514,11 +513,15 @@ def embedding_bags_interaction(dense: Float32Array, tables: Sequence[TableArray]
     cdef pk_bags_part *parts = <pk_bags_part *>malloc(F * sizeof(pk_bags_part))
     cdef _args *args = <_args *>malloc(F * sizeof(_args))
     cdef pk_bags_part *part
-    cdef int64_t col = Dd, bad = -1, start, b
+    cdef int64_t col = Dd, bad = -1
     cdef int bad_part = -1, kind
     cdef pk_status status = PK_OK
-    cdef pk_dot_interaction_job job
     cdef bint is_cat = interaction == "cat"
+    cdef const int32_t *li = NULL
+    cdef const int32_t *lj = NULL
+    if not is_cat:
+        li = <const int32_t *>cnp.PyArray_DATA(ali)
+        lj = <const int32_t *>cnp.PyArray_DATA(alj)
     cdef float *o = <float *>cnp.PyArray_DATA(dst)
     cdef const float *xd = <const float *>cnp.PyArray_DATA(x)
     if parts == NULL or args == NULL:
@@ -553,24 +556,9 @@ def embedding_bags_interaction(dense: Float32Array, tables: Sequence[TableArray]
                     status = PK_ERR_INDEX
                     break
             if status == PK_OK:
-                if is_cat:
-                    for b in range(B):
-                        memcpy(o + b * width, xd + b * Dd, Dd * sizeof(float))
-                    status = pk_bags_run(pool, nt, parts, <int>F, NULL, &bad, &bad_part)
-                else:
-                    job.parts = parts
-                    job.n_parts = <int>F
-                    job.dense = xd
-                    job.dense_stride = Dd
-                    job.dim = Dd
-                    job.li = <const int32_t *>cnp.PyArray_DATA(ali)
-                    job.lj = <const int32_t *>cnp.PyArray_DATA(alj)
-                    job.n_pairs = P
-                    job.dot = _interaction_kernels.interaction_dot
-                    job.out = o
-                    job.out_stride = width
-                    job.n_samples = B
-                    status = pk_dot_interaction_run(pool, nt, &job, &bad, &bad_part)
+                status = run_interaction(pool, nt, parts, <int>F, is_cat, xd, Dd, li, lj, P,
+                                         _interaction_kernels.interaction_dot, o, width, B, &bad,
+                                         &bad_part)
         if status == PK_ERR_INDEX:
             raise IndexError(f"feature {bad_part}: indices[{bad}] = "
                              f"{pk_bags_index(&parts[bad_part].bags, bad)} is out of range for "

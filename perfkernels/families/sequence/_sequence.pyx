@@ -1,7 +1,6 @@
 """Unpooled lookups (torch.nn.Embedding): one output row per index, for float and packed tables."""
 from libc.stdint cimport uint8_t, int64_t
 from libc.string cimport memset
-import operator
 
 import numpy as np
 cimport numpy as cnp
@@ -11,8 +10,9 @@ from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
 from perfkernels.families.sequence._c_sequence cimport (pk_sequence_kernels, pk_sequence_table,
                                                        pk_sequence_copy_first_bad)
 from perfkernels._arrays cimport check_out, kernel_table_getter, register_family
-from perfkernels._bags cimport as_int_array
-from perfkernels._parallel cimport resolve_threads, run_ranges, ranges_threads, ranges_chunks
+from perfkernels._bags cimport as_int_array, checked_padding_idx
+from perfkernels._parallel cimport (resolve_threads, run_ranges, ranges_threads, ranges_chunks,
+                                   range_fn)
 from perfkernels.families.embedding._embedding import _checked_table
 from perfkernels.families.quantized._quantized import _checked_packed
 
@@ -83,19 +83,18 @@ cdef int _raise_index(cnp.ndarray ix, int64_t pos, int64_t rows) except -1:
     raise IndexError(f"indices[{pos}] = {int(value)} is out of range for a table of {rows} rows")
 
 
-cdef int _check_padding(object padding_idx, int64_t rows) except -1:
-    """padding_idx as in PyTorch: None, or an integer in [-rows, rows)."""
-    if padding_idx is None:
-        return 0
-    try:
-        pad = operator.index(padding_idx)
-    except TypeError as exc:
-        raise TypeError(f"padding_idx must be an integer or None; got "
-                        f"{type(padding_idx).__name__}") from exc
-    if pad < -rows or pad >= rows:
-        raise ValueError(f"padding_idx = {pad} is out of range for a table of {rows} rows "
-                         f"(valid: -{rows} <= padding_idx < {rows})")
-    return 0
+cdef int64_t _run_pass(_rows_job *j, range_fn fn, int64_t n, int64_t align, bint tiny,
+                       int threads, int k) noexcept:
+    """fn over the ranges of [0, n): on the calling thread with the GIL held when tiny, else on
+    `threads` threads (k ranges) without it; the first bad position, or -1."""
+    cdef int64_t bad
+    if tiny:
+        run_ranges(n, 1, align, fn, j)
+        return _first_bad(j, 1)
+    with nogil:
+        run_ranges(n, threads, align, fn, j)
+        bad = _first_bad(j, k)
+    return bad
 
 
 cdef object _run(_rows_job *j, cnp.ndarray ix, cnp.ndarray dst, bint writes_out, int nt):
@@ -131,23 +130,11 @@ cdef object _run(_rows_job *j, cnp.ndarray ix, cnp.ndarray dst, bint writes_out,
         size = <cnp.npy_intp>(n * isz)
         snapshot = cnp.PyArray_EMPTY(1, &size, cnp.NPY_UINT8, 0)
         j.snapshot = cnp.PyArray_DATA(snapshot)
-        if tiny:
-            run_ranges(n, 1, align, _scan_range, j)
-            bad = _first_bad(j, 1)
-        else:
-            with nogil:
-                run_ranges(n, threads, align, _scan_range, j)
-                bad = _first_bad(j, k)
+        bad = _run_pass(j, _scan_range, n, align, tiny, threads, k)
         if bad >= 0:
             return _raise_index(ix, bad, j.rows)
         j.indices = j.snapshot
-    if tiny:
-        run_ranges(n, 1, align, _rows_range, j)
-        bad = _first_bad(j, 1)
-    else:
-        with nogil:
-            run_ranges(n, threads, align, _rows_range, j)
-            bad = _first_bad(j, k)
+    bad = _run_pass(j, _rows_range, n, align, tiny, threads, k)
     if bad >= 0:
         _raise_index(ix, bad, j.rows)
     return dst
@@ -237,7 +224,7 @@ def embedding(weight: TableArray, indices: IndexArray, *, padding_idx: int | Non
     cdef int nt = resolve_threads(num_threads)
     cdef cnp.ndarray table = <cnp.ndarray>_checked_table(weight)
     cdef cnp.ndarray ix = as_int_array(indices, "indices")
-    _check_padding(padding_idx, cnp.PyArray_DIM(table, 0))
+    checked_padding_idx(padding_idx, cnp.PyArray_DIM(table, 0))
     return _lookup(table, ix, 0, cnp.PyArray_DIM(table, 1), out, cnp.PyArray_TYPE(table),
                    str(table.dtype), table.dtype, nt)
 

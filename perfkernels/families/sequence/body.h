@@ -43,6 +43,24 @@ PK_INLINE void seq_prefetch(const char *p, int64_t nbytes, const int far, const 
     }
 }
 
+/* Step j of a lookup: index j, checked against rows (0 when out of range; else 1 with the index
+ * in *idx), and, while j < pf_end, a prefetch of the row `ahead` indices on (row_stride bytes
+ * apart from `table`, nbytes of it).  The prefetched address is formed in integers: an unchecked
+ * index is harmless to a prefetch. */
+PK_INLINE int seq_next_row(const void *indices, int64_t j, const int idx64, int64_t rows,
+                           int64_t *idx, const char *table, int64_t row_stride, int64_t nbytes,
+                           int64_t ahead, int64_t pf_end, const int far, const int straddle)
+{
+    *idx = seq_index(indices, j, idx64);
+    if ((uint64_t)*idx >= (uint64_t)rows) return 0;
+    if (j < pf_end) {
+        const int64_t next = seq_index(indices, j + ahead, idx64);
+        const uintptr_t p = (uintptr_t)table + (uint64_t)next * (uint64_t)row_stride;
+        seq_prefetch((const char *)p, nbytes, far, straddle);
+    }
+    return 1;
+}
+
 /* Copy one row of nbytes (a multiple of 2) from src to dst. */
 PK_INLINE void seq_copy(char *dst, const char *src, const int64_t nbytes)
 {
@@ -78,13 +96,11 @@ PK_INLINE pk_status rows_loop(const char *table, int64_t rows, int64_t row_strid
     const int64_t ahead = far ? SEQ_FAR : (nbytes <= 128 ? SEQ_NEAR_SHORT : SEQ_NEAR);
     const int64_t pf_end = n - ahead;
     for (int64_t j = 0; j < n; j++) {
-        const int64_t idx = seq_index(indices, j, idx64);
-        if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return PK_ERR_INDEX; }
-        if (j < pf_end) {
-            const int64_t next = seq_index(indices, j + ahead, idx64);
-            /* the address is formed in integers: an unchecked index is harmless to a prefetch */
-            const uintptr_t p = (uintptr_t)table + (uint64_t)next * (uint64_t)row_stride;
-            seq_prefetch((const char *)p, nbytes, far, straddle);
+        int64_t idx;
+        if (!seq_next_row(indices, j, idx64, rows, &idx, table, row_stride, nbytes, ahead, pf_end,
+                          far, straddle)) {
+            *bad_pos = j;
+            return PK_ERR_INDEX;
         }
         seq_copy(out + j * nbytes, table + idx * row_stride, nbytes);
     }
@@ -183,12 +199,11 @@ PK_INLINE pk_status qrows_loop(const int bits, const int64_t D, const uint8_t *p
     const int64_t ahead = far ? SEQ_FAR : (row_bytes <= 128 ? SEQ_NEAR_SHORT : SEQ_NEAR);
     const int64_t pf_end = n - ahead;
     for (int64_t j = 0; j < n; j++) {
-        const int64_t idx = seq_index(indices, j, idx64);
-        if ((uint64_t)idx >= (uint64_t)rows) { *bad_pos = j; return PK_ERR_INDEX; }
-        if (j < pf_end) {
-            const int64_t next = seq_index(indices, j + ahead, idx64);
-            const uintptr_t p = (uintptr_t)packed + (uint64_t)next * (uint64_t)row_bytes;
-            seq_prefetch((const char *)p, row_bytes, far, 1);
+        int64_t idx;
+        if (!seq_next_row(indices, j, idx64, rows, &idx, (const char *)packed, row_bytes,
+                          row_bytes, ahead, pf_end, far, 1)) {
+            *bad_pos = j;
+            return PK_ERR_INDEX;
         }
         seq_dequant(bits, packed + idx * row_bytes, codes_bytes, dim, out + j * dim);
     }

@@ -9,9 +9,11 @@
  * The kernels are the package's own C kernels (embedding and quantized families, compiled into
  * this library at every ISA level, picked at load time from the CPU's features); the bag
  * splitter of common/bags_parallel.h runs them on torch's intra-op thread pool.  Every argument
- * is checked before a kernel runs; a bad one throws std::runtime_error with a message naming it
- * (RuntimeError in Python).  An index out of range is found by the kernel before its row is read
- * and reported with its flattened position and value; the half-written result is dropped.
+ * is checked before a kernel runs; a bad one calls fail() (torch_api.h) with a message naming it,
+ * which throws a c10::Error carrying that message, as TORCH_CHECK does (std::runtime_error where
+ * the process's libc10 lacks the function that throws it); RuntimeError in Python either way.
+ * An index out of range is found by the kernel before its row is read and reported with its
+ * flattened position and value; the half-written result is dropped.
  */
 #include <algorithm>
 #include <atomic>
@@ -26,6 +28,9 @@ extern "C" {
 #include "perfkernels/cpu.h"
 #include "perfkernels/lstm.h"
 #include "quantized/bags_call.h"
+#include "multi/fused.h"
+#include "perfkernels/interaction.h"
+#include "perfkernels/sequence.h"
 }
 
 /* pk_level_requires[isa]: the CPU features (cpu_features() names) each ISA level needs at run
@@ -359,7 +364,144 @@ void run(const Bags &b, const pk_bags_part *parts, int n_parts, const int64_t *r
     if (s != PK_OK) fail("perfkernels: a bag kernel failed with status " + std::to_string((int)s));
 }
 
+/* ------------------------------------------------------------------ tables as bag parts */
+
+/* A table as a bag part: a float table (float32 / float16 / bfloat16 rows of
+ * unit-stride elements, copied otherwise) when bits is 0, else rows of packed codes of `dim`
+ * columns at 8, 4 or 2 bits.  The copies live here as long as the part is used. */
+struct TablePart {
+    pk_float_bags_args fargs;
+    pk_quantized_bags_args qargs;
+    int64_t rows = 0, dim = 0, elem = 4;
+    bool packed = false;
+    std::vector<uint32_t> c32;
+    std::vector<uint16_t> c16;
+    std::vector<uint8_t> c8;
+};
+
+void table_part(const Tensor &weight, int64_t bits, int64_t packed_dim, const std::string &name,
+                TablePart &T)
+{
+    const View w = view(weight, name.c_str(), 2);
+    T.rows = w.size[0];
+    if (bits == 0) {
+        const pk_embedding_kernels *k = pk_embedding_table(g_isa.load(std::memory_order_relaxed));
+        if (w.dtype == api.aoti_torch_dtype_float32()) {
+            T.fargs.fn = k->embedding_bag_f32;
+            T.elem = 4;
+        } else if (w.dtype == api.aoti_torch_dtype_float16()) {
+            T.fargs.fn = k->embedding_bag_f16;
+            T.elem = 2;
+        } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
+            T.fargs.fn = k->embedding_bag_bf16;
+            T.elem = 2;
+        } else {
+            fail("perfkernels: " + name + " must be float32, float16 or bfloat16; got " +
+                 dtype_name(w.dtype));
+        }
+        T.dim = w.size[1];
+        const void *data = w.data;
+        int64_t row_stride = T.rows <= 1 ? T.dim : w.stride[0];
+        if (!(T.dim <= 1 || w.stride[1] == 1) || row_stride < 0) {
+            data = T.elem == 4 ? (const void *)contiguous<uint32_t>(w, T.c32)
+                               : (const void *)contiguous<uint16_t>(w, T.c16);
+            row_stride = T.dim;
+        }
+        T.fargs.table = data;
+        T.fargs.rows = T.rows;
+        T.fargs.dim = T.dim;
+        T.fargs.row_stride = row_stride;
+        return;
+    }
+    if (bits != 8 && bits != 4 && bits != 2)
+        fail("perfkernels: bits of " + name + " must be 0 (a float table), 8, 4 or 2; got " +
+             std::to_string(bits));
+    if (w.dtype != api.aoti_torch_dtype_uint8())
+        fail("perfkernels: " + name + " must be uint8 (rows of packed codes); got " +
+             dtype_name(w.dtype));
+    const int64_t row_bytes = w.size[1];
+    if (packed_dim < 1 || packed_dim > ((int64_t)1 << 40) ||
+        (int64_t)pk_quantized_row_bytes((int)bits, (size_t)packed_dim) != row_bytes)
+        fail("perfkernels: " + name + "'s rows of " + std::to_string(row_bytes) +
+             " bytes do not hold dim = " + std::to_string(packed_dim) + " codes of " +
+             std::to_string(bits) + " bits and their scale and bias");
+    T.packed = true;
+    T.elem = 1;
+    T.dim = packed_dim;
+    T.qargs.fn = pk_quantized_table(g_isa.load(std::memory_order_relaxed))->embedding_bag_quantized;
+    T.qargs.bits = (int)bits;
+    T.qargs.packed = contiguous<uint8_t>(w, T.c8);
+    T.qargs.rows = T.rows;
+    T.qargs.row_bytes = row_bytes;
+    T.qargs.dim = packed_dim;
+}
+
+/* The part of feature f: `num_bags` bags of `T`, offsets (num_bags + 1, into `ix`'s entries). */
+pk_bags_part make_part(const TablePart &T, const Ints &ix, const int64_t *offsets, int64_t num_bags,
+                       bool mean, int64_t padding_idx)
+{
+    pk_bags_part part;
+    std::memset(&part, 0, sizeof part);
+    pk_bags &b = part.bags;
+    b.indices = ix.data;
+    b.n_indices = ix.n;
+    b.index_64 = ix.is64;
+    b.offsets = offsets;
+    b.num_bags = num_bags;
+    b.weights = nullptr;
+    b.positional = 0;
+    b.mean = mean ? 1 : 0;
+    b.padding_idx = padding_idx < 0 ? -1 : padding_idx;
+    part.call = T.packed ? pk_quantized_bags_call : pk_float_bags_call;
+    part.args = T.packed ? (const void *)&T.qargs : (const void *)&T.fargs;
+    part.index_cost = (T.packed ? T.qargs.row_bytes : T.dim * T.elem) + (ix.is64 ? 8 : 4);
+    part.bag_cost = T.dim * 4 + 8;
+    part.rows = T.rows;
+    return part;
+}
+
+/* The per-table options of a collection (mean, padding_idx: one each per table) and its slots
+ * (features[i] of num_keys looked up in tables[i]), checked. */
+void check_collection(const std::vector<TablePart> &tabs, const std::vector<int64_t> &mean,
+                      const std::vector<int64_t> &padding, const std::vector<int64_t> &features,
+                      const std::vector<int64_t> &tables, int64_t num_keys)
+{
+    const size_t n_tables = tabs.size();
+    if (mean.size() != n_tables || padding.size() != n_tables)
+        fail("perfkernels: mean and padding_idx need one entry per table (" +
+             std::to_string(n_tables) + "); got " + std::to_string(mean.size()) + " and " +
+             std::to_string(padding.size()));
+    if (features.size() != tables.size())
+        fail("perfkernels: features and tables must have the same length; got " +
+             std::to_string(features.size()) + " and " + std::to_string(tables.size()));
+    if (num_keys < 1) fail("perfkernels: num_keys must be >= 1; got " + std::to_string(num_keys));
+    for (size_t t = 0; t < n_tables; t++)
+        if (padding[t] >= tabs[t].rows)
+            fail("perfkernels: padding_idx[" + std::to_string(t) + "] = " +
+                 std::to_string(padding[t]) + " is out of range for a table of " +
+                 std::to_string(tabs[t].rows) + " rows");
+    for (size_t i = 0; i < features.size(); i++) {
+        if (features[i] < 0 || features[i] >= num_keys)
+            fail("perfkernels: features[" + std::to_string(i) + "] = " + std::to_string(features[i]) +
+                 " is not a key of the jagged tensor (0 <= feature < " + std::to_string(num_keys) + ")");
+        if (tables[i] < 0 || tables[i] >= (int64_t)n_tables)
+            fail("perfkernels: tables[" + std::to_string(i) + "] = " + std::to_string(tables[i]) +
+                 " is not a table (0 <= table < " + std::to_string(n_tables) + ")");
+    }
+}
+
 /* ------------------------------------------------------------------ the ops */
+
+/* The part of one table's bags `b` (prepared), written into `out` rows of `out_stride`. */
+pk_bags_part bag_part(const TablePart &T, const Bags &b, float *out, int64_t out_stride)
+{
+    pk_bags_part part = make_part(T, b.indices, b.bags.offsets, b.bags.num_bags, b.bags.mean != 0,
+                                  b.bags.padding_idx);
+    part.bags.weights = b.bags.weights;
+    part.bags.out = out;
+    part.bags.out_stride = out_stride;
+    return part;
+}
 
 /* embedding_bag(Tensor weight, Tensor indices, Tensor? offsets, Tensor? per_sample_weights,
  *               str mode, bool include_last_offset, SymInt? padding_idx) -> Tensor */
@@ -371,52 +513,13 @@ void embedding_bag(StableIValue *stack, uint64_t, uint64_t)
     const bool include_last_offset = to_bool(stack[5]);
     const std::optional<int64_t> padding_idx = take_optional_int(stack[6]);
 
-    const View w = view(weight, "weight", 2);
-    const pk_embedding_kernels *k = pk_embedding_table(g_isa.load(std::memory_order_relaxed));
-    pk_float_bags_args args;
-    int64_t elem;
-    if (w.dtype == api.aoti_torch_dtype_float32()) {
-        args.fn = k->embedding_bag_f32;
-        elem = 4;
-    } else if (w.dtype == api.aoti_torch_dtype_float16()) {
-        args.fn = k->embedding_bag_f16;
-        elem = 2;
-    } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
-        args.fn = k->embedding_bag_bf16;
-        elem = 2;
-    } else {
-        fail("perfkernels: weight must be float32, float16 or bfloat16; got " + dtype_name(w.dtype));
-    }
-    const int64_t rows = w.size[0], dim = w.size[1];
-    /* rows of unit-stride elements, any row stride; other layouts are copied */
-    std::vector<uint32_t> c32;
-    std::vector<uint16_t> c16;
-    const void *table = w.data;
-    int64_t row_stride = w.stride[0];
-    if (!(dim <= 1 || w.stride[1] == 1) || row_stride < 0) {
-        table = elem == 4 ? (const void *)contiguous<uint32_t>(w, c32)
-                          : (const void *)contiguous<uint16_t>(w, c16);
-        row_stride = dim;
-    }
-    if (rows <= 1) row_stride = dim;
-
+    TablePart T;
+    table_part(weight, 0, 0, "weight", T);
     Bags b;
-    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, rows);
-    Tensor out = new_output(b.bags.num_bags, dim);
-    b.bags.out = output_data(out);
-    b.bags.out_stride = dim;
-    args.table = table;
-    args.rows = rows;
-    args.dim = dim;
-    args.row_stride = row_stride;
-    pk_bags_part part;
-    part.bags = b.bags;
-    part.call = pk_float_bags_call;
-    part.args = &args;
-    part.index_cost = dim * elem + (b.indices.is64 ? 8 : 4);
-    part.bag_cost = dim * 4 + 8;
-    part.rows = rows;
-    run(b, &part, 1, &rows);
+    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, T.rows);
+    Tensor out = new_output(b.bags.num_bags, T.dim);
+    const pk_bags_part part = bag_part(T, b, output_data(out), T.dim);
+    run(b, &part, 1, &T.rows);
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
@@ -432,39 +535,15 @@ void embedding_bag_quantized(StableIValue *stack, uint64_t, uint64_t)
     const std::optional<int64_t> padding_idx = take_optional_int(stack[6]);
     const int64_t bits = to_int(stack[7]), dim = to_int(stack[8]);
 
-    const View p = view(packed, "packed", 2);
-    if (p.dtype != api.aoti_torch_dtype_uint8())
-        fail("perfkernels: packed must be uint8 (rows of packed codes); got " + dtype_name(p.dtype));
     if (bits != 8 && bits != 4 && bits != 2)
         fail("perfkernels: bits must be 8, 4 or 2; got " + std::to_string(bits));
-    const int64_t rows = p.size[0], row_bytes = p.size[1];
-    if (dim < 1 || dim > ((int64_t)1 << 40) ||
-        (int64_t)pk_quantized_row_bytes((int)bits, (size_t)dim) != row_bytes)
-        fail("perfkernels: packed rows of " + std::to_string(row_bytes) + " bytes do not hold dim = " +
-             std::to_string(dim) + " codes of " + std::to_string(bits) + " bits and their scale and bias");
-    std::vector<uint8_t> copy;
-    const uint8_t *data = contiguous<uint8_t>(p, copy);
-
+    TablePart T;
+    table_part(packed, bits, dim, "packed", T);
     Bags b;
-    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, rows);
+    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, T.rows);
     Tensor out = new_output(b.bags.num_bags, dim);
-    b.bags.out = output_data(out);
-    b.bags.out_stride = dim;
-    pk_quantized_bags_args args;
-    args.fn = pk_quantized_table(g_isa.load(std::memory_order_relaxed))->embedding_bag_quantized;
-    args.bits = (int)bits;
-    args.packed = data;
-    args.rows = rows;
-    args.row_bytes = row_bytes;
-    args.dim = dim;
-    pk_bags_part part;
-    part.bags = b.bags;
-    part.call = pk_quantized_bags_call;
-    part.args = &args;
-    part.index_cost = row_bytes + (b.indices.is64 ? 8 : 4);
-    part.bag_cost = dim * 4 + 8;
-    part.rows = rows;
-    run(b, &part, 1, &rows);
+    const pk_bags_part part = bag_part(T, b, output_data(out), dim);
+    run(b, &part, 1, &T.rows);
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
@@ -484,16 +563,10 @@ void embedding_bag_collection(StableIValue *stack, uint64_t, uint64_t)
     const std::vector<int64_t> mean = take_list<int64_t>(stack[7], to_int);
     const std::vector<int64_t> padding = take_list<int64_t>(stack[8], to_int);
 
-    const size_t n_tables = weights.size();
-    if (mean.size() != n_tables || padding.size() != n_tables)
-        fail("perfkernels: mean and padding_idx need one entry per table (" +
-             std::to_string(n_tables) + "); got " + std::to_string(mean.size()) + " and " +
-             std::to_string(padding.size()));
-    if (features.size() != tables.size())
-        fail("perfkernels: features and tables must have the same length; got " +
-             std::to_string(features.size()) + " and " + std::to_string(tables.size()));
-    if (num_keys < 1) fail("perfkernels: num_keys must be >= 1; got " + std::to_string(num_keys));
-
+    std::vector<TablePart> tabs(weights.size());
+    for (size_t t = 0; t < weights.size(); t++)
+        table_part(weights[t], 0, 0, "weights[" + std::to_string(t) + "]", tabs[t]);
+    check_collection(tabs, mean, padding, features, tables, num_keys);
     Bags b;
     std::memset(&b.bags, 0, sizeof b.bags);
     const View vv = view(values, "values", 1);
@@ -507,86 +580,22 @@ void embedding_bag_collection(StableIValue *stack, uint64_t, uint64_t)
     normalise_offsets(off, true, b.indices.n, b.offsets);
     if (psw) read_weights(psw, vv, b.weights);
 
-    struct Table {
-        const void *data;
-        int64_t rows, dim, row_stride, elem;
-        pk_embedding_bag_fn fn;
-        std::vector<uint32_t> c32;
-        std::vector<uint16_t> c16;
-    };
-    const pk_embedding_kernels *k = pk_embedding_table(g_isa.load(std::memory_order_relaxed));
-    std::vector<Table> tab(n_tables);
-    for (size_t t = 0; t < n_tables; t++) {
-        const std::string name = "weights[" + std::to_string(t) + "]";
-        const View w = view(weights[t], name.c_str(), 2);
-        Table &T = tab[t];
-        if (w.dtype == api.aoti_torch_dtype_float32()) {
-            T.fn = k->embedding_bag_f32;
-            T.elem = 4;
-        } else if (w.dtype == api.aoti_torch_dtype_float16()) {
-            T.fn = k->embedding_bag_f16;
-            T.elem = 2;
-        } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
-            T.fn = k->embedding_bag_bf16;
-            T.elem = 2;
-        } else {
-            fail("perfkernels: " + name + " must be float32, float16 or bfloat16; got " +
-                 dtype_name(w.dtype));
-        }
-        T.rows = w.size[0];
-        T.dim = w.size[1];
-        T.data = w.data;
-        T.row_stride = T.rows <= 1 ? T.dim : w.stride[0];
-        if (!(T.dim <= 1 || w.stride[1] == 1)) {
-            T.data = T.elem == 4 ? (const void *)contiguous<uint32_t>(w, T.c32)
-                                 : (const void *)contiguous<uint16_t>(w, T.c16);
-            T.row_stride = T.dim;
-        }
-        if (padding[t] >= T.rows)
-            fail("perfkernels: padding_idx[" + std::to_string(t) + "] = " +
-                 std::to_string(padding[t]) + " is out of range for a table of " +
-                 std::to_string(T.rows) + " rows");
-    }
     int64_t total_dim = 0;
-    for (size_t i = 0; i < features.size(); i++) {
-        if (features[i] < 0 || features[i] >= num_keys)
-            fail("perfkernels: features[" + std::to_string(i) + "] = " + std::to_string(features[i]) +
-                 " is not a key of the jagged tensor (0 <= feature < " + std::to_string(num_keys) + ")");
-        if (tables[i] < 0 || tables[i] >= (int64_t)n_tables)
-            fail("perfkernels: tables[" + std::to_string(i) + "] = " + std::to_string(tables[i]) +
-                 " is not a table (0 <= table < " + std::to_string(n_tables) + ")");
-        total_dim += tab[(size_t)tables[i]].dim;
-    }
+    for (int64_t t : tables) total_dim += tabs[(size_t)t].dim;
     Tensor out = new_output(batch, total_dim);
     float *dst = output_data(out);
-    std::vector<pk_float_bags_args> args(features.size());
     std::vector<pk_bags_part> parts(features.size());
     std::vector<int64_t> part_rows(features.size());
     int64_t col = 0;
     for (size_t i = 0; i < features.size(); i++) {
         const size_t t = (size_t)tables[i];
-        const Table &T = tab[t];
-        args[i] = pk_float_bags_args{T.fn, T.data, T.rows, T.dim, T.row_stride};
-        pk_bags bags = b.bags;
-        bags.indices = b.indices.data;
-        bags.n_indices = b.indices.n;
-        bags.index_64 = b.indices.is64;
-        bags.offsets = b.offsets.data() + features[i] * batch;
-        bags.num_bags = batch;
-        bags.weights = psw ? b.weights.data() : nullptr;
-        bags.positional = 0;
-        bags.mean = mean[t] != 0;
-        bags.padding_idx = padding[t] < 0 ? -1 : padding[t];
-        bags.out = dst + col;
-        bags.out_stride = total_dim;
-        parts[i].bags = bags;
-        parts[i].call = pk_float_bags_call;
-        parts[i].args = &args[i];
-        parts[i].index_cost = T.dim * T.elem + (b.indices.is64 ? 8 : 4);
-        parts[i].bag_cost = T.dim * 4 + 8;
-        parts[i].rows = T.rows;
-        part_rows[i] = T.rows;
-        col += T.dim;
+        parts[i] = make_part(tabs[t], b.indices, b.offsets.data() + features[i] * batch, batch,
+                             mean[t] != 0, padding[t]);
+        parts[i].bags.weights = psw ? b.weights.data() : nullptr;
+        parts[i].bags.out = dst + col;
+        parts[i].bags.out_stride = total_dim;
+        part_rows[i] = tabs[t].rows;
+        col += tabs[t].dim;
     }
     if (!parts.empty()) run(b, parts.data(), (int)parts.size(), part_rows.data());
     stack[0] = reinterpret_cast<StableIValue>(out.release());
@@ -713,6 +722,499 @@ void lstm_unit_backward(StableIValue *stack, uint64_t, uint64_t)
     stack[1] = reinterpret_cast<StableIValue>(dgates.release());
 }
 
+/* ------------------------------------------------------------------ lookups fused with the interaction */
+
+/* The pairs (li, lj) of an n-row interaction in the model's order: "dlrm" is facebookresearch
+ * DLRM's lower triangle row by row (the diagonal too with self_interaction), "torchrec" is
+ * TorchRec's torch.triu_indices(n, n, offset=1) (offset 0 with self_interaction). */
+struct Pairs {
+    std::vector<int32_t> li, lj;
+};
+
+const Pairs &pair_lists(int64_t n, const std::string &order, bool itself)
+{
+    thread_local std::vector<std::pair<std::string, Pairs>> cache;
+    const std::string key = order + (itself ? "+" : "-") + std::to_string(n);
+    for (const auto &entry : cache)
+        if (entry.first == key) return entry.second;
+    Pairs p;
+    if (order == "dlrm") {
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < i + (itself ? 1 : 0); j++) {
+                p.li.push_back((int32_t)i);
+                p.lj.push_back((int32_t)j);
+            }
+    } else if (order == "torchrec") {
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = i + (itself ? 0 : 1); j < n; j++) {
+                p.li.push_back((int32_t)i);
+                p.lj.push_back((int32_t)j);
+            }
+    } else {
+        fail("perfkernels: pairs must be 'dlrm' or 'torchrec'; got '" + order + "'");
+    }
+    if (cache.size() >= 16) cache.erase(cache.begin());
+    cache.emplace_back(key, std::move(p));
+    return cache.back().second;
+}
+
+/* The dense input: float32 [B, Dd] rows (copied when not contiguous, converted from float64). */
+const float *dense_rows(const Tensor &dense, View &d, std::vector<float> &copy)
+{
+    d = view(dense, "dense", 2);
+    if (d.dtype == api.aoti_torch_dtype_float32()) return contiguous<float>(d, copy);
+    if (d.dtype == api.aoti_torch_dtype_float64()) {
+        std::vector<double> c64;
+        const double *p = contiguous<double>(d, c64);
+        copy.assign(p, p + numel(d));
+        return copy.data();
+    }
+    fail("perfkernels: dense must be float32 or float64; got " + dtype_name(d.dtype));
+}
+
+/* Every feature's lookups and the interaction: "cat" writes [dense | pooled_0 | ...], "dot" writes
+ * [dense | the pairs' dot products] (every table of dense's width).  Every index is checked before
+ * a kernel runs; the first bad one (feature by feature) is reported with its position in that
+ * feature's index list (`index_of[f]`) and its table's rows. */
+Tensor interaction(const float *dense, int64_t batch, int64_t dense_dim,
+                   std::vector<pk_bags_part> &parts, const std::vector<const Ints *> &index_of,
+                   const std::string &kind, const std::string &order, bool itself)
+{
+    const int n_parts = (int)parts.size();
+    const bool cat = kind == "cat";
+    if (!cat && kind != "dot")
+        fail("perfkernels: interaction must be 'dot' or 'cat'; got '" + kind + "'");
+    int64_t width = dense_dim;
+    const Pairs *pairs = nullptr;
+    for (int f = 0; f < n_parts; f++) {
+        const int64_t dim = parts[(size_t)f].call == pk_quantized_bags_call
+            ? static_cast<const pk_quantized_bags_args *>(parts[(size_t)f].args)->dim
+            : static_cast<const pk_float_bags_args *>(parts[(size_t)f].args)->dim;
+        if (cat) {
+            width += dim;
+        } else if (dim != dense_dim) {
+            fail("perfkernels: the dot interaction needs every table as wide as dense (" +
+                 std::to_string(dense_dim) + "); table " + std::to_string(f) + " has " +
+                 std::to_string(dim) + " columns");
+        }
+    }
+    if (!cat) {
+        pairs = &pair_lists(n_parts + 1, order, itself);
+        width += (int64_t)pairs->li.size();
+    }
+    for (int f = 0; f < n_parts; f++) {
+        const int64_t bad = pk_bags_first_bad_in(&parts[(size_t)f].bags, 0, batch, parts[(size_t)f].rows);
+        if (bad >= 0) index_error(*index_of[(size_t)f], bad, parts[(size_t)f].rows);
+    }
+    Tensor out = new_output(batch, width);
+    float *o = output_data(out);
+    int64_t bad = 0;
+    int bad_part = 0;
+    pk_status s = PK_OK;
+    if (cat) {
+        for (int64_t b = 0; b < batch; b++)
+            std::memcpy(o + b * width, dense + b * dense_dim, (size_t)dense_dim * sizeof(float));
+        int64_t col = dense_dim;
+        for (int f = 0; f < n_parts; f++) {
+            pk_bags_part &p = parts[(size_t)f];
+            p.bags.out = o + col;
+            p.bags.out_stride = width;
+            col += p.call == pk_quantized_bags_call
+                ? static_cast<const pk_quantized_bags_args *>(p.args)->dim
+                : static_cast<const pk_float_bags_args *>(p.args)->dim;
+        }
+        if (n_parts > 0 && batch > 0)
+            s = pk_bags_run(&g_pool, torch_threads(), parts.data(), n_parts, nullptr, &bad, &bad_part);
+    } else {
+        pk_dot_interaction_job job;
+        std::memset(&job, 0, sizeof job);
+        job.parts = parts.data();
+        job.n_parts = n_parts;
+        job.dense = dense;
+        job.dense_stride = dense_dim;
+        job.dim = dense_dim;
+        job.li = pairs->li.data();
+        job.lj = pairs->lj.data();
+        job.n_pairs = (int64_t)pairs->li.size();
+        job.dot = pk_interaction_table(g_isa.load(std::memory_order_relaxed))->interaction_dot;
+        job.out = o;
+        job.out_stride = width;
+        job.n_samples = batch;
+        s = pk_dot_interaction_run(&g_pool, torch_threads(), &job, &bad, &bad_part);
+    }
+    if (s == PK_ERR_INDEX) index_error(*index_of[(size_t)bad_part], bad, parts[(size_t)bad_part].rows);
+    if (s != PK_OK) fail("perfkernels: a fused lookup failed with status " + std::to_string((int)s));
+    return out;
+}
+
+/* embedding_bags_interaction(Tensor dense, Tensor[] weights, Tensor[] indices, Tensor[] offsets,
+ *     bool include_last_offset, str interaction, str pairs, bool self_interaction, SymInt[] mean,
+ *     SymInt[] padding_idx, SymInt[] bits, SymInt[] dims, SymInt group) -> Tensor
+ * (and embedding_bags_interaction_inference, the same op without autograd).  Feature f: the bags
+ * of indices[f] / offsets[f] in weights[f] (a packed table of dims[f] columns where bits[f] is 8,
+ * 4 or 2), mode mean where mean[f], padding_idx[f] (-1: none). */
+void embedding_bags_interaction(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor dense = take_tensor(stack[0]);
+    std::vector<Tensor> weights = take_list<Tensor>(stack[1], take_tensor);
+    std::vector<Tensor> indices = take_list<Tensor>(stack[2], take_tensor);
+    std::vector<Tensor> offsets = take_list<Tensor>(stack[3], take_tensor);
+    const bool include_last = to_bool(stack[4]);
+    const std::string kind = take_string(stack[5]), order = take_string(stack[6]);
+    const bool itself = to_bool(stack[7]);
+    const std::vector<int64_t> mean = take_list<int64_t>(stack[8], to_int);
+    const std::vector<int64_t> padding = take_list<int64_t>(stack[9], to_int);
+    const std::vector<int64_t> bits = take_list<int64_t>(stack[10], to_int);
+    const std::vector<int64_t> dims = take_list<int64_t>(stack[11], to_int);
+    (void)to_int(stack[12]);   /* group: read by the Python backward only */
+
+    const size_t F = weights.size();
+    auto same = [&](size_t n, const char *what) {
+        if (n != F)
+            fail(std::string("perfkernels: ") + what + " needs one entry per table (" +
+                 std::to_string(F) + "); got " + std::to_string(n));
+    };
+    same(indices.size(), "indices");
+    same(offsets.size(), "offsets");
+    same(mean.size(), "mean");
+    same(padding.size(), "padding_idx");
+    if (!bits.empty()) same(bits.size(), "bits");
+    if (!dims.empty()) same(dims.size(), "dims");
+    View d;
+    std::vector<float> dense_copy;
+    const float *drows = dense_rows(dense, d, dense_copy);
+    const int64_t batch = d.size[0];
+    std::vector<TablePart> tabs(F);
+    std::vector<Ints> ix(F);
+    std::vector<std::vector<int64_t>> offs(F);
+    std::vector<pk_bags_part> parts(F);
+    std::vector<const Ints *> index_of(F);
+    for (size_t f = 0; f < F; f++) {
+        const std::string n = "[" + std::to_string(f) + "]";
+        const int64_t b = bits.empty() ? 0 : bits[f];
+        table_part(weights[f], b, b && !dims.empty() ? dims[f] : 0, "weights" + n, tabs[f]);
+        read_ints(view(indices[f], ("indices" + n).c_str(), 1), ("indices" + n).c_str(), ix[f]);
+        Ints off;
+        read_ints(view(offsets[f], ("offsets" + n).c_str(), 1), ("offsets" + n).c_str(), off);
+        if (off.n - (include_last ? 1 : 0) != batch)
+            fail("perfkernels: offsets" + n + " has " + std::to_string(off.n) + " entries; " +
+                 std::to_string(batch) + " bags (the rows of dense) need " +
+                 std::to_string(batch + (include_last ? 1 : 0)));
+        try {
+            normalise_offsets(off, include_last, ix[f].n, offs[f]);
+        } catch (const std::exception &e) {   /* the same message, naming the feature */
+            const std::string what = e.what(), prefix = "perfkernels: ";
+            fail(prefix + "feature " + std::to_string(f) + ": " +
+                 (what.compare(0, prefix.size(), prefix) == 0 ? what.substr(prefix.size()) : what));
+        }
+        if (padding[f] >= tabs[f].rows)
+            fail("perfkernels: padding_idx" + n + " = " + std::to_string(padding[f]) +
+                 " is out of range for a table of " + std::to_string(tabs[f].rows) + " rows");
+        parts[f] = make_part(tabs[f], ix[f], offs[f].data(), batch, mean[f] != 0, padding[f]);
+        index_of[f] = &ix[f];
+    }
+    Tensor out = interaction(drows, batch, d.size[1], parts, index_of, kind, order, itself);
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* collection_interaction(Tensor dense, Tensor[] weights, Tensor values, Tensor offsets,
+ *     SymInt num_keys, SymInt[] features, SymInt[] tables, str interaction, str pairs,
+ *     bool self_interaction, SymInt[] mean, SymInt[] padding_idx, SymInt group) -> Tensor
+ * A KeyedJaggedTensor's lookups (offsets: num_keys * B + 1) fused with the interaction: output
+ * slot i is feature features[i] looked up in weights[tables[i]] (mean, padding_idx per table). */
+void collection_interaction(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor dense = take_tensor(stack[0]);
+    std::vector<Tensor> weights = take_list<Tensor>(stack[1], take_tensor);
+    Tensor values = take_tensor(stack[2]), offsets = take_tensor(stack[3]);
+    const int64_t num_keys = to_int(stack[4]);
+    const std::vector<int64_t> features = take_list<int64_t>(stack[5], to_int);
+    const std::vector<int64_t> tables = take_list<int64_t>(stack[6], to_int);
+    const std::string kind = take_string(stack[7]), order = take_string(stack[8]);
+    const bool itself = to_bool(stack[9]);
+    const std::vector<int64_t> mean = take_list<int64_t>(stack[10], to_int);
+    const std::vector<int64_t> padding = take_list<int64_t>(stack[11], to_int);
+    (void)to_int(stack[12]);
+
+    std::vector<TablePart> tabs(weights.size());
+    for (size_t t = 0; t < weights.size(); t++)
+        table_part(weights[t], 0, 0, "weights[" + std::to_string(t) + "]", tabs[t]);
+    check_collection(tabs, mean, padding, features, tables, num_keys);
+    View d;
+    std::vector<float> dense_copy;
+    const float *drows = dense_rows(dense, d, dense_copy);
+    Ints ix;
+    read_ints(view(values, "values", 1), "values", ix);
+    Ints off;
+    read_ints(view(offsets, "offsets", 1), "offsets", off);
+    if (off.n < 1 || (off.n - 1) % num_keys != 0)
+        fail("perfkernels: offsets has " + std::to_string(off.n) + " entries; a jagged tensor of " +
+             std::to_string(num_keys) + " keys needs num_keys * batch + 1");
+    const int64_t batch = (off.n - 1) / num_keys;
+    if (batch != d.size[0])
+        fail("perfkernels: the jagged tensor has " + std::to_string(batch) +
+             " samples but dense has " + std::to_string(d.size[0]) + " rows");
+    std::vector<int64_t> offs;
+    normalise_offsets(off, true, ix.n, offs);
+    std::vector<pk_bags_part> parts(features.size());
+    std::vector<const Ints *> index_of(features.size(), &ix);
+    for (size_t i = 0; i < features.size(); i++) {
+        const size_t t = (size_t)tables[i];
+        parts[i] = make_part(tabs[t], ix, offs.data() + features[i] * batch, batch, mean[t] != 0,
+                             padding[t]);
+    }
+    Tensor out = interaction(drows, batch, d.size[1], parts, index_of, kind, order, itself);
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* ------------------------------------------------------------------ unpooled lookups */
+
+/* Integer indices of any shape (int32 or int64), row-major (copied when not contiguous). */
+struct IndexTensor {
+    Ints ints;
+    std::vector<int64_t> shape;
+};
+
+void read_index_tensor(const Tensor &t, IndexTensor &out)
+{
+    int32_t device = 0, dtype = 0;
+    int64_t ndim = 0, *sizes = nullptr, *strides = nullptr;
+    void *data = nullptr;
+    check_call(api.aoti_torch_get_device_type(t.get(), &device), "get_device_type");
+    if (device != api.aoti_torch_device_type_cpu())
+        fail("perfkernels: indices must be a CPU tensor (the native kernels are CPU kernels)");
+    check_call(api.aoti_torch_get_dim(t.get(), &ndim), "get_dim");
+    check_call(api.aoti_torch_get_sizes(t.get(), &sizes), "get_sizes");
+    check_call(api.aoti_torch_get_strides(t.get(), &strides), "get_strides");
+    check_call(api.aoti_torch_get_dtype(t.get(), &dtype), "get_dtype");
+    check_call(api.aoti_torch_get_data_ptr(t.get(), &data), "get_data_ptr");
+    const bool is64 = dtype == api.aoti_torch_dtype_int64();
+    if (!is64 && dtype != api.aoti_torch_dtype_int32())
+        fail("perfkernels: indices must be int32 or int64; got " + dtype_name(dtype));
+    out.shape.assign(sizes, sizes + ndim);
+    int64_t n = 1;
+    for (int64_t s : out.shape) n *= s;
+    bool contiguous = true;
+    int64_t expect = 1;
+    for (int64_t i = ndim - 1; i >= 0; i--) {
+        if (sizes[i] != 1 && strides[i] != expect) contiguous = false;
+        expect *= sizes[i];
+    }
+    out.ints.is64 = is64;
+    out.ints.n = n;
+    out.ints.data = data;
+    if (contiguous || n == 0) return;
+    /* a strided gather, row-major over the shape */
+    const size_t elem = is64 ? 8 : 4;
+    char *dst;
+    if (is64) {
+        out.ints.c64.resize((size_t)n);
+        dst = reinterpret_cast<char *>(out.ints.c64.data());
+    } else {
+        out.ints.c32.resize((size_t)n);
+        dst = reinterpret_cast<char *>(out.ints.c32.data());
+    }
+    std::vector<int64_t> at((size_t)ndim, 0);
+    for (int64_t k = 0; k < n; k++) {
+        int64_t off = 0;
+        for (int64_t i = 0; i < ndim; i++) off += at[(size_t)i] * strides[i];
+        std::memcpy(dst + (size_t)k * elem, static_cast<const char *>(data) + off * (int64_t)elem, elem);
+        for (int64_t i = ndim - 1; i >= 0; i--) {
+            if (++at[(size_t)i] < sizes[i]) break;
+            at[(size_t)i] = 0;
+        }
+    }
+    out.ints.data = dst;
+}
+
+/* A new contiguous tensor of shape `shape` + [dim] and dtype `dtype`. */
+Tensor new_rows_output(const std::vector<int64_t> &shape, int64_t dim, int32_t dtype)
+{
+    std::vector<int64_t> sizes(shape), strides(shape.size() + 1);
+    sizes.push_back(dim);
+    int64_t s = 1;
+    for (size_t i = sizes.size(); i-- > 0;) {
+        strides[i] = s;
+        s *= std::max<int64_t>(sizes[i], 1);
+    }
+    AtenTensorHandle h = nullptr;
+    check_call(api.aoti_torch_empty_strided((int64_t)sizes.size(), sizes.data(), strides.data(),
+                                            dtype, api.aoti_torch_device_type_cpu(), 0, &h),
+               "empty_strided");
+    return Tensor(h);
+}
+
+/* Every index in [0, rows) (checked before any row is read): torch's message otherwise. */
+void check_rows(const Ints &ix, int64_t rows)
+{
+    for (int64_t j = 0; j < ix.n; j++) {
+        const int64_t v = ix[j];
+        if (v < 0 || v >= rows)
+            fail("index out of range in self: perfkernels: indices (flattened) [" + std::to_string(j) +
+                 "] = " + std::to_string(v) + " is not in the valid range [0, " +
+                 std::to_string(rows) + ")");
+    }
+}
+
+/* Runs f(lo, hi) over [0, n) on torch's threads when `bytes` of traffic pay for them. */
+template <class F>
+void split_rows(int64_t n, int64_t bytes, F f)
+{
+    const int threads = pk_parallel_threads_for(bytes, torch_threads());
+    if (threads <= 1 || n <= 1) {
+        f(0, n);
+        return;
+    }
+    struct Job {
+        F *f;
+    } job{&f};
+    auto body = [](int64_t lo, int64_t hi, void *ctx) { (*static_cast<Job *>(ctx)->f)(lo, hi); };
+    if (api.torch_parallel_for(0, n, (n + threads - 1) / threads, body, &job) != 0) f(0, n);
+}
+
+/* embedding(Tensor weight, Tensor indices, SymInt padding_idx) -> Tensor
+ * weight[indices]: rows copied as stored (float32, float16 or bfloat16), shape
+ * indices.shape + [D].  padding_idx matters to the gradient only. */
+void embedding(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor weight = take_tensor(stack[0]), indices = take_tensor(stack[1]);
+    (void)to_int(stack[2]);
+    const View w = view(weight, "weight", 2);
+    int64_t elem;
+    if (w.dtype == api.aoti_torch_dtype_float32())
+        elem = 4;
+    else if (w.dtype == api.aoti_torch_dtype_float16() || w.dtype == api.aoti_torch_dtype_bfloat16())
+        elem = 2;
+    else
+        fail("perfkernels: weight must be float32, float16 or bfloat16; got " + dtype_name(w.dtype));
+    const int64_t rows = w.size[0], dim = w.size[1];
+    std::vector<uint32_t> c32;
+    std::vector<uint16_t> c16;
+    const void *table = w.data;
+    int64_t row_stride = rows <= 1 ? dim : w.stride[0];
+    if (!(dim <= 1 || w.stride[1] == 1) || row_stride < 0) {
+        table = elem == 4 ? (const void *)contiguous<uint32_t>(w, c32)
+                          : (const void *)contiguous<uint16_t>(w, c16);
+        row_stride = dim;
+    }
+    IndexTensor ix;
+    read_index_tensor(indices, ix);
+    check_rows(ix.ints, rows);
+    Tensor out = new_rows_output(ix.shape, dim, w.dtype);
+    void *o = nullptr;
+    check_call(api.aoti_torch_get_data_ptr(out.get(), &o), "get_data_ptr");
+    const pk_embedding_rows_fn fn =
+        pk_sequence_table(g_isa.load(std::memory_order_relaxed))->embedding_rows;
+    const size_t isz = ix.ints.is64 ? 8 : 4;
+    std::atomic<int> failed{0};
+    split_rows(ix.ints.n, ix.ints.n * dim * elem * 2, [&](int64_t lo, int64_t hi) {
+        int64_t bad = 0;
+        if (fn(table, rows, row_stride * elem, dim * elem,
+               static_cast<const char *>(ix.ints.data) + (size_t)lo * isz, ix.ints.is64, hi - lo,
+               static_cast<char *>(o) + lo * dim * elem, &bad) != PK_OK)
+            failed.store(1);
+    });
+    if (failed.load()) fail("perfkernels: an embedding lookup failed (an index changed during the call)");
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* embedding_quantized(Tensor packed, Tensor indices, SymInt bits, SymInt dim) -> Tensor
+ * float32 rows of the packed table (row-wise 8/4/2-bit codes with their scale and bias), shape
+ * indices.shape + [dim]. */
+void embedding_quantized(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor packed = take_tensor(stack[0]), indices = take_tensor(stack[1]);
+    const int64_t bits = to_int(stack[2]), dim = to_int(stack[3]);
+    if (bits != 8 && bits != 4 && bits != 2)
+        fail("perfkernels: bits must be 8, 4 or 2; got " + std::to_string(bits));
+    TablePart T;
+    table_part(packed, bits, dim, "packed", T);
+    IndexTensor ix;
+    read_index_tensor(indices, ix);
+    check_rows(ix.ints, T.rows);
+    Tensor out = new_rows_output(ix.shape, dim, api.aoti_torch_dtype_float32());
+    float *o = output_data(out);
+    const pk_embedding_rows_quantized_fn fn =
+        pk_sequence_table(g_isa.load(std::memory_order_relaxed))->embedding_rows_quantized;
+    const size_t isz = ix.ints.is64 ? 8 : 4;
+    std::atomic<int> failed{0};
+    split_rows(ix.ints.n, ix.ints.n * (T.qargs.row_bytes + dim * 4), [&](int64_t lo, int64_t hi) {
+        int64_t bad = 0;
+        if (fn((int)bits, T.qargs.packed, T.rows, T.qargs.row_bytes, dim,
+               static_cast<const char *>(ix.ints.data) + (size_t)lo * isz, ix.ints.is64, hi - lo,
+               o + lo * dim, &bad) != PK_OK)
+            failed.store(1);
+    });
+    if (failed.load()) fail("perfkernels: an embedding lookup failed (an index changed during the call)");
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* ------------------------------------------------------------------ conversions */
+
+/* A 2-D table's elements in row-major order (copied when not contiguous), for the conversions. */
+template <class T>
+const T *table_elements(const Tensor &t, const char *name, View &v, std::vector<T> &copy)
+{
+    v = view(t, name, 2);
+    return contiguous<T>(v, copy);
+}
+
+/* quantize_rowwise(Tensor weight, SymInt bits) -> Tensor
+ * float32 or float16 rows -> uint8 rows of packed codes and their scale and bias (the layout of
+ * torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_prepack, bit for bit). */
+void quantize_rowwise(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor weight = take_tensor(stack[0]);
+    const int64_t bits = to_int(stack[1]);
+    if (bits != 8 && bits != 4 && bits != 2)
+        fail("perfkernels: bits must be 8, 4 or 2; got " + std::to_string(bits));
+    View w = view(weight, "weight", 2);
+    const bool half = w.dtype == api.aoti_torch_dtype_float16();
+    if (!half && w.dtype != api.aoti_torch_dtype_float32())
+        fail("perfkernels: weight must be float32 or float16; got " + dtype_name(w.dtype));
+    std::vector<uint32_t> c32;
+    std::vector<uint16_t> c16;
+    const void *data = half ? (const void *)table_elements<uint16_t>(weight, "weight", w, c16)
+                            : (const void *)table_elements<uint32_t>(weight, "weight", w, c32);
+    const int64_t rows = w.size[0], dim = w.size[1];
+    if (dim < 1) fail("perfkernels: weight must have at least one column; got 0");
+    const int64_t row_bytes = (int64_t)pk_quantized_row_bytes((int)bits, (size_t)dim);
+    const int64_t sizes[2] = {rows, row_bytes}, strides[2] = {row_bytes, 1};
+    AtenTensorHandle h = nullptr;
+    check_call(api.aoti_torch_empty_strided(2, sizes, strides, api.aoti_torch_dtype_uint8(),
+                                            api.aoti_torch_device_type_cpu(), 0, &h),
+               "empty_strided");
+    Tensor out(h);
+    void *o = nullptr;
+    check_call(api.aoti_torch_get_data_ptr(out.get(), &o), "get_data_ptr");
+    size_t bad_row = 0;
+    const pk_status s = pk_quantized_table(g_isa.load(std::memory_order_relaxed))
+        ->quantize_rowwise((int)bits, half ? 1 : 0, data, (size_t)rows, (size_t)dim,
+                           static_cast<uint8_t *>(o), &bad_row);
+    if (s == PK_ERR_NONFINITE)
+        fail("perfkernels: weight row " + std::to_string(bad_row) + " holds NaN or inf: it has "
+             "no finite range to quantize");
+    if (s != PK_OK) fail("perfkernels: quantize_rowwise failed with status " + std::to_string((int)s));
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* dequantize_rowwise(Tensor packed, SymInt bits, SymInt dim) -> Tensor
+ * float32 rows q * scale + bias of a packed table. */
+void dequantize_rowwise(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor packed = take_tensor(stack[0]);
+    const int64_t bits = to_int(stack[1]), dim = to_int(stack[2]);
+    if (bits != 8 && bits != 4 && bits != 2)
+        fail("perfkernels: bits must be 8, 4 or 2; got " + std::to_string(bits));
+    TablePart T;
+    table_part(packed, bits, dim, "packed", T);
+    Tensor out = new_output(T.rows, dim);
+    pk_quantized_table(g_isa.load(std::memory_order_relaxed))
+        ->dequantize_rowwise((int)bits, T.qargs.packed, (size_t)T.rows, (size_t)T.qargs.row_bytes,
+                             (size_t)dim, output_data(out));
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
 /* ------------------------------------------------------------------ registration */
 
 struct Op {
@@ -738,12 +1240,53 @@ const Op OPS[] = {
      "Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables, "
      "SymInt[] mean, SymInt[] padding_idx) -> Tensor",
      embedding_bag_collection},
+    /* the same kernels without autograd: what a graph that records no gradient calls (a
+     * Python autograd kernel costs several microseconds a call even under no_grad) */
+    {"embedding_bag_inference",
+     "embedding_bag_inference(Tensor weight, Tensor indices, Tensor? offsets, "
+     "Tensor? per_sample_weights, str mode, bool include_last_offset, SymInt? padding_idx) "
+     "-> Tensor",
+     embedding_bag},
+    {"embedding_bag_collection_inference",
+     "embedding_bag_collection_inference(Tensor[] weights, Tensor values, Tensor offsets, "
+     "Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables, "
+     "SymInt[] mean, SymInt[] padding_idx) -> Tensor",
+     embedding_bag_collection},
+    {"quantize_rowwise", "quantize_rowwise(Tensor weight, SymInt bits) -> Tensor",
+     quantize_rowwise},
+    {"dequantize_rowwise", "dequantize_rowwise(Tensor packed, SymInt bits, SymInt dim) -> Tensor",
+     dequantize_rowwise},
     {"lstm_unit", "lstm_unit(Tensor c_prev, Tensor gates, float forget_bias=0.) -> (Tensor, Tensor)",
      lstm_unit},
     {"lstm_unit_backward",
      "lstm_unit_backward(Tensor c_prev, Tensor gates, Tensor c, Tensor dh, Tensor dc, "
      "float forget_bias=0.) -> (Tensor, Tensor)",
      lstm_unit_backward},
+    {"embedding_bags_interaction",
+     "embedding_bags_interaction(Tensor dense, Tensor[] weights, Tensor[] indices, "
+     "Tensor[] offsets, bool include_last_offset, str interaction, str pairs, "
+     "bool self_interaction, SymInt[] mean, SymInt[] padding_idx, SymInt[] bits, "
+     "SymInt[] dims, SymInt group) -> Tensor",
+     embedding_bags_interaction},
+    {"embedding_bags_interaction_inference",
+     "embedding_bags_interaction_inference(Tensor dense, Tensor[] weights, Tensor[] indices, "
+     "Tensor[] offsets, bool include_last_offset, str interaction, str pairs, "
+     "bool self_interaction, SymInt[] mean, SymInt[] padding_idx, SymInt[] bits, "
+     "SymInt[] dims, SymInt group) -> Tensor",
+     embedding_bags_interaction},
+    {"collection_interaction",
+     "collection_interaction(Tensor dense, Tensor[] weights, Tensor values, Tensor offsets, "
+     "SymInt num_keys, SymInt[] features, SymInt[] tables, str interaction, str pairs, "
+     "bool self_interaction, SymInt[] mean, SymInt[] padding_idx, SymInt group) -> Tensor",
+     collection_interaction},
+    {"embedding", "embedding(Tensor weight, Tensor indices, SymInt padding_idx) -> Tensor",
+     embedding},
+    {"embedding_inference",
+     "embedding_inference(Tensor weight, Tensor indices, SymInt padding_idx) -> Tensor",
+     embedding},
+    {"embedding_quantized",
+     "embedding_quantized(Tensor packed, Tensor indices, SymInt bits, SymInt dim) -> Tensor",
+     embedding_quantized},
 };
 
 /* Defines the ops and registers their CPU kernels when the library is loaded; the libraries

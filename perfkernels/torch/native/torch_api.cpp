@@ -4,7 +4,8 @@
  * RTLD_LOCAL (their symbols are not visible to a later library), and a C++ program may load them
  * any way it likes.  So the functions are looked up by name in the libtorch_cpu that is already
  * loaded (dlopen with RTLD_NOLOAD finds it by its soname without loading a second copy), then in
- * the global scope (a program linked with -ltorch_cpu). */
+ * the global scope (a program linked with -ltorch_cpu).  One function of libc10 is found the same
+ * way: torchCheckFail, through which fail() throws torch's c10::Error. */
 #include <dlfcn.h>
 
 #include "torch_api.h"
@@ -13,8 +14,41 @@ namespace pk_torch {
 
 Api api;
 
+namespace {
+
+/* c10::detail::torchCheckFail(const char *func, const char *file, uint32_t line, const char *msg):
+ * throws c10::Error(SourceLocation{func, file, line}, msg).  Every TORCH_CHECK of every compiled
+ * extension calls it, so libc10 exports it under this name in every release (2.10 to 2.13 at
+ * least); the const char * overload keeps std::string's ABI out of the call. */
+using CheckFail = void (*)(const char *, const char *, uint32_t, const char *);
+constexpr const char kCheckFailSymbol[] = "_ZN3c106detail14torchCheckFailEPKcS2_jS2_";
+CheckFail g_check_fail = nullptr;
+
+/* Finds torchCheckFail in the libc10 already in the process (as load_api() finds the stable ABI
+ * in libtorch_cpu), else in the global scope; leaves g_check_fail null if neither has it. */
+void load_check_fail()
+{
+    void *lib = dlopen("libc10.so", RTLD_LAZY | RTLD_NOLOAD);
+    void *sym = lib ? dlsym(lib, kCheckFailSymbol) : nullptr;
+    if (!sym) sym = dlsym(RTLD_DEFAULT, kCheckFailSymbol);
+    if (lib) dlclose(lib);   /* drops the reference NOLOAD took; c10 stays loaded */
+    g_check_fail = reinterpret_cast<CheckFail>(sym);
+}
+
+}  // namespace
+
+[[noreturn]] void fail(const std::string &message, const char *func, const char *file,
+                       unsigned line)
+{
+    if (CheckFail check_fail = g_check_fail) check_fail(func, file, line, message.c_str());
+    throw std::runtime_error(message);   /* no c10 found (or torchCheckFail returned) */
+}
+
+const char *error_kind() { return g_check_fail ? "c10::Error" : "std::runtime_error"; }
+
 std::string load_api()
 {
+    load_check_fail();
     void *lib = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
     std::string missing;
 #define PK_API_LOAD(ret, name, params)                                                            \
@@ -37,3 +71,14 @@ std::string load_api()
 }
 
 }  // namespace pk_torch
+
+extern "C" {
+
+/* What a failed check throws in this process: "c10::Error" or "std::runtime_error" (the
+ * fallback where libc10's torchCheckFail was not found). */
+__attribute__((visibility("default"))) const char *pk_native_error_kind(void)
+{
+    return pk_torch::error_kind();
+}
+
+}

@@ -1,6 +1,6 @@
 /* The stable-ABI functions of torch, as a table of pointers filled when the library is loaded
  * (torch_api.cpp), and the small C++ helpers the ops are written with: owned tensor handles,
- * the StableIValue conversions, and the exception every failed check throws. */
+ * the StableIValue conversions, and fail(), which every failed check calls. */
 #ifndef PERFKERNELS_TORCH_API_H
 #define PERFKERNELS_TORCH_API_H
 
@@ -27,8 +27,19 @@ extern Api api;
 /* Fills the table from the libtorch_cpu in the process; "" on success, else what is missing. */
 std::string load_api();
 
-/* A failed check: std::runtime_error, which torch turns into RuntimeError in Python. */
-[[noreturn]] inline void fail(const std::string &message) { throw std::runtime_error(message); }
+/* A failed check: throws a c10::Error whose message (what_without_backtrace()) is `message`
+ * and whose source location is fail()'s caller, the exception torch's own TORCH_CHECK throws,
+ * so a C++ program catches `const c10::Error &` and Python sees a RuntimeError.  The library
+ * links no c10: load_api() looks up c10::detail::torchCheckFail (the function every
+ * TORCH_CHECK calls, which builds and throws the c10::Error inside libc10) in the libc10
+ * already in the process.  Where it is not found (a libc10 whose symbol is missing, or
+ * fail() called before load_api()), fail() throws std::runtime_error(message) instead, which
+ * Python also sees as a RuntimeError.  error_kind() says which of the two fail() throws. */
+[[noreturn]] void fail(const std::string &message, const char *func = __builtin_FUNCTION(),
+                       const char *file = __builtin_FILE(), unsigned line = __builtin_LINE());
+
+/* "c10::Error" or "std::runtime_error": what fail() throws in this process. */
+const char *error_kind();
 
 inline void check_call(AOTITorchError err, const char *what)
 {
