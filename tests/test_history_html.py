@@ -340,7 +340,14 @@ def test_headline_graphs_render_and_say_how_to_read_them(browser, site, tmp_path
             print(f"screenshot: {shot}")
         # one point alone is a small circle (~50 pixels); lines draw many more
         assert state["coloured"] > 20, f"{name}: the plot canvas has no coloured pixels: {state}"
+        # the axis label and parity line are redrawn after the points: wait for this graph's
+        # (a reading taken too early can still be the previous graph's)
+        ratio = "time_ratio" in name
+        deadline = time.monotonic() + 10
         reading = browser.evaluate(_READING)
+        while (reading["parity"] == 1) != ratio and time.monotonic() < deadline:
+            time.sleep(0.1)
+            reading = browser.evaluate(_READING)
         hashes = [t for t in reading["ticks"] if t]
         assert hashes and all(len(t) == 8 and int(t, 16) >= 0 for t in hashes), (name, reading)
         assert "lower is better" in reading["label"], (name, reading)
