@@ -591,6 +591,14 @@ def test_example_under_torchrun(tmp_path):
            "--infer-batches", "2", "--replicate-below", "1000", "--fused-optimizer",
            "rowwise_adagrad", "--lr", "0.01"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150, cwd=ROOT)
+    if (done.returncode != 0 and "predictions agree" in done.stdout
+            and "terminate called without an active exception" in done.stderr):
+        # gloo's teardown race: a rank's transport thread can abort the process after
+        # destroy_process_group when its peer has already exited (the run itself was done and
+        # checked).  Seen on a loaded 2-core machine; run once more on a new port.
+        cmd[cmd.index("--master-port") + 1] = str(free_port())
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
+                              cwd=ROOT)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "loss curves agree" in done.stdout, done.stdout[-4000:]
     for kind in ("table_wise", "data_parallel"):
