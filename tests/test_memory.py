@@ -322,6 +322,18 @@ elif case == "multi":
     ix = rng.integers(0, 1000, 26 * 2048)
     lengths = np.ones(26 * 2048, np.int64)
     call = lambda: pk.embedding_bags_multi(tables, ix, lengths=lengths)
+elif case == "fused":
+    import torch
+    from perfkernels.torch import _fused_ops
+    torch.set_grad_enabled(False)
+    weights = [torch.randn(1000, 16) for _ in range(26)]
+    ix = [torch.from_numpy(rng.integers(0, 1000, 2048)) for _ in range(26)]
+    off = [torch.arange(2048) for _ in range(26)]
+    dense = torch.randn(2048, 16)
+    # what optimize()'s eager graph calls: 26 lookups and the dot interaction, [2048, 367]
+    call = lambda: _fused_ops.embedding_bags_interaction(
+        dense, weights, ix, off, False, "dot", "dlrm", False, [0] * 26, [-1] * 26, [0] * 26,
+        [0] * 26, 0)
 else:
     import torch, perfkernels.torch as pt
     bag = pt.EmbeddingBag(10000, 128, mode="sum")
@@ -344,12 +356,12 @@ print((after - before) / calls)
 
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_minflt as Linux counts it")
 @pytest.mark.parametrize("malloc", ["default", "static-threshold"])
-@pytest.mark.parametrize("case", ["lstm", "embedding", "multi", "torch"])
+@pytest.mark.parametrize("case", ["lstm", "embedding", "multi", "torch", "fused"])
 def test_steady_state_loop_makes_no_page_faults(case, malloc):
     """Also where glibc's mmap threshold does not adapt (set explicitly, or after the process
     freed a block over 32 MiB): there NumPy's allocator faults every page of every output in
     again, ~512 faults per call here."""
-    if case == "torch":
+    if case in ("torch", "fused"):
         pytest.importorskip("torch")
     env = dict(os.environ, PYTHONPATH=str(ROOT), PERFKERNELS_NUM_THREADS="1")
     if malloc == "static-threshold":
