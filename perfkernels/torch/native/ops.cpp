@@ -210,11 +210,13 @@ void read_ints(const View &v, const char *name, Ints &out)
     out.n = numel(v);
 }
 
-Tensor new_output(int64_t rows, int64_t cols)
+/* A new contiguous CPU matrix [rows, cols] of `dtype` (float32 by default). */
+Tensor new_output(int64_t rows, int64_t cols, int32_t dtype = -1)
 {
     const int64_t sizes[2] = {rows, cols}, strides[2] = {cols, 1};
     AtenTensorHandle h = nullptr;
-    check_call(api.aoti_torch_empty_strided(2, sizes, strides, api.aoti_torch_dtype_float32(),
+    check_call(api.aoti_torch_empty_strided(2, sizes, strides,
+                                            dtype < 0 ? api.aoti_torch_dtype_float32() : dtype,
                                             api.aoti_torch_device_type_cpu(), 0, &h),
                "empty_strided");
     return Tensor(h);
@@ -490,6 +492,34 @@ void check_collection(const std::vector<TablePart> &tabs, const std::vector<int6
     }
 }
 
+/* A collection's float tables as parts, and its options checked (check_collection). */
+std::vector<TablePart> collection_tables(const std::vector<Tensor> &weights,
+                                         const std::vector<int64_t> &mean,
+                                         const std::vector<int64_t> &padding,
+                                         const std::vector<int64_t> &features,
+                                         const std::vector<int64_t> &tables, int64_t num_keys)
+{
+    std::vector<TablePart> tabs(weights.size());
+    for (size_t t = 0; t < weights.size(); t++)
+        table_part(weights[t], 0, 0, "weights[" + std::to_string(t) + "]", tabs[t]);
+    check_collection(tabs, mean, padding, features, tables, num_keys);
+    return tabs;
+}
+
+/* A jagged tensor's offsets (num_keys * batch + 1 entries into n_values values), normalised into
+ * dst; returns the batch. */
+int64_t jagged_offsets(const Tensor &offsets, int64_t num_keys, int64_t n_values,
+                       std::vector<int64_t> &dst)
+{
+    Ints off;
+    read_ints(view(offsets, "offsets", 1), "offsets", off);
+    if (off.n < 1 || (off.n - 1) % num_keys != 0)
+        fail("perfkernels: offsets has " + std::to_string(off.n) + " entries; a jagged tensor of " +
+             std::to_string(num_keys) + " keys needs num_keys * batch + 1");
+    normalise_offsets(off, true, n_values, dst);
+    return (off.n - 1) / num_keys;
+}
+
 /* ------------------------------------------------------------------ the ops */
 
 /* The part of one table's bags `b` (prepared), written into `out` rows of `out_stride`. */
@@ -503,24 +533,46 @@ pk_bags_part bag_part(const TablePart &T, const Bags &b, float *out, int64_t out
     return part;
 }
 
-/* embedding_bag(Tensor weight, Tensor indices, Tensor? offsets, Tensor? per_sample_weights,
- *               str mode, bool include_last_offset, SymInt? padding_idx) -> Tensor */
-void embedding_bag(StableIValue *stack, uint64_t, uint64_t)
-{
-    Tensor weight = take_tensor(stack[0]), indices = take_tensor(stack[1]);
-    Tensor offsets = take_optional_tensor(stack[2]), psw = take_optional_tensor(stack[3]);
-    const std::string mode = take_string(stack[4]);
-    const bool include_last_offset = to_bool(stack[5]);
-    const std::optional<int64_t> padding_idx = take_optional_int(stack[6]);
+/* The arguments of a one-table bag op after its table: stack[1] ... stack[6]. */
+struct BagArgs {
+    Tensor indices, offsets, psw;
+    std::string mode;
+    bool include_last_offset;
+    std::optional<int64_t> padding_idx;
+};
 
-    TablePart T;
-    table_part(weight, 0, 0, "weight", T);
+BagArgs take_bag_args(StableIValue *stack)
+{
+    BagArgs a;
+    a.indices = take_tensor(stack[1]);
+    a.offsets = take_optional_tensor(stack[2]);
+    a.psw = take_optional_tensor(stack[3]);
+    a.mode = take_string(stack[4]);
+    a.include_last_offset = to_bool(stack[5]);
+    a.padding_idx = take_optional_int(stack[6]);
+    return a;
+}
+
+/* The bags of `a` in the table T, as a new [num_bags, D] result in stack[0]. */
+void bags_of_table(StableIValue *stack, const TablePart &T, const BagArgs &a)
+{
     Bags b;
-    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, T.rows);
+    prepare(b, a.indices, a.offsets, a.psw, a.mode, a.include_last_offset, a.padding_idx, T.rows);
     Tensor out = new_output(b.bags.num_bags, T.dim);
     const pk_bags_part part = bag_part(T, b, output_data(out), T.dim);
     run(b, &part, 1, &T.rows);
     stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* embedding_bag(Tensor weight, Tensor indices, Tensor? offsets, Tensor? per_sample_weights,
+ *               str mode, bool include_last_offset, SymInt? padding_idx) -> Tensor */
+void embedding_bag(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor weight = take_tensor(stack[0]);
+    const BagArgs a = take_bag_args(stack);
+    TablePart T;
+    table_part(weight, 0, 0, "weight", T);
+    bags_of_table(stack, T, a);
 }
 
 /* embedding_bag_quantized(Tensor packed, Tensor indices, Tensor? offsets,
@@ -528,23 +580,14 @@ void embedding_bag(StableIValue *stack, uint64_t, uint64_t)
  *     SymInt bits, SymInt dim) -> Tensor */
 void embedding_bag_quantized(StableIValue *stack, uint64_t, uint64_t)
 {
-    Tensor packed = take_tensor(stack[0]), indices = take_tensor(stack[1]);
-    Tensor offsets = take_optional_tensor(stack[2]), psw = take_optional_tensor(stack[3]);
-    const std::string mode = take_string(stack[4]);
-    const bool include_last_offset = to_bool(stack[5]);
-    const std::optional<int64_t> padding_idx = take_optional_int(stack[6]);
+    Tensor packed = take_tensor(stack[0]);
+    const BagArgs a = take_bag_args(stack);
     const int64_t bits = to_int(stack[7]), dim = to_int(stack[8]);
-
     if (bits != 8 && bits != 4 && bits != 2)
         fail("perfkernels: bits must be 8, 4 or 2; got " + std::to_string(bits));
     TablePart T;
     table_part(packed, bits, dim, "packed", T);
-    Bags b;
-    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, T.rows);
-    Tensor out = new_output(b.bags.num_bags, dim);
-    const pk_bags_part part = bag_part(T, b, output_data(out), dim);
-    run(b, &part, 1, &T.rows);
-    stack[0] = reinterpret_cast<StableIValue>(out.release());
+    bags_of_table(stack, T, a);
 }
 
 /* embedding_bag_collection(Tensor[] weights, Tensor values, Tensor offsets,
@@ -563,21 +606,13 @@ void embedding_bag_collection(StableIValue *stack, uint64_t, uint64_t)
     const std::vector<int64_t> mean = take_list<int64_t>(stack[7], to_int);
     const std::vector<int64_t> padding = take_list<int64_t>(stack[8], to_int);
 
-    std::vector<TablePart> tabs(weights.size());
-    for (size_t t = 0; t < weights.size(); t++)
-        table_part(weights[t], 0, 0, "weights[" + std::to_string(t) + "]", tabs[t]);
-    check_collection(tabs, mean, padding, features, tables, num_keys);
+    const std::vector<TablePart> tabs =
+        collection_tables(weights, mean, padding, features, tables, num_keys);
     Bags b;
     std::memset(&b.bags, 0, sizeof b.bags);
     const View vv = view(values, "values", 1);
     read_ints(vv, "values", b.indices);
-    Ints off;
-    read_ints(view(offsets, "offsets", 1), "offsets", off);
-    if (off.n < 1 || (off.n - 1) % num_keys != 0)
-        fail("perfkernels: offsets has " + std::to_string(off.n) + " entries; a jagged tensor of " +
-             std::to_string(num_keys) + " keys needs num_keys * batch + 1");
-    const int64_t batch = (off.n - 1) / num_keys;
-    normalise_offsets(off, true, b.indices.n, b.offsets);
+    const int64_t batch = jagged_offsets(offsets, num_keys, b.indices.n, b.offsets);
     if (psw) read_weights(psw, vv, b.weights);
 
     int64_t total_dim = 0;
@@ -936,26 +971,18 @@ void collection_interaction(StableIValue *stack, uint64_t, uint64_t)
     const std::vector<int64_t> padding = take_list<int64_t>(stack[11], to_int);
     (void)to_int(stack[12]);
 
-    std::vector<TablePart> tabs(weights.size());
-    for (size_t t = 0; t < weights.size(); t++)
-        table_part(weights[t], 0, 0, "weights[" + std::to_string(t) + "]", tabs[t]);
-    check_collection(tabs, mean, padding, features, tables, num_keys);
+    const std::vector<TablePart> tabs =
+        collection_tables(weights, mean, padding, features, tables, num_keys);
     View d;
     std::vector<float> dense_copy;
     const float *drows = dense_rows(dense, d, dense_copy);
     Ints ix;
     read_ints(view(values, "values", 1), "values", ix);
-    Ints off;
-    read_ints(view(offsets, "offsets", 1), "offsets", off);
-    if (off.n < 1 || (off.n - 1) % num_keys != 0)
-        fail("perfkernels: offsets has " + std::to_string(off.n) + " entries; a jagged tensor of " +
-             std::to_string(num_keys) + " keys needs num_keys * batch + 1");
-    const int64_t batch = (off.n - 1) / num_keys;
+    std::vector<int64_t> offs;
+    const int64_t batch = jagged_offsets(offsets, num_keys, ix.n, offs);
     if (batch != d.size[0])
         fail("perfkernels: the jagged tensor has " + std::to_string(batch) +
              " samples but dense has " + std::to_string(d.size[0]) + " rows");
-    std::vector<int64_t> offs;
-    normalise_offsets(off, true, ix.n, offs);
     std::vector<pk_bags_part> parts(features.size());
     std::vector<const Ints *> index_of(features.size(), &ix);
     for (size_t i = 0; i < features.size(); i++) {
@@ -1179,12 +1206,7 @@ void quantize_rowwise(StableIValue *stack, uint64_t, uint64_t)
     const int64_t rows = w.size[0], dim = w.size[1];
     if (dim < 1) fail("perfkernels: weight must have at least one column; got 0");
     const int64_t row_bytes = (int64_t)pk_quantized_row_bytes((int)bits, (size_t)dim);
-    const int64_t sizes[2] = {rows, row_bytes}, strides[2] = {row_bytes, 1};
-    AtenTensorHandle h = nullptr;
-    check_call(api.aoti_torch_empty_strided(2, sizes, strides, api.aoti_torch_dtype_uint8(),
-                                            api.aoti_torch_device_type_cpu(), 0, &h),
-               "empty_strided");
-    Tensor out(h);
+    Tensor out = new_output(rows, row_bytes, api.aoti_torch_dtype_uint8());
     void *o = nullptr;
     check_call(api.aoti_torch_get_data_ptr(out.get(), &o), "get_data_ptr");
     size_t bad_row = 0;
