@@ -17,7 +17,6 @@ Python (the ``_tensor_bags`` fast path).  They have fake implementations
 from __future__ import annotations
 
 import itertools
-import re
 import weakref
 from typing import Optional
 
@@ -27,7 +26,7 @@ from torch import Tensor
 from perfkernels.families.interaction._interaction import pair_lists
 
 from . import _bags, _tensor_bags
-from ._bridge import as_numpy, index_error_at
+from ._bridge import as_numpy, native_index_error
 
 
 class FusedInputError(RuntimeError):
@@ -121,16 +120,12 @@ torch.library.register_fake("perfkernels::embedding_bags_interaction")(_per_tabl
 torch.library.register_fake("perfkernels::embedding_bags_interaction_inference")(
     _per_table_fake)
 
-_NATIVE_INDEX_MESSAGE = re.compile(r"Index (\d+) of input takes value (-?\d+) which is not in the "
-                                   r"valid range \[0, (\d+)\)")
-
-
 def _refused(exc: RuntimeError) -> RuntimeError:
     """A native fused op's error in an eager call, as what the optimized model answers by running
     its unfused modules: :class:`IndexOutOfRangeError` for an index, else FusedInputError."""
-    m = _NATIVE_INDEX_MESSAGE.search(str(exc))
-    if m is not None:
-        return index_error_at(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    bad_index = native_index_error(exc)
+    if bad_index is not None:
+        return bad_index
     return FusedInputError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
