@@ -15,7 +15,7 @@ OLD=${1:-2.10.0}
 NEW=$(python -c 'import torch; print(torch.__version__.split("+")[0])')
 LIB=$(python -c 'import perfkernels.torch as pt; print(pt.native_library_path())')
 SUM_BEFORE=$(sha256sum "$LIB" | cut -d' ' -f1)
-TESTS="tests/test_torch_native.py tests/test_torch_native_fused.py tests/test_torch_layer.py tests/test_torch_compat.py tests/test_torch_hardening.py tests/test_torch_fast_path.py tests/test_torch_fused.py tests/test_torch_embedding.py tests/test_torch_route.py tests/test_optimize.py"
+TESTS="tests/test_torch_native.py tests/test_torch_native_fused.py tests/test_torch_native_training.py tests/test_torch_layer.py tests/test_torch_compat.py tests/test_torch_hardening.py tests/test_torch_fast_path.py tests/test_torch_fused.py tests/test_torch_embedding.py tests/test_torch_route.py tests/test_optimize.py"
 
 echo "== torch $OLD (CPU wheel) beside the build made for torch $NEW"
 # The package registry's wheel of an older torch is its CUDA build: it brings NVIDIA's libraries
