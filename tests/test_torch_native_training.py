@@ -194,6 +194,28 @@ def test_column_slice_and_strided_gradient(rng):
     assert torch.equal(wide[:, :8], outside[:, :8]) and torch.equal(wide[:, 24:], outside[:, 24:])
 
 
+@pytest.mark.parametrize("layout", ["slice_of_wider", "expanded_rows", "expanded", "transposed"])
+def test_gradient_layouts(rng, layout):
+    """The gradient as backward passes it: a column slice of a wider one (DLRM's concatenation;
+    read in place), rows broadcast (stride 0, ``.sum()``'s backward), or any other layout."""
+    rows, D, B = 30, 16, 6
+    weight = torch.from_numpy(rng.standard_normal((rows, D)).astype(np.float32))
+    ix, off = (torch.from_numpy(a) for a in bags_of(rng, rows, B, 5))
+    dense = torch.from_numpy(rng.standard_normal((B, D)).astype(np.float32))
+    grad = {"slice_of_wider": torch.cat([torch.ones(B, 3), dense, torch.ones(B, 5)], 1)[:, 3:3 + D],
+            "expanded_rows": dense[:1].expand(B, D),
+            "expanded": torch.tensor(0.5).expand(B, D),
+            "transposed": dense.t().contiguous().t()}[layout]
+    h, h_ref = torch.zeros(rows, D), torch.zeros(rows, D)
+    w_ref = weight.clone()
+    call(w_ref, ix, off, grad.contiguous(), "adagrad", h_ref, None)
+    exp_w, exp_states, _ = expected(weight.clone(), ix, off, grad.contiguous(), "adagrad", {},
+                                    h.clone(), None, lr=0.05, eps=1e-8, step=None)
+    call(weight, ix, off, grad, "adagrad", h, None)
+    assert torch.equal(weight, w_ref) and torch.equal(h, h_ref)
+    np.testing.assert_allclose(weight.numpy(), exp_w, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("case", ["adagrad", "adam"])
 def test_threads_bit_identical(rng, case):
     optimizer, opts = CASES[case]

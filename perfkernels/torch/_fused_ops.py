@@ -259,10 +259,13 @@ def _table_grads(grads, weights, indices, offsets, include_last, mean, padding_i
         if not needs or not w.requires_grad or not w.is_floating_point():
             out.append(None)       # (a packed table has no gradient)
             continue
-        b = _bags.BagBackward(g.contiguous(), i, o, None, "mean" if m else "sum", include_last,
-                              None if p < 0 else p, w.shape[0], w.dtype)
         module = modules[f]
         backward = getattr(module, "weight_backward", None)
+        # a fused optimizer's step reads the rows of a column slice where they are
+        fused = getattr(module, "fused_optimizer", None) is not None
+        b = _bags.BagBackward(g if fused else g.contiguous(), i, o, None,
+                              "mean" if m else "sum", include_last, None if p < 0 else p,
+                              w.shape[0], w.dtype)
         if backward is not None:
             out.append(backward(b))
         elif getattr(module, "sparse", False):

@@ -1437,11 +1437,17 @@ void embedding_bag_backward_update(StableIValue *stack, uint64_t, uint64_t)
              std::to_string(dim) + "] ([num_bags, D])");
     bool shared = overlap(g, 4, w, elem);
     for (const View &s : states) shared = shared || overlap(g, 4, s, 4);
+    /* rows of unit stride are read where they are (a slice of the gradient of a concatenation,
+     * as DLRM's backward gives each table, costs no copy); else, or when it shares memory with
+     * what is written, a contiguous copy */
     std::vector<float> grad_copy;
-    const float *grad = contiguous<float>(g, grad_copy);
-    if (shared && grad_copy.empty()) {   /* it is read while rows are written */
-        grad_copy.assign(grad, grad + numel(g));
+    const float *grad = reinterpret_cast<const float *>(g.data);
+    int64_t grad_stride = g.size[0] <= 1 ? dim : g.stride[0];
+    if (shared || !(dim <= 1 || g.stride[1] == 1) || grad_stride < 0) {
+        const float *c = contiguous<float>(g, grad_copy);
+        if (grad_copy.empty()) grad_copy.assign(c, c + numel(g));
         grad = grad_copy.data();
+        grad_stride = dim;
     }
     if (!pk_training_fits(rows, b.bags.n_indices, b.bags.num_bags))
         fail("perfkernels: " + std::to_string(b.bags.n_indices) + " indices into a table of " +
@@ -1451,7 +1457,7 @@ void embedding_bag_backward_update(StableIValue *stack, uint64_t, uint64_t)
     call.bags = &b.bags;
     call.rows = rows;
     call.grad = grad;
-    call.grad_stride = dim;
+    call.grad_stride = grad_stride;
     call.table = w.data;
     call.dim = dim;
     call.row_stride = rows <= 1 ? dim : w.stride[0];
