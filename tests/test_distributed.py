@@ -652,6 +652,27 @@ def test_planner_never_plans_past_a_budget():
         assert set(p.shardings) == {t.name for t in tables}
 
 
+def test_planner_counts_each_optimizers_state():
+    """Bytes per row of each fused optimizer's state, counted from its formulas (float32):
+    momentum's buffer only when the spec has a momentum; a spec or a FusedOptimizer as
+    fused_optimizer= takes it."""
+    from perfkernels.torch import FusedOptimizer
+    t = pkd.Table("t", 1000, 16)
+    row = 16 * 4
+    state = [(None, 0), ("sgd", 0), (("sgd", {"lr": 0.1}), 0),
+             (("sgd", {"lr": 0.1, "momentum": 0.9}), 64),
+             (FusedOptimizer("sgd", {"lr": 0.1, "momentum": 0.5}), 64), ("rowwise_adagrad", 4),
+             ("adagrad", 64), (("adam", {"lr": 0.1}), 128), ("adamw", 128), ("rowwise_adam", 68)]
+    for optimizer, extra in state:
+        p = pkd.plan([t], 1, optimizer=optimizer)
+        assert p.bytes_per_rank() == [1000 * (row + extra)], optimizer
+    # the budget holds the table alone, not its momentum buffer
+    with pytest.raises(ValueError, match="table 't'"):
+        pkd.plan([t], 1, memory_budget=1000 * row, optimizer=("sgd", {"momentum": 0.9}))
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        pkd.plan([t], 1, optimizer="lamb")
+
+
 def test_bad_plans_are_refused_naming_table_and_rank():
     tables = [pkd.Table("big", 1000, 8), pkd.Table("small", 10, 8)]
     with pytest.raises(ValueError, match=r"table 'big'.*fits on no rank.*rank"):
