@@ -1102,6 +1102,48 @@ void split_rows(int64_t n, int64_t bytes, F f)
     if (api.torch_parallel_for(0, n, (n + threads - 1) / threads, body, &job) != 0) f(0, n);
 }
 
+/* A float table read by the unpooled lookups: rows of `dim` elements of `elem` bytes,
+ * row_stride elements apart (a copy when its rows are not unit-stride). */
+struct RowTable {
+    const void *data = nullptr;
+    int64_t rows = 0, dim = 0, elem = 4, row_stride = 0;
+    int32_t dtype = 0;
+    std::vector<uint32_t> c32;
+    std::vector<uint16_t> c16;
+};
+
+void row_table(const Tensor &weight, const std::string &name, RowTable &T)
+{
+    const View w = view(weight, name.c_str(), 2);
+    if (w.dtype == api.aoti_torch_dtype_float32())
+        T.elem = 4;
+    else if (w.dtype == api.aoti_torch_dtype_float16() || w.dtype == api.aoti_torch_dtype_bfloat16())
+        T.elem = 2;
+    else
+        fail("perfkernels: " + name + " must be float32, float16 or bfloat16; got " + dtype_name(w.dtype));
+    T.dtype = w.dtype;
+    T.rows = w.size[0];
+    T.dim = w.size[1];
+    T.data = w.data;
+    T.row_stride = T.rows <= 1 ? T.dim : w.stride[0];
+    if (!(T.dim <= 1 || w.stride[1] == 1) || T.row_stride < 0) {
+        T.data = T.elem == 4 ? (const void *)contiguous<uint32_t>(w, T.c32)
+                             : (const void *)contiguous<uint16_t>(w, T.c16);
+        T.row_stride = T.dim;
+    }
+}
+
+/* Rows [lo, hi) of the lookup `ix` in T, written to out's rows [lo, hi). */
+pk_status copy_rows(pk_embedding_rows_fn fn, const RowTable &T, const Ints &ix, int64_t lo,
+                    int64_t hi, char *out)
+{
+    int64_t bad = 0;
+    const size_t isz = ix.is64 ? 8 : 4;
+    return fn(T.data, T.rows, T.row_stride * T.elem, T.dim * T.elem,
+              static_cast<const char *>(ix.data) + (size_t)lo * isz, ix.is64, hi - lo,
+              out + lo * T.dim * T.elem, &bad);
+}
+
 /* embedding(Tensor weight, Tensor indices, SymInt padding_idx) -> Tensor
  * weight[indices]: rows copied as stored (float32, float16 or bfloat16), shape
  * indices.shape + [D].  padding_idx matters to the gradient only. */
@@ -1109,40 +1151,90 @@ void embedding(StableIValue *stack, uint64_t, uint64_t)
 {
     Tensor weight = take_tensor(stack[0]), indices = take_tensor(stack[1]);
     (void)to_int(stack[2]);
-    const View w = view(weight, "weight", 2);
-    int64_t elem;
-    if (w.dtype == api.aoti_torch_dtype_float32())
-        elem = 4;
-    else if (w.dtype == api.aoti_torch_dtype_float16() || w.dtype == api.aoti_torch_dtype_bfloat16())
-        elem = 2;
-    else
-        fail("perfkernels: weight must be float32, float16 or bfloat16; got " + dtype_name(w.dtype));
-    const int64_t rows = w.size[0], dim = w.size[1];
-    std::vector<uint32_t> c32;
-    std::vector<uint16_t> c16;
-    const void *table = w.data;
-    int64_t row_stride = rows <= 1 ? dim : w.stride[0];
-    if (!(dim <= 1 || w.stride[1] == 1) || row_stride < 0) {
-        table = elem == 4 ? (const void *)contiguous<uint32_t>(w, c32)
-                          : (const void *)contiguous<uint16_t>(w, c16);
-        row_stride = dim;
-    }
+    RowTable T;
+    row_table(weight, "weight", T);
     IndexTensor ix;
     read_index_tensor(indices, ix);
-    check_rows(ix.ints, rows);
-    Tensor out = new_rows_output(ix.shape, dim, w.dtype);
+    check_rows(ix.ints, T.rows);
+    Tensor out = new_rows_output(ix.shape, T.dim, T.dtype);
     void *o = nullptr;
     check_call(api.aoti_torch_get_data_ptr(out.get(), &o), "get_data_ptr");
     const pk_embedding_rows_fn fn =
         pk_sequence_table(g_isa.load(std::memory_order_relaxed))->embedding_rows;
-    const size_t isz = ix.ints.is64 ? 8 : 4;
     std::atomic<int> failed{0};
-    split_rows(ix.ints.n, ix.ints.n * dim * elem * 2, [&](int64_t lo, int64_t hi) {
-        int64_t bad = 0;
-        if (fn(table, rows, row_stride * elem, dim * elem,
-               static_cast<const char *>(ix.ints.data) + (size_t)lo * isz, ix.ints.is64, hi - lo,
-               static_cast<char *>(o) + lo * dim * elem, &bad) != PK_OK)
-            failed.store(1);
+    split_rows(ix.ints.n, ix.ints.n * T.dim * T.elem * 2, [&](int64_t lo, int64_t hi) {
+        if (copy_rows(fn, T, ix.ints, lo, hi, static_cast<char *>(o)) != PK_OK) failed.store(1);
+    });
+    if (failed.load()) fail("perfkernels: an embedding lookup failed (an index changed during the call)");
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* embedding_collection(Tensor[] weights, Tensor values, Tensor offsets, SymInt num_keys,
+ *     SymInt[] tables, SymInt group) -> Tensor
+ * Every feature of a jagged tensor looked up unpooled, in one call: row j of the [n, D] result
+ * is weights[tables[k]][values[j]] for the key k whose values hold j (offsets: the jagged
+ * tensor's num_keys * batch + 1 offsets; key k's values are [offsets[k * batch],
+ * offsets[(k + 1) * batch])).  The tables share one dtype and one D.  The result's rows of one
+ * key are that feature's jagged values; the split across threads runs over all of them.  group:
+ * the id of the modules whose gradient rules the backward (Python) applies; unused here. */
+void embedding_collection(StableIValue *stack, uint64_t, uint64_t)
+{
+    const std::vector<Tensor> weights = take_list<Tensor>(stack[0], take_tensor);
+    Tensor values = take_tensor(stack[1]), offsets = take_tensor(stack[2]);
+    const int64_t num_keys = to_int(stack[3]);
+    const std::vector<int64_t> tables = take_list<int64_t>(stack[4], to_int);
+    (void)to_int(stack[5]);
+    if (weights.empty()) fail("perfkernels: weights is empty: a collection needs a table");
+    std::vector<RowTable> tabs(weights.size());
+    for (size_t t = 0; t < weights.size(); t++) {
+        row_table(weights[t], "weights[" + std::to_string(t) + "]", tabs[t]);
+        if (tabs[t].dtype != tabs[0].dtype || tabs[t].dim != tabs[0].dim)
+            fail("perfkernels: the tables of one call share a dtype and a dim: weights[" +
+                 std::to_string(t) + "] is " + dtype_name(tabs[t].dtype) + " [" +
+                 std::to_string(tabs[t].rows) + ", " + std::to_string(tabs[t].dim) +
+                 "], weights[0] " + dtype_name(tabs[0].dtype) + " [" + std::to_string(tabs[0].rows) +
+                 ", " + std::to_string(tabs[0].dim) + "]");
+    }
+    if (num_keys < 1) fail("perfkernels: num_keys must be >= 1; got " + std::to_string(num_keys));
+    if ((int64_t)tables.size() != num_keys)
+        fail("perfkernels: tables needs one entry per key (" + std::to_string(num_keys) + "); got " +
+             std::to_string(tables.size()));
+    for (size_t k = 0; k < tables.size(); k++)
+        if (tables[k] < 0 || tables[k] >= (int64_t)weights.size())
+            fail("perfkernels: tables[" + std::to_string(k) + "] = " + std::to_string(tables[k]) +
+                 " is not a table (0 <= table < " + std::to_string(weights.size()) + ")");
+    Ints ix;
+    read_ints(view(values, "values", 1), "values", ix);
+    std::vector<int64_t> off;
+    const int64_t batch = jagged_offsets(offsets, num_keys, ix.n, off);
+    std::vector<int64_t> bound((size_t)num_keys + 1);
+    for (int64_t k = 0; k <= num_keys; k++) bound[(size_t)k] = off[(size_t)(k * batch)];
+    for (int64_t k = 0; k < num_keys; k++) {
+        const RowTable &T = tabs[(size_t)tables[(size_t)k]];
+        for (int64_t j = bound[(size_t)k]; j < bound[(size_t)k + 1]; j++) {
+            const int64_t v = ix[j];
+            if (v < 0 || v >= T.rows)
+                fail("index out of range in self: perfkernels: values[" + std::to_string(j) + "] = " +
+                     std::to_string(v) + " (key " + std::to_string(k) + ") is not in the valid "
+                     "range [0, " + std::to_string(T.rows) + ") of table " +
+                     std::to_string(tables[(size_t)k]));
+        }
+    }
+    const int64_t dim = tabs[0].dim, elem = tabs[0].elem;
+    Tensor out = new_rows_output({ix.n}, dim, tabs[0].dtype);
+    char *o = nullptr;
+    check_call(api.aoti_torch_get_data_ptr(out.get(), reinterpret_cast<void **>(&o)), "get_data_ptr");
+    const pk_embedding_rows_fn fn =
+        pk_sequence_table(g_isa.load(std::memory_order_relaxed))->embedding_rows;
+    std::atomic<int> failed{0};
+    split_rows(ix.n, ix.n * dim * elem * 2, [&](int64_t lo, int64_t hi) {
+        /* the keys whose values meet [lo, hi), each from its own table */
+        int64_t k = std::upper_bound(bound.begin(), bound.end(), lo) - bound.begin() - 1;
+        for (; k < num_keys && bound[(size_t)k] < hi; k++) {
+            const int64_t a = std::max(lo, bound[(size_t)k]), b = std::min(hi, bound[(size_t)k + 1]);
+            if (a < b && copy_rows(fn, tabs[(size_t)tables[(size_t)k]], ix, a, b, o) != PK_OK)
+                failed.store(1);
+        }
     });
     if (failed.load()) fail("perfkernels: an embedding lookup failed (an index changed during the call)");
     stack[0] = reinterpret_cast<StableIValue>(out.release());
@@ -1544,6 +1636,14 @@ const Op OPS[] = {
     {"embedding_quantized",
      "embedding_quantized(Tensor packed, Tensor indices, SymInt bits, SymInt dim) -> Tensor",
      embedding_quantized},
+    {"embedding_collection",
+     "embedding_collection(Tensor[] weights, Tensor values, Tensor offsets, SymInt num_keys, "
+     "SymInt[] tables, SymInt group) -> Tensor",
+     embedding_collection},
+    {"embedding_collection_inference",
+     "embedding_collection_inference(Tensor[] weights, Tensor values, Tensor offsets, "
+     "SymInt num_keys, SymInt[] tables, SymInt group) -> Tensor",
+     embedding_collection},
     {"embedding_bag_backward_update",
      "embedding_bag_backward_update(Tensor(a!) weight, Tensor indices, Tensor? offsets, "
      "Tensor? per_sample_weights, str bag_mode, bool include_last_offset, SymInt? padding_idx, "
