@@ -16,6 +16,7 @@ Python (the ``_tensor_bags`` fast path).  They have fake implementations
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 from typing import Optional
@@ -228,6 +229,13 @@ def _pooled(weights, indices, offsets, include_last, mean, padding_idx, bits=Non
                                            dims)]
 
 
+@functools.lru_cache(maxsize=64)
+def _pair_index(n: int, pairs: str, itself: bool) -> tuple:
+    """(i, j) of each interaction pair of n vectors, as int64 tensors (made once per form)."""
+    li, lj = pair_lists(n, pairs, itself)
+    return torch.from_numpy(li).long(), torch.from_numpy(lj).long()
+
+
 def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: str, pairs: str,
                        itself: bool):
     """(d dense, [d pooled_f]) of the interaction: ``"cat"`` slices the output gradient; ``"dot"``
@@ -242,10 +250,18 @@ def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: s
         return grad[:, :d], parts
     z = torch.stack([dense.detach().float()] + pooled, dim=1)          # [B, n, D]
     n = z.shape[1]
-    li, lj = (torch.from_numpy(a).long() for a in pair_lists(n, pairs, itself))
-    g = torch.zeros(z.shape[0], n, n, dtype=torch.float32)
-    g[:, li, lj] = grad[:, d:]
-    dz = torch.bmm(g + g.transpose(1, 2), z)
+    gs = torch.zeros(z.shape[0], n, n, dtype=torch.float32)
+    pair_grads = grad[:, d:]
+    if itself:
+        li, lj = _pair_index(n, pairs, True)
+        gs[:, li, lj] = pair_grads
+        gs = gs + gs.transpose(1, 2)
+    else:
+        # no pair on the diagonal: G + G^T written at once, each pair's gradient at (i, j)
+        # and (j, i)
+        li, lj = _pair_index(n, pairs, False)
+        gs[:, torch.cat([li, lj]), torch.cat([lj, li])] = torch.cat([pair_grads, pair_grads], 1)
+    dz = torch.bmm(gs, z)
     return grad[:, :d] + dz[:, 0], [dz[:, f + 1] for f in range(n - 1)]
 
 
