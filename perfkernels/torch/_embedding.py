@@ -95,7 +95,7 @@ class EmbeddingFunction(torch.autograd.Function):
                 b = _bags.BagBackward(grad_output.reshape(n, -1), input.reshape(n, 1), None, None,
                                       "sum", False, None if padding_idx < 0 else padding_idx,
                                       rows, dtype, ctx.next_functions[0][0])
-                module.fused_optimizer.update(module.weight, module._buffers.get("momentum1"), b)
+                module.fused_optimizer.update(module.weight, module._buffers, b)
             else:
                 grad_weight = torch.ops.aten.embedding_backward(
                     grad_output, input, rows, padding_idx, False, sparse)
@@ -237,7 +237,7 @@ class Embedding(TableViewCache, torch.nn.Embedding):
         _fused.enable(self, spec)
 
     def _fused_weight_backward(self, b) -> None:
-        self.fused_optimizer.update(self.weight, self._buffers.get("momentum1"), b)
+        self.fused_optimizer.update(self.weight, self._buffers, b)
         return None
 
     def forward(self, input: Tensor) -> Tensor:
