@@ -512,12 +512,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_world(scenario: str, world: int, directory: Path, timeout: float = 60) -> list:
+def start_world(scenario: str, world: int, directory: Path, timeout: float = 60,
+                script: Path = Path(__file__)) -> list:
+    """One process per rank running ``script`` as a script (its ``worker``)."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                GLOO_SOCKET_IFNAME="lo", PK_TEST_PG_TIMEOUT=str(timeout),
                OMP_NUM_THREADS="1", PERFKERNELS_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    return [subprocess.Popen([sys.executable, __file__, scenario, str(rank), str(world),
+    return [subprocess.Popen([sys.executable, str(script), scenario, str(rank), str(world),
                               str(directory)], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, cwd=ROOT)
             for rank in range(world)]
