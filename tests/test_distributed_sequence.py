@@ -210,9 +210,19 @@ def worker(scenario: str, rank: int, world: int, directory: Path) -> None:
         trained = check_training(world, rank)
         ec, ref = trained["adam"]
         if world == 2:
+            # the unsharded collection's keys; sharded tables as ShardedTensors of its shape
+            mine, theirs = ec.state_dict(), ref.state_dict()
+            assert set(mine) == set(theirs), sorted(set(mine) ^ set(theirs))
+            for key, value in mine.items():
+                assert value.shape == theirs[key].shape, key
             pkd.save_checkpoint(ec, directory / "ckpt")
+            exported = pkd.export_tables(ec)
             if rank == 0:
                 torch.save(ref.state_dict(), directory / "reference.pt")
+                assert set(exported["state_dict"]) == {f"embeddings.{n}.weight"
+                                                       for n in ec.plan.shardings}
+                for key, value in exported["state_dict"].items():
+                    assert_close(value, theirs[key], f"exported {key}", rtol=1e-2, atol=2e-3)
         else:
             check_load(directory, world, rank)
     finally:
