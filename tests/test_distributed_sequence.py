@@ -44,8 +44,8 @@ def make_tables() -> list:
     return tables
 
 
-def unsharded(tables, full: dict, fused=None) -> EmbeddingCollection:
-    ec = EmbeddingCollection(tables, fused_optimizer=fused)
+def unsharded(tables, full: dict, fused=None, need_indices=False) -> EmbeddingCollection:
+    ec = EmbeddingCollection(tables, fused_optimizer=fused, need_indices=need_indices)
     with torch.no_grad():
         for t in tables:
             w = ec.embeddings[t.name].weight
@@ -100,11 +100,16 @@ def check_forward(world: int, rank: int) -> None:
     kjt = local_kjt(keys, values, lengths, None, lo, hi)
     with torch.no_grad():
         check_same(ec(kjt), ref(kjt), numpy_rows(tables, full, kjt), f"rank {rank} subset")
-    # the planner's own plan, from EmbeddingConfigs
+    # the planner's own plan, from EmbeddingConfigs; need_indices: the IDs as weights
     plan = pkd.plan(tables, world, batch_size=batch, replicate_below=200)
+    ref = unsharded(tables, full, need_indices=True)
     ec = pkd.ShardedEmbeddingCollection.from_collection(ref, plan)
+    assert ec.need_indices()
     with torch.no_grad():
-        check_same(ec(kjt), ref(kjt), numpy_rows(tables, full, kjt), f"rank {rank} planned")
+        got, want = ec(kjt), ref(kjt)
+    check_same(got, want, numpy_rows(tables, full, kjt), f"rank {rank} planned")
+    for key in want:
+        assert torch.equal(got[key].weights_or_none(), want[key].weights_or_none()), key
 
 
 def losses(out: dict, world_batch_values: dict, lo_pos: dict, scale: float):

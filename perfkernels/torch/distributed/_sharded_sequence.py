@@ -62,8 +62,8 @@ class ShardedEmbeddingCollection(_ShardedTables):
     """A model-parallel :class:`~perfkernels.torch.EmbeddingCollection` (unpooled: one row per
     ID) over a process group.
 
-    ``ShardedEmbeddingCollection(tables, plan, process_group=None, *, fused_optimizer=None,
-    gradient_division=True, seed=0)``
+    ``ShardedEmbeddingCollection(tables, plan, process_group=None, *, need_indices=False,
+    fused_optimizer=None, gradient_division=True, seed=0)``
 
     * ``tables``: :class:`~perfkernels.torch.EmbeddingConfig` (or TorchRec's, or
       :class:`Table`) per table; float32, float16 or bfloat16 rows;
@@ -75,7 +75,8 @@ class ShardedEmbeddingCollection(_ShardedTables):
       during backward, each ID a bag of one; without it the local rows get dense gradients;
     * ``gradient_division``: divide the gradients by the world size (each rank's loss a mean
       over its batch: the gradient of the global batch's mean, as DistributedDataParallel);
-    * ``seed``: the initial values depend on the seed and the row only, not on the plan.
+    * ``seed``: the initial values depend on the seed and the row only, not on the plan;
+    * ``need_indices``: each JaggedTensor's weights are its IDs, as the unsharded collection's.
 
     ``forward(features)`` takes this rank's batch as a KeyedJaggedTensor (ours or TorchRec's)
     and returns ``{feature: JaggedTensor}`` for the input's features, in its order: the rows of
@@ -90,15 +91,16 @@ class ShardedEmbeddingCollection(_ShardedTables):
     _shards_attr = "embeddings"
 
     def __init__(self, tables: Sequence[Any], plan: ShardingPlan,
-                 process_group: Optional[Any] = None, *, fused_optimizer: Any = None,
-                 gradient_division: bool = True, seed: int = 0, device: Any = None,
-                 _weights: Optional[dict] = None) -> None:
+                 process_group: Optional[Any] = None, *, need_indices: bool = False,
+                 fused_optimizer: Any = None, gradient_division: bool = True, seed: int = 0,
+                 device: Any = None, _weights: Optional[dict] = None) -> None:
         if device is not None and torch.device(device).type != "cpu":
             raise ValueError(f"a sharded EmbeddingCollection's tables are CPU tables; got "
                              f"device={device!r}")
         super().__init__(tables, plan, process_group, is_weighted=False,
                          fused_optimizer=fused_optimizer, gradient_division=gradient_division,
                          seed=seed, device=None, _weights=_weights)
+        self._need_indices = need_indices
 
     def _table_mode(self, cfg: Any) -> str:
         return "none"
@@ -120,10 +122,15 @@ class ShardedEmbeddingCollection(_ShardedTables):
         (``torch.float16``, ``torch.bfloat16``), or, a dict, the tables it names."""
         configs, weights = cls._configs_of(collection.embedding_configs(),
                                            collection.embeddings, data_type)
+        if hasattr(collection, "need_indices"):
+            kwargs.setdefault("need_indices", collection.need_indices())
         return cls(configs, plan, process_group, _weights=weights, **kwargs)
 
     def embedding_configs(self) -> list:
         return self._configs
+
+    def need_indices(self) -> bool:
+        return self._need_indices
 
     # ------------------------------------------------------------------ forward
     def forward(self, features: Any) -> dict:
@@ -135,8 +142,11 @@ class ShardedEmbeddingCollection(_ShardedTables):
         values = _ShardedGather.apply(self, features, training, meta, dummy,
                                       *[w for _, w in trainable])
         jagged = _jagged_class()
-        return {key: jagged(values=v, lengths=lens)
-                for key, v, lens in zip(meta["keys"], values, meta["lengths"])}
+        ids = (features.values().split(features.lengths().view(len(meta["keys"]), -1)
+                                       .sum(1).tolist()) if self._need_indices and meta["keys"]
+               else [None] * len(meta["keys"]))
+        return {key: jagged(values=v, lengths=lens, weights=i)
+                for key, v, lens, i in zip(meta["keys"], values, meta["lengths"], ids)}
 
     def _route(self, per_feature: list) -> tuple:
         """Per (feature, shard start row): the feature's IDs in that shard's rows, rebased and
