@@ -360,17 +360,21 @@ class _ShardedTables(torch.nn.Module):
         return out, batch, None
 
     def _exchange_head(self, counts: Sequence[int], batch: int, error: Optional[Exception],
-                       training: bool) -> tuple:
+                       training: bool, extra: Sequence[int] = ()) -> tuple:
         """Exchange 1: to every rank, the number of indices it will get, this rank's batch size,
-        its status and whether it trains.  Raises ``error`` here (this rank's bad input), or
-        ``ValueError`` when another rank refused its input or the ranks disagree on training;
-        returns (the indices each rank sends here, each rank's batch size)."""
+        its status, whether it trains and ``extra`` integers.  Raises ``error`` here (this
+        rank's bad input), or ``ValueError`` when another rank refused its input or the ranks
+        disagree on training; returns (the indices each rank sends here, each rank's batch
+        size, each rank's ``extra``)."""
         g = self._group
         status = 0 if error is None else 1
+        width = 4 + len(extra)
         head = int_tensor([x for r in range(g.size)
-                           for x in (counts[r], batch, status, int(training))], self._device)
-        got = g.all_to_all(head, [4] * g.size, [4] * g.size, "exchanging the batch sizes")
-        got = got.view(g.size, 4).tolist()
+                           for x in (counts[r], batch, status, int(training), *extra)],
+                          self._device)
+        got = g.all_to_all(head, [width] * g.size, [width] * g.size,
+                           "exchanging the batch sizes")
+        got = got.view(g.size, width).tolist()
         if error is not None:
             raise error
         bad = [r for r in range(g.size) if got[r][2]]
@@ -383,7 +387,7 @@ class _ShardedTables(torch.nn.Module):
             raise ValueError(f"rank {g.rank} runs the collection {mine} gradients but rank "
                              f"{modes[0]} {theirs}; every rank must call it alike "
                              f"(torch.no_grad() on all or none)")
-        return [c[0] for c in got], [c[1] for c in got]
+        return [c[0] for c in got], [c[1] for c in got], [c[4:] for c in got]
 
     def _apply_grad(self, t: _TableInfo, b: BagBackward, grads: dict) -> None:
         """Step table ``t``'s local rows by its fused optimizer for the lookup ``b`` (every
@@ -398,11 +402,12 @@ class _ShardedTables(torch.nn.Module):
             dense.index_add_(0, b.indices.long(), b.entry_grads)
             grads[t.name] = dense.to(shard.weight.dtype)
 
-    def _count_steps(self) -> None:
-        """Every rank counts every table's step, holding its rows or not, so the step counts
-        (of the Adam family) agree across ranks and survive resharding."""
+    def _count_steps(self, absent: Sequence[str] = ()) -> None:
+        """Every rank counts every table's step (but those of the ``absent`` tables, which no
+        rank's input read), holding its rows or not, so the step counts (of the Adam family)
+        agree across ranks and survive resharding."""
         for name, opt in self._optimizers.items():
-            if name not in self._stepped:
+            if name not in self._stepped and name not in absent:
                 opt.skip(self._shards[name]._buffers)
 
 
@@ -535,7 +540,7 @@ class ShardedEmbeddingBagCollection(_ShardedTables):
                 payload_i += [c[1] for c in chosen]
                 payload_w += [c[2] for c in chosen]
                 counts[r] = sum(int(c[1].numel()) for c in chosen)
-        n_in, batches = self._exchange_head(counts, batch, error, training)
+        n_in, batches, _ = self._exchange_head(counts, batch, error, training)
 
         # 2. features to their owners
         mine = self._slots[g.rank]

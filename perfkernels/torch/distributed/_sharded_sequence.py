@@ -192,7 +192,13 @@ class ShardedEmbeddingCollection(_ShardedTables):
                 payload.append(int_tensor(sent[r], self._device).to(self._itype))
                 payload += chosen
                 counts[r] = sum(sent[r])
-        n_in, _ = self._exchange_head(counts, batch, error, training)
+        # and whether the input holds each table's features (the unsharded collection steps
+        # a table only when the global batch has one of its features)
+        keys = list(features.keys())
+        n_in, _, extras = self._exchange_head(
+            counts, batch, error, training,
+            [int(any(f in keys for f in t.features)) for t in self._tables])
+        absent = [t.name for i, t in enumerate(self._tables) if not any(e[i] for e in extras)]
         mine = self._slots[g.rank] + dp
         send = torch.cat(payload) if payload else torch.zeros(0, dtype=self._itype)
         send_splits = [len(self._slots[r]) + len(dp) + counts[r] for r in range(g.size)]
@@ -232,7 +238,6 @@ class ShardedEmbeddingCollection(_ShardedTables):
                                                           self._shards[t.name].weight.dtype,
                                                           t.dim)
                 pos += size
-        keys = list(features.keys())
         lengths = features.lengths()
         out = []
         for i, key in enumerate(keys):
@@ -248,7 +253,7 @@ class ShardedEmbeddingCollection(_ShardedTables):
             else:
                 rows = torch.empty(order.numel(), t.dim, dtype=parts[0].dtype)
                 out.append(rows.index_copy_(0, order, torch.cat(parts)))
-        saved = dict(keys=keys, routes=routes, got=got, sent=sent, dp=dp,
+        saved = dict(keys=keys, routes=routes, got=got, sent=sent, dp=dp, absent=absent,
                      dp_ids=[per_feature[sl.feature][0].numel() for sl in dp])
         return keys, [lengths[i * batch:(i + 1) * batch] for i in range(len(keys))], out, saved
 
@@ -301,6 +306,8 @@ class ShardedEmbeddingCollection(_ShardedTables):
         grads: dict = {}
         self._stepped: set = set()
         for t, a, b in _groups(mine):        # one update per table: every source's IDs
+            if self._tables[t].name in saved["absent"]:
+                continue
             order = [(j, s) for j in range(a, b) for s in range(g.size)]
             ids = torch.cat([got[s][j] for j, s in order])
             rows = torch.cat([rows_of[s][j] for j, s in order])
@@ -309,7 +316,7 @@ class ShardedEmbeddingCollection(_ShardedTables):
             bag = BagBackward(rows, ids, torch.arange(n + 1, dtype=ids.dtype), None, "sum", True,
                               None, shard.weight.shape[0], shard.weight.dtype)
             self._apply_grad(self._tables[t], bag, grads)
-        self._count_steps()
+        self._count_steps(saved["absent"])
         return grads
 
 
