@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -45,6 +46,17 @@ def _as_rows(block: Tensor, dtype: torch.dtype, dim: int) -> Tensor:
     if block.storage_offset() % size:
         block = block.clone()
     return block.view(dtype).view(-1, dim)
+
+
+def _cat(tensors: list) -> Tensor:
+    """``torch.cat`` that does not copy a lone tensor."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
+def _bounds(sizes: Sequence[int]) -> tuple:
+    """The start and end of each of consecutive blocks of ``sizes``."""
+    ends = np.cumsum(sizes).tolist()
+    return [e - n for e, n in zip(ends, sizes)], ends
 
 
 def _groups(slots: Sequence[_Slot]) -> list:
@@ -209,29 +221,36 @@ class ShardedEmbeddingCollection(_ShardedTables):
             got.append(part[len(mine):].split(part[:len(mine)].tolist()))
 
         # 3. each table looked up once for every source; rows back, as bytes, to their sources
-        own = self._slots[g.rank]
+        # (this rank's own rows stay out of the exchange)
+        me = g.rank
+        own = self._slots[me]
         back: list = [[None] * len(own) for _ in range(g.size)]
         for t, a, b in _groups(own):
-            ids = torch.cat([got[s][j] for j in range(a, b) for s in range(g.size)])
+            ids = _cat([got[s][j] for j in range(a, b) for s in range(g.size)])
             rows = lookup(self._shards[self._tables[t].name].weight.detach(), ids)
             sizes = [got[s][j].numel() for j in range(a, b) for s in range(g.size)]
             parts = iter(rows.split(sizes))
             for j in range(a, b):
                 for s in range(g.size):
                     back[s][j] = next(parts)
-        send_b = [back[s][j].reshape(-1).view(torch.uint8) for s in range(g.size)
+        send_b = [back[s][j].reshape(-1).view(torch.uint8) for s in range(g.size) if s != me
                   for j in range(len(own))]
         rows_in = g.all_to_all(
             torch.cat(send_b) if send_b else torch.zeros(0, dtype=torch.uint8),
-            [sum(x.numel() * x.element_size() for x in back[s]) for s in range(g.size)],
-            [sum(n * self._row_bytes(sl) for n, sl in zip(sent[r], self._slots[r]))
+            [0 if s == me else sum(x.numel() * x.element_size() for x in back[s])
+             for s in range(g.size)],
+            [0 if r == me else sum(n * self._row_bytes(sl)
+                                   for n, sl in zip(sent[r], self._slots[r]))
              for r in range(g.size)], "returning the rows")
 
         # put every block's rows back at its IDs' positions
         blocks: dict = {}
         pos = 0
         for r in range(g.size):
-            for n, sl in zip(sent[r], self._slots[r]):
+            for j, (n, sl) in enumerate(zip(sent[r], self._slots[r])):
+                if r == me:
+                    blocks[(sl.feature, sl.start)] = back[me][j]
+                    continue
                 t = self._tables[sl.table]
                 size = n * self._row_bytes(sl)
                 blocks[(sl.feature, sl.start)] = _as_rows(rows_in[pos:pos + size],
@@ -252,7 +271,9 @@ class ShardedEmbeddingCollection(_ShardedTables):
                 out.append(parts[0])
             else:
                 rows = torch.empty(order.numel(), t.dim, dtype=parts[0].dtype)
-                out.append(rows.index_copy_(0, order, torch.cat(parts)))
+                for part, a, b in zip(parts, *_bounds(sizes)):
+                    rows.index_copy_(0, order[a:b], part)
+                out.append(rows)
         saved = dict(keys=keys, routes=routes, got=got, sent=sent, dp=dp, absent=absent,
                      dp_ids=[per_feature[sl.feature][0].numel() for sl in dp])
         return keys, [lengths[i * batch:(i + 1) * batch] for i in range(len(keys))], out, saved
@@ -276,31 +297,34 @@ class ShardedEmbeddingCollection(_ShardedTables):
             grad = per_feature.get(f)
             n = sum(sizes)
             dim = self._dims[f]
-            grad = torch.zeros(n, dim) if grad is None else grad.float().reshape(n, dim) * scale
+            grad = torch.zeros(n, dim) if grad is None else grad.float().reshape(n, dim)
+            if scale != 1.0:
+                grad = grad * scale
             s = self._tables[self._feature_table[f]].sharding
             parts = [grad] if order is None else grad.index_select(0, order).split(sizes)
             for start, part in zip(s.row_offsets[:-1], parts):
                 pieces[(f, start)] = part
         for sl, n in zip(dp, saved["dp_ids"]):
             grad = per_feature.get(sl.feature)
-            pieces[(sl.feature, "dp")] = (torch.zeros(n, sl.dim) if grad is None
-                                          else grad.float().reshape(n, sl.dim) * scale)
-        send = []
-        for r in range(g.size):
-            send += [pieces[(sl.feature, sl.start)].reshape(-1) for sl in self._slots[r]]
-            send += [pieces[(sl.feature, "dp")].reshape(-1) for sl in dp]
-        mine = self._slots[g.rank] + dp
+            grad = torch.zeros(n, sl.dim) if grad is None else grad.float().reshape(n, sl.dim)
+            pieces[(sl.feature, "dp")] = grad * scale if scale != 1.0 else grad
+        # to each owner, the gradients of its slots' rows (this rank's own: no exchange)
+        me = g.rank
+        outgoing = [[pieces[(sl.feature, sl.start)] for sl in self._slots[r]]
+                    + [pieces[(sl.feature, "dp")] for sl in dp] for r in range(g.size)]
+        mine = self._slots[me] + dp
         dims = [sl.dim for sl in mine]
+        recv_splits = [0 if s == me else sum(ids.numel() * d for ids, d in zip(got[s], dims))
+                       for s in range(g.size)]
+        send = [x.reshape(-1) for r in range(g.size) if r != me for x in outgoing[r]]
         recv = g.all_to_all(
             torch.cat(send) if send else torch.zeros(0),
-            [sum(n * sl.dim for n, sl in zip(sent[r], self._slots[r] + dp))
-             for r in range(g.size)],
-            [sum(ids.numel() * d for ids, d in zip(got[s], dims)) for s in range(g.size)],
-            "returning the gradients to the owners")
+            [0 if r == me else sum(x.numel() for x in outgoing[r]) for r in range(g.size)],
+            recv_splits, "returning the gradients to the owners")
         rows_of: list = []                              # [source][slot]: gradient rows
-        for s, part in enumerate(recv.split([sum(ids.numel() * d for ids, d in zip(got[s], dims))
-                                             for s in range(g.size)])):
-            rows_of.append([p.view(-1, d) for p, d in
+        for s, part in enumerate(recv.split(recv_splits)):
+            rows_of.append(outgoing[me] if s == me else
+                           [p.view(-1, d) for p, d in
                             zip(part.split([ids.numel() * d for ids, d in zip(got[s], dims)]),
                                 dims)])
         grads: dict = {}
@@ -309,8 +333,8 @@ class ShardedEmbeddingCollection(_ShardedTables):
             if self._tables[t].name in saved["absent"]:
                 continue
             order = [(j, s) for j in range(a, b) for s in range(g.size)]
-            ids = torch.cat([got[s][j] for j, s in order])
-            rows = torch.cat([rows_of[s][j] for j, s in order])
+            ids = _cat([got[s][j] for j, s in order])
+            rows = _cat([rows_of[s][j] for j, s in order])
             shard = self._shards[self._tables[t].name]
             n = ids.numel()
             bag = BagBackward(rows, ids, torch.arange(n + 1, dtype=ids.dtype), None, "sum", True,
