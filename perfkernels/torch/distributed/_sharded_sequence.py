@@ -13,7 +13,8 @@ that batch.  One forward pass is three ``all_to_all_single`` exchanges:
    stay in input order);
 3. rows: each owner looks up each of its tables once (every source's IDs of the table) and sends
    every source its rows in the order it got the IDs (as bytes: any float format); the source
-   puts each block's rows back at its IDs' positions.
+   puts each block's rows back at its IDs' positions (a rank's own IDs' rows, and in backward
+   their gradients, stay out of the exchanges).
 
 Backward sends each owner the gradient of the rows it sent (float32, one more exchange); the
 owner steps its rows with the fused optimizer, each ID a bag of one
