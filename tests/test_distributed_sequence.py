@@ -294,6 +294,47 @@ def test_one_process_plan_and_refusals():
         ec(KeyedJaggedTensor(keys, kjt.values() + 100, lengths=kjt.lengths()))
 
 
+def test_torchrec_style_configs():
+    """Configs shaped as ``torchrec.EmbeddingConfig`` (its ``DataType`` enum, its init bounds)
+    are planned and sharded, in a world of one: float16 rows, the config's bounds, rows equal a
+    NumPy gather."""
+    import dataclasses
+    import enum
+
+    class DataType(enum.Enum):
+        FP32 = "FP32"
+        FP16 = "FP16"
+
+    @dataclasses.dataclass
+    class TorchRecConfig:
+        num_embeddings: int
+        embedding_dim: int
+        name: str
+        data_type: DataType = DataType.FP32
+        feature_names: list = dataclasses.field(default_factory=list)
+        weight_init_max: float = None
+        weight_init_min: float = None
+
+    configs = [TorchRecConfig(50, 3, "a", DataType.FP16, ["x", "y"], 0.5, -0.5),
+               TorchRecConfig(9, 4, "b", feature_names=["z"])]
+    plan = pkd.plan(configs, 1, replicate_below=0, sharding_types={"a": pkd.ROW_WISE})
+    assert plan.shardings["a"].sharding_type == pkd.ROW_WISE
+    ec = pkd.ShardedEmbeddingCollection(configs, plan)
+    assert ec.embeddings["a"].weight.dtype is torch.float16
+    w = ec.embeddings["a"].weight.detach().double()
+    assert float(w.abs().max()) <= 0.5 and float(w.abs().max()) > 0.1     # the config's bounds
+    expected = pkd.initial_rows(0, 0, (0, 50), 3, -0.5, 0.5).to(torch.float16)
+    assert torch.equal(ec.embeddings["a"].weight, expected)
+    kjt = KeyedJaggedTensor(["y", "z"], torch.tensor([49, 0, 7, 8, 3]),
+                            lengths=torch.tensor([2, 1, 0, 2]))
+    with torch.no_grad():
+        out = ec(kjt)
+    assert list(out) == ["y", "z"]
+    np.testing.assert_array_equal(out["y"].values().double().numpy(),
+                                  expected.double().numpy()[[49, 0, 7]])
+    assert torch.equal(out["z"].lengths(), torch.tensor([0, 2]))
+
+
 def test_torchrec_configs_are_planned():
     torchrec = pytest.importorskip("torchrec")
     configs = [torchrec.EmbeddingConfig(num_embeddings=100, embedding_dim=8, name="t",
