@@ -232,11 +232,15 @@ def _unsharded(tables, full: dict, weighted: bool = False, fused=None):
                                        data_type=t.data_type if not isinstance(t.data_type, int)
                                        else None) for t in tables]
     ebc = EmbeddingBagCollection(float_tables, is_weighted=weighted, fused_optimizer=fused)
-    with torch.no_grad():
-        for t in tables:
-            w = ebc.embedding_bags[t.name].weight
-            w.copy_(full[t.name].to(w.dtype))
+    copy_weights(ebc.embedding_bags, full)
     return ebc
+
+
+def copy_weights(modules: torch.nn.ModuleDict, full: dict) -> None:
+    """Every table module's weight from the full float32 tables, in its dtype."""
+    with torch.no_grad():
+        for name, module in modules.items():
+            module.weight.copy_(full[name].to(module.weight.dtype))
 
 
 def check_training(world: int, rank: int, steps: int = 3) -> dict:

@@ -24,8 +24,9 @@ from perfkernels.torch import (EmbeddingCollection, EmbeddingConfig,  # noqa: E4
 from perfkernels.torch import distributed as pkd  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_distributed import (assert_close, assert_ok, finish, global_batch,  # noqa: E402
-                              hand_plan, local_kjt, rank_slices, reference_weights, start_world)
+from test_distributed import (assert_close, assert_ok, copy_weights, finish,  # noqa: E402
+                              global_batch, hand_plan, local_kjt, rank_slices, reference_weights,
+                              start_world)
 
 KINDS = [pkd.TABLE_WISE, pkd.ROW_WISE, pkd.TABLE_ROW_WISE, pkd.DATA_PARALLEL]
 
@@ -48,10 +49,7 @@ def make_tables() -> list:
 
 def unsharded(tables, full: dict, fused=None, need_indices=False) -> EmbeddingCollection:
     ec = EmbeddingCollection(tables, fused_optimizer=fused, need_indices=need_indices)
-    with torch.no_grad():
-        for t in tables:
-            w = ec.embeddings[t.name].weight
-            w.copy_(full[t.name].to(w.dtype))
+    copy_weights(ec.embeddings, full)
     return ec
 
 
