@@ -308,6 +308,25 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
         new.train(mod.training)
         return new
 
+    @classmethod
+    def from_torchao(cls, mod: torch.nn.EmbeddingBag, *, bits: Optional[int] = None,
+                     placement: str = "auto") -> "QuantizedEmbeddingBag":
+        """From a ``torch.nn.EmbeddingBag`` whose weight torchao quantized (torchao quantizes
+        it but cannot run its forward): the rows as
+        :meth:`QuantizedEmbedding.from_torchao <perfkernels.torch.QuantizedEmbedding.from_torchao>`
+        reads them (``bits=None``/8: torchao's dequantized rows bit for bit), and the module's
+        ``mode`` (``"mean"`` averages, as the float module did), ``include_last_offset`` and
+        ``padding_idx``."""
+        from ._torchao import check_module, packed_from_torchao
+        check_module(mod)
+        packed, bits = packed_from_torchao(mod.weight, bits)
+        new = cls(mod.num_embeddings, mod.embedding_dim, mode=mod.mode,
+                  include_last_offset=mod.include_last_offset, dtype=bits, _weight=packed,
+                  average_mean=True, placement=placement)
+        new.padding_idx = getattr(mod, "padding_idx", None)
+        new.train(mod.training)
+        return new
+
 
 def _torch_ao_quantized_weight(mod: torch.nn.Module) -> tuple[Tensor, int]:
     """The float module's weight quantized as ``torch.ao.nn.quantized.EmbeddingBag.from_float``

@@ -102,6 +102,28 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
         return new
 
     @classmethod
+    def from_torchao(cls, mod: torch.nn.Embedding, *, bits: Optional[int] = None,
+                     placement: str = "auto") -> "QuantizedEmbedding":
+        """From a ``torch.nn.Embedding`` whose weight torchao quantized (``quantize_`` with
+        ``IntxWeightOnlyConfig`` at ``PerAxis(0)``, any ``torch.int1`` ... ``torch.int8``, or
+        ``Int8WeightOnlyConfig`` at ``PerRow()`` / ``PerTensor()``): its codes, scales and zero
+        points, read without importing torchao.
+
+        ``bits=None`` or 8: 8-bit rows with float32 scale and bias; the lookups are torchao's
+        dequantized rows ``(q - zero_point) * scale`` bit for bit (except 8-bit codes quantized
+        asymmetrically, whose bias is rounded to float32; see docs/pytorch.md).  ``bits=4`` or
+        ``2``: the compact rows (codes of at most that many bits), scale and bias rounded to
+        float16.  A per-group quantized weight (``PerGroup``: several scales per row) raises
+        ValueError naming the granularity."""
+        from ._torchao import check_module, packed_from_torchao
+        check_module(mod)
+        packed, bits = packed_from_torchao(mod.weight, bits)
+        new = cls(mod.num_embeddings, mod.embedding_dim, dtype=bits, _weight=packed,
+                  placement=placement)
+        new.padding_idx = mod.padding_idx
+        return new
+
+    @classmethod
     def from_packed(cls, packed: Tensor, *, bits: int = 8, dim: Optional[int] = None,
                     placement: str = "auto") -> "QuantizedEmbedding":
         """From packed rows as ``torch.ops.quantized.embedding_bag_*_prepack`` return them."""
