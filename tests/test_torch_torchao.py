@@ -320,3 +320,35 @@ def test_convert_swaps_torchao_modules(ao, rng):
     # bits= asks for compact rows
     new4 = pt.convert(model, bits=4)
     assert new4.emb.bits == 4 and new4.bag.bits == 4
+
+
+def test_from_float_reads_a_torchao_module(ao, rng):
+    """from_float of a torchao-quantized module reads its codes (not quantizing them again)."""
+    qemb = _embedding(ao, rng, 12, 16, _intx(ao, 4, False))
+    a = pt.QuantizedEmbedding.from_float(qemb, bits=4)
+    b = pt.QuantizedEmbedding.from_torchao(qemb, bits=4)
+    assert torch.equal(a.packed_weight, b.packed_weight)
+    assert torch.equal(pt.QuantizedEmbedding.from_float(qemb, bits=8).packed_weight,
+                       pt.QuantizedEmbedding.from_torchao(qemb).packed_weight)
+    bag = torch.nn.EmbeddingBag(12, 16)
+    qbag = _quantized(ao, bag, _intx(ao, 8, True))
+    assert torch.equal(pt.QuantizedEmbeddingBag.from_float(qbag).packed_weight,
+                       pt.QuantizedEmbeddingBag.from_torchao(qbag).packed_weight)
+
+
+def test_large_lookup_any_thread_count(ao, rng):
+    """A lookup big enough to go parallel: the same bits for 1, 2 and 3 threads, and torchao's."""
+    qemb = _embedding(ao, rng, 3000, 64, _intx(ao, 8, True))
+    ours = pt.QuantizedEmbedding.from_torchao(qemb)
+    idx = _indices(rng, 3000, np.int64, (200, 50))
+    before = perfkernels.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2, 3):
+            perfkernels.set_num_threads(n)
+            outs.append(ours(idx))
+    finally:
+        perfkernels.set_num_threads(before)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    if perfkernels.active_isa() != "scalar":
+        assert torch.equal(outs[0], qemb(idx))

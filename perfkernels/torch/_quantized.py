@@ -271,7 +271,13 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
           observer (``weight_fake_quant``, else ``qconfig.weight()``, else
           ``float_qparams_weight_only_qconfig``'s) and torch.ao's own quantization, so the codes,
           scales and biases (and the sums whatever the mode) are torch.ao's, bit for bit.
+
+        A module whose weight torchao quantized is read by :meth:`from_torchao` (``bits``
+        passed on; 8-bit rows by default).
         """
+        from ._torchao import is_torchao_weight
+        if is_torchao_weight(getattr(mod, "weight", None)):
+            return cls.from_torchao(mod, bits=bits, placement=placement)
         if bits is not None:
             bits = _bits_of(bits)
             packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(_float_weight(mod).cpu()),

@@ -37,7 +37,8 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
     uint8 rows in the layout of ``torch.ops.quantized.embedding_bag_*_prepack``, not a quantized
     tensor.  :meth:`from_torch_ao` reads torch.ao's module bit for bit (same codes, scales and
     biases: the same outputs as its ``embedding_byte`` / ``embedding_4bit`` ops, to float
-    rounding); :meth:`from_float` quantizes a float ``nn.Embedding`` (``bits=8, 4, 2``).  A
+    rounding); :meth:`from_float` quantizes a float ``nn.Embedding`` (``bits=8, 4, 2``);
+    :meth:`from_torchao` reads one quantized by torchao's weight-only configs.  A
     ``state_dict`` of torch.ao's module loads into this one.  An index out of range raises
     :class:`~perfkernels.torch.IndexOutOfRangeError` with torch's quantized ops' message.
     Lookups only: no gradient.  ``placement=`` as for :class:`~perfkernels.torch.Embedding`.
@@ -92,7 +93,11 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
                    ) -> "QuantizedEmbedding":
         """Quantize a float ``torch.nn.Embedding`` row-wise to ``bits`` (8, 4, 2): bit-exact with
         torch's ``embedding_bag_*_prepack`` (and with torch.ao's float_qparams weight-only
-        quantization of the module, which packs the same rows)."""
+        quantization of the module, which packs the same rows).  A module whose weight torchao
+        quantized is read by :meth:`from_torchao` (its codes, not quantized again)."""
+        from ._torchao import is_torchao_weight
+        if is_torchao_weight(mod.weight):
+            return cls.from_torchao(mod, bits=bits, placement=placement)
         bits = _bits_of(bits)
         packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(_float_weight(mod).contiguous()),
                                                       bits))
