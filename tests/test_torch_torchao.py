@@ -59,14 +59,21 @@ def _embedding(ao, rng, rows, dim, config, dtype=torch.float32, **kwargs):
     return _quantized(ao, emb.to(dtype), config)
 
 
+def _plain(weight):
+    """(codes, scale, zero point) of torchao's tensor through its public attributes: qdata /
+    scale / zero_point, or an AffineQuantizedTensor's tensor_impl.get_plain() (torchao <= 0.17)."""
+    if hasattr(weight, "tensor_impl"):
+        return weight.tensor_impl.get_plain()
+    return weight.qdata, weight.scale, weight.zero_point
+
+
 def _reference64(weight):
     """torchao's dequantization in float64 from its attributes: ``(q - zp) * scale`` per row."""
-    q = weight.qdata.numpy().astype(np.float64)
+    q, scale, zp = _plain(weight)
+    q = q.numpy().astype(np.float64)
     rows = q.shape[0]
-    scale = np.broadcast_to(weight.scale.float().numpy().astype(np.float64).reshape(-1, 1),
-                            (rows, 1)) if weight.scale.numel() == 1 else \
-        weight.scale.float().numpy().astype(np.float64).reshape(rows, 1)
-    zp = weight.zero_point
+    scale = scale.float().numpy().astype(np.float64).reshape(-1, 1)
+    scale = np.broadcast_to(scale, (rows, 1)) if scale.size == 1 else scale
     zp = 0.0 if zp is None else zp.numpy().astype(np.float64).reshape(-1, 1)
     return (q - zp) * scale, scale
 
@@ -214,8 +221,12 @@ def test_compact_rows_refuse_wider_codes(ao, rng):
 @pytest.mark.parametrize("config", ["intx_group", "int8_group"])
 def test_per_group_is_refused_naming_the_granularity(ao, rng, config):
     from torchao.quantization.granularity import PerGroup
-    cfg = (ao.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
-           if config == "intx_group" else ao.Int8WeightOnlyConfig(granularity=PerGroup(32)))
+    if config == "intx_group":
+        cfg = ao.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
+    elif ao.Int8WeightOnlyConfig().version == 1:     # torchao <= 0.17: AffineQuantizedTensor
+        cfg = ao.Int8WeightOnlyConfig(group_size=32)
+    else:
+        cfg = ao.Int8WeightOnlyConfig(granularity=PerGroup(32))
     qemb = _embedding(ao, rng, 6, 64, cfg)
     with pytest.raises(ValueError, match=r"granularity PerGroup\(32\).*one scale and bias per "
                                          r"row.*PerAxis\(0\)"):
@@ -257,7 +268,7 @@ def test_embedding_bag(ao, isa, rng, mode, width):
     # one row a bag: torchao's rows, to the bag kernels' rounding of code * scale before the
     # bias is added (within ulp(256 * scale) of the row)
     single = ours(idx, torch.arange(len(idx), dtype=torch.int64)).numpy()
-    scale = qbag.weight.scale.numpy().reshape(-1, 1)[idx.numpy()]
+    scale = _plain(qbag.weight)[1].numpy().reshape(-1, 1)[idx.numpy()]
     err = np.abs(single - ref64[idx.numpy()]) if mode == "sum" else 0
     assert (err <= 2 * np.spacing(np.float32(256) * scale)).all()
 

@@ -111,8 +111,9 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
                      placement: str = "auto") -> "QuantizedEmbedding":
         """From a ``torch.nn.Embedding`` whose weight torchao quantized (``quantize_`` with
         ``IntxWeightOnlyConfig`` at ``PerAxis(0)``, any ``torch.int1`` ... ``torch.int8``, or
-        ``Int8WeightOnlyConfig`` at ``PerRow()`` / ``PerTensor()``): its codes, scales and zero
-        points, read without importing torchao.
+        ``Int8WeightOnlyConfig`` at ``PerRow()`` / ``PerTensor()``; torchao 0.17 and older's
+        ``AffineQuantizedTensor`` in its plain layout too): its codes, scales and zero points,
+        read without importing torchao.
 
         ``bits=None`` or 8: 8-bit rows with float32 scale and bias; the lookups are torchao's
         dequantized rows ``(q - zero_point) * scale`` bit for bit (except 8-bit codes quantized

@@ -2,9 +2,10 @@
 
 torchao (``quantize_`` with ``IntxWeightOnlyConfig`` or ``Int8WeightOnlyConfig``) replaces a
 module's ``weight`` with a tensor subclass holding int8 codes ``qdata``, float ``scale`` and int8
-``zero_point`` per block (``block_size``), and dequantizes it as ``(qdata - zero_point) * scale``
-in the weight's dtype.  Nothing here imports torchao: the tensors are read through those
-attributes, so torchao stays an optional package.
+``zero_point`` per block (``block_size``; torchao 0.17 and older: an ``AffineQuantizedTensor``
+whose ``tensor_impl.get_plain()`` gives them), and dequantizes it as
+``(qdata - zero_point) * scale`` in the weight's dtype.  Nothing here imports torchao: the
+tensors are read through those attributes, so torchao stays an optional package.
 """
 from __future__ import annotations
 
@@ -33,14 +34,58 @@ def _granularity(block_size, shape) -> str:
     return f"PerGroup({b1})" if b0 == 1 else f"block_size={tuple(block_size)}"
 
 
-def _qrange(weight: Tensor) -> tuple[int, int]:
-    """The code range [qmin, qmax] of the torchao tensor (its target dtype; int8 by default)."""
-    target = getattr(weight, "target_dtype", None) or torch.int8
-    bits = {getattr(torch, f"int{n}", None): n for n in range(1, 9)}.get(target)
-    if bits is None:
-        raise ValueError(f"torchao weight of {type(weight).__name__} has target dtype {target}; "
-                         f"perfkernels reads torch.int1 ... torch.int8 codes")
-    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+_INT_BOUNDS = {torch.int8: (-128, 127), torch.uint8: (0, 255)}
+
+
+def _qrange(weight: Tensor, codes: Tensor) -> tuple[int, int]:
+    """The code range [qmin, qmax]: the target dtype's (torch.int1 ... torch.int8) of the
+    tensors of torchao's ``quantize_`` API, ``quant_min`` / ``quant_max`` (default: the codes'
+    dtype's range) of an ``AffineQuantizedTensor``."""
+    kind = type(weight).__name__
+    target = getattr(weight, "target_dtype", None)
+    if target is not None:
+        bits = {getattr(torch, f"int{n}", None): n for n in range(1, 9)}.get(target)
+        if bits is None:
+            raise ValueError(f"torchao weight of {kind} has target dtype {target}; perfkernels "
+                             f"reads torch.int1 ... torch.int8 codes")
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    default = _INT_BOUNDS.get(codes.dtype)
+    qmin, qmax = getattr(weight, "quant_min", None), getattr(weight, "quant_max", None)
+    if default is None and (qmin is None or qmax is None):
+        raise ValueError(f"torchao weight of {kind} holds {codes.dtype} codes without a range")
+    qmin = default[0] if qmin is None else int(qmin)
+    qmax = default[1] if qmax is None else int(qmax)
+    if not 0 < qmax - qmin <= 255:
+        raise ValueError(f"torchao weight of {kind} has codes in [{qmin}, {qmax}]; perfkernels "
+                         f"reads at most 8-bit codes")
+    return qmin, qmax
+
+
+def _parts(weight: Tensor):
+    """(codes, scale, zero_point or None, block_size) of one of torchao's quantized tensors:
+    the attributes of the ``quantize_`` API's tensors (``IntxUnpackedToInt8Tensor``,
+    ``Int8Tensor``), or ``tensor_impl.get_plain()`` of an ``AffineQuantizedTensor`` (torchao's
+    older configs) in its plain layout with integer zero points."""
+    kind = type(weight).__name__
+    if not is_torchao_weight(weight):
+        raise TypeError(f"expected a weight quantized by torchao (IntxUnpackedToInt8Tensor, "
+                        f"Int8Tensor, AffineQuantizedTensor); got {kind}")
+    impl = getattr(weight, "tensor_impl", None)
+    if impl is not None and hasattr(impl, "get_plain"):
+        layout = type(getattr(weight, "_layout", None)).__name__
+        if layout != "PlainLayout":
+            raise ValueError(f"torchao weight of {kind} has layout {layout}; perfkernels reads "
+                             f"the plain layout (codes, scale and zero point per block)")
+        domain = getattr(getattr(weight, "zero_point_domain", None), "name", "INT")
+        if domain == "FLOAT":
+            raise ValueError(f"torchao weight of {kind} has float zero points "
+                             f"(ZeroPointDomain.FLOAT); perfkernels reads integer zero points")
+        codes, scale, zero_point = impl.get_plain()
+        return codes, scale, None if domain == "NONE" else zero_point, weight.block_size
+    if not all(hasattr(weight, a) for a in ("qdata", "scale", "block_size")):
+        raise TypeError(f"expected a weight quantized by torchao with qdata / scale / "
+                        f"zero_point / block_size; got {kind}")
+    return weight.qdata, weight.scale, getattr(weight, "zero_point", None), weight.block_size
 
 
 def read_torchao_weight(weight: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
@@ -48,44 +93,44 @@ def read_torchao_weight(weight: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndar
     quantized 2-D table with one scale per row (or per tensor), and its code range.
 
     ValueError naming the problem for anything else: a granularity finer than a row
-    (``PerGroup``), float zero points, a non-2-D weight.  (Activation-quantization settings are
-    ignored, as torchao's embedding ignores them: it dequantizes the weight.)"""
+    (``PerGroup``), float zero points, a packed layout, a non-2-D weight.  (Activation
+    quantization settings are ignored, as torchao's embedding ignores them: it dequantizes the
+    weight.)"""
     kind = type(weight).__name__
-    if not is_torchao_weight(weight) or not all(
-            hasattr(weight, a) for a in ("qdata", "scale", "block_size")):
-        raise TypeError(f"expected a weight quantized by torchao (IntxUnpackedToInt8Tensor, "
-                        f"Int8Tensor: qdata / scale / zero_point / block_size); got {kind}")
-    qdata = weight.qdata
-    if qdata.dim() != 2 or qdata.dtype != torch.int8:
-        raise ValueError(f"torchao weight of {kind} must hold 2-D int8 codes (an embedding "
-                         f"table); got {qdata.dtype} of shape {tuple(qdata.shape)}")
+    qdata, scale, zero_point, block = _parts(weight)
+    if qdata.dim() != 2 or qdata.dtype not in _INT_BOUNDS:
+        raise ValueError(f"torchao weight of {kind} must hold 2-D int8 or uint8 codes (an "
+                         f"embedding table); got {qdata.dtype} of shape {tuple(qdata.shape)}")
     rows, dim = qdata.shape
-    block = tuple(int(b) for b in weight.block_size)
+    block = tuple(int(b) for b in block)
     if len(block) != 2 or block[1] != dim or block[0] < 1 or rows % block[0]:
         raise ValueError(
             f"torchao weight of {kind} is quantized with granularity "
             f"{_granularity(block, (rows, dim))} (block_size={block} for a {rows} x {dim} "
             f"table): perfkernels' rows hold one scale and bias per row; quantize with "
             f"granularity=PerAxis(0) (IntxWeightOnlyConfig) or PerRow() (Int8WeightOnlyConfig)")
-    scale = weight.scale.detach().cpu()
+    scale = scale.detach().cpu()
     if scale.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"torchao weight of {kind} has {scale.dtype} scales; expected float")
     scale = scale.float().reshape(-1).numpy()             # exact: fp16 / bf16 widen to float32
-    zero_point = getattr(weight, "zero_point", None)
     if zero_point is None:
         zp = np.zeros(scale.shape, np.int64)
-    elif zero_point.dtype.is_floating_point:
-        raise ValueError(f"torchao weight of {kind} has float zero points ({zero_point.dtype}); "
-                         f"perfkernels reads integer zero points (torchao's default "
-                         f"IntxChooseQParamsAlgorithm.AFFINE)")
     else:
-        zp = zero_point.detach().cpu().reshape(-1).to(torch.int64).numpy()
+        zero_point = zero_point.detach().cpu().reshape(-1)
+        # float zero points holding integers (AffineQuantizedTensor's symmetric zeros) are read
+        # as the integers they hold; others are not codes' offsets
+        if zero_point.dtype.is_floating_point and not torch.equal(zero_point,
+                                                                   zero_point.round()):
+            raise ValueError(f"torchao weight of {kind} has non-integer float zero points "
+                             f"({zero_point.dtype}); perfkernels reads integer zero points "
+                             f"(torchao's default IntxChooseQParamsAlgorithm.AFFINE)")
+        zp = zero_point.to(torch.int64).numpy()
     if scale.shape[0] * block[0] != rows or zp.shape != scale.shape:
         raise ValueError(f"torchao weight of {kind} has {scale.shape[0]} scales and "
                          f"{zp.shape[0]} zero points for {rows} rows in blocks of {block[0]}")
     scale = np.repeat(scale, block[0])
     zp = np.repeat(zp, block[0])
-    qmin, qmax = _qrange(weight)
+    qmin, qmax = _qrange(weight, qdata)
     codes = qdata.detach().cpu().to(torch.int64).numpy()
     return codes, scale, zp, qmin, qmax
 
