@@ -363,3 +363,30 @@ def test_large_lookup_any_thread_count(ao, rng):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
     if perfkernels.active_isa() != "scalar":
         assert torch.equal(outs[0], qemb(idx))
+
+
+def test_float_zero_points(ao, isa, rng):
+    """Float zero points holding integers are read as those integers (bit for bit); others are
+    refused, since they are no offset of the codes."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+    rows, dim = 9, 16
+    qdata = torch.from_numpy(rng.integers(-8, 8, (rows, dim)).astype(np.int8))
+    scale = torch.from_numpy(rng.uniform(0.01, 1, (rows, 1)).astype(np.float32))
+
+    def module(zero_point):
+        w = IntxUnpackedToInt8Tensor(qdata, scale, zero_point, torch.int4, (1, dim),
+                                     torch.float32, None)
+        emb = torch.nn.Embedding(rows, dim)
+        emb.weight = torch.nn.Parameter(w, requires_grad=False)
+        return emb
+
+    whole = module(torch.from_numpy(rng.integers(-8, 8, (rows, 1)).astype(np.float32)))
+    ours = pt.QuantizedEmbedding.from_torchao(whole)
+    idx = torch.arange(rows)
+    ref64, _ = _reference64(whole.weight)
+    if isa != "scalar":
+        np.testing.assert_array_equal(ours(idx).numpy(), ref64.astype(np.float32))
+        assert torch.equal(ours(idx), whole(idx))
+    np.testing.assert_allclose(ours(idx).numpy(), ref64, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="non-integer float zero points"):
+        pt.QuantizedEmbedding.from_torchao(module(torch.full((rows, 1), 0.5)))
