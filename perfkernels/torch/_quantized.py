@@ -320,9 +320,9 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
         """From a ``torch.nn.EmbeddingBag`` whose weight torchao quantized (torchao quantizes
         it but cannot run its forward): the rows as
         :meth:`QuantizedEmbedding.from_torchao <perfkernels.torch.QuantizedEmbedding.from_torchao>`
-        reads them (``bits=None``/8: torchao's dequantized rows bit for bit), and the module's
-        ``mode`` (``"mean"`` averages, as the float module did), ``include_last_offset`` and
-        ``padding_idx``."""
+        reads them, summed to float32 rounding (the bag kernels round ``code * scale`` before
+        adding the bias), and the module's ``mode`` (``"mean"`` averages, as the float module
+        did), ``include_last_offset`` and ``padding_idx``."""
         from ._torchao import check_module, packed_from_torchao
         check_module(mod)
         packed, bits = packed_from_torchao(mod.weight, bits)

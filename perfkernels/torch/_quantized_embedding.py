@@ -116,8 +116,9 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
         read without importing torchao.
 
         ``bits=None`` or 8: 8-bit rows with float32 scale and bias; the lookups are torchao's
-        dequantized rows ``(q - zero_point) * scale`` bit for bit (except 8-bit codes quantized
-        asymmetrically, whose bias is rounded to float32; see docs/pytorch.md).  ``bits=4`` or
+        dequantized rows ``(q - zero_point) * scale`` bit for bit on the FMA (AVX2, AVX-512)
+        levels, except 8-bit codes quantized asymmetrically, whose bias is rounded to float32
+        (the portable level rounds the product too; see docs/pytorch.md for the bounds).  ``bits=4`` or
         ``2``: the compact rows (codes of at most that many bits), scale and bias rounded to
         float16.  A per-group quantized weight (``PerGroup``: several scales per row) raises
         ValueError naming the granularity."""
