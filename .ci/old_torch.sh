@@ -22,7 +22,8 @@ echo "== torch $OLD (CPU wheel) beside the build made for torch $NEW"
 # (about 4 GB, a minute from the registry) and runs on the CPU without a GPU.
 # FBGEMM's compiled library (the TorchRec interop step's) is built for one torch release and
 # fails to load under another; it leaves for this check and the TorchRec tests skip.
-python -m pip uninstall -q -y torchrec fbgemm-gpu-cpu 2>/dev/null || true
+# torchao 0.18 loads its compiled ops only under torch >= 2.11; its interop test is not run here.
+python -m pip uninstall -q -y torchrec fbgemm-gpu-cpu torchao 2>/dev/null || true
 python -m pip install -q "torch==$OLD"
 python -c "import torch; assert torch.__version__.startswith('$OLD'), torch.__version__"
 python -m pytest -q -p no:cacheprovider $TESTS
