@@ -250,18 +250,10 @@ def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: s
         return grad[:, :d], parts
     z = torch.stack([dense.detach().float()] + pooled, dim=1)          # [B, n, D]
     n = z.shape[1]
-    gs = torch.zeros(z.shape[0], n, n, dtype=torch.float32)
-    pair_grads = grad[:, d:]
-    if itself:
-        li, lj = _pair_index(n, pairs, True)
-        gs[:, li, lj] = pair_grads
-        gs = gs + gs.transpose(1, 2)
-    else:
-        # no pair on the diagonal: G + G^T written at once, each pair's gradient at (i, j)
-        # and (j, i)
-        li, lj = _pair_index(n, pairs, False)
-        gs[:, torch.cat([li, lj]), torch.cat([lj, li])] = torch.cat([pair_grads, pair_grads], 1)
-    dz = torch.bmm(gs, z)
+    li, lj = _pair_index(n, pairs, itself)
+    g = torch.zeros(z.shape[0], n, n, dtype=torch.float32)
+    g[:, li, lj] = grad[:, d:]
+    dz = torch.bmm(g + g.transpose(1, 2), z)
     return grad[:, :d] + dz[:, 0], [dz[:, f + 1] for f in range(n - 1)]
 
 
