@@ -123,11 +123,11 @@ def _native_library(include, macros, headers) -> Extension:
     at link time (the few stable-ABI functions it calls are declared in stable_abi.h and looked up
     in the process's libtorch_cpu when it is loaded), and without libpython, so one build serves
     every torch from 2.10 on and a C++ program can load it.  It compiles the bag kernels of the
-    embedding, quantized, interaction, sequence and LSTM families itself, every level, through small wrapper files under
+    embedding, quantized, interaction, sequence, LSTM and training families itself, every level, through small wrapper files under
     build/csrc/native/ (the Cython extensions compile the same sources to other object files)."""
     out = os.path.join(GENERATED, "native")
     sources = []
-    for family in ("embedding", "quantized", "interaction", "sequence", "lstm"):
+    for family in ("embedding", "quantized", "interaction", "sequence", "lstm", "training"):
         folder = os.path.join(HERE, REGISTRY["FAMILIES_DIR"], family)
         for src in CODEGEN["family_sources"](folder, family, os.path.join(HERE, GENERATED),
                                              REGISTRY["NAMES"]):

@@ -15,14 +15,15 @@ OLD=${1:-2.10.0}
 NEW=$(python -c 'import torch; print(torch.__version__.split("+")[0])')
 LIB=$(python -c 'import perfkernels.torch as pt; print(pt.native_library_path())')
 SUM_BEFORE=$(sha256sum "$LIB" | cut -d' ' -f1)
-TESTS="tests/test_torch_native.py tests/test_torch_native_fused.py tests/test_torch_layer.py tests/test_torch_compat.py tests/test_torch_hardening.py tests/test_torch_fast_path.py tests/test_torch_fused.py tests/test_torch_embedding.py tests/test_torch_route.py tests/test_optimize.py"
+TESTS="tests/test_torch_native.py tests/test_torch_native_fused.py tests/test_torch_native_training.py tests/test_torch_layer.py tests/test_torch_compat.py tests/test_torch_hardening.py tests/test_torch_fast_path.py tests/test_torch_fused.py tests/test_torch_embedding.py tests/test_torch_route.py tests/test_optimize.py"
 
 echo "== torch $OLD (CPU wheel) beside the build made for torch $NEW"
 # The package registry's wheel of an older torch is its CUDA build: it brings NVIDIA's libraries
 # (about 4 GB, a minute from the registry) and runs on the CPU without a GPU.
 # FBGEMM's compiled library (the TorchRec interop step's) is built for one torch release and
 # fails to load under another; it leaves for this check and the TorchRec tests skip.
-python -m pip uninstall -q -y torchrec fbgemm-gpu-cpu 2>/dev/null || true
+# torchao 0.18 loads its compiled ops only under torch >= 2.11; its interop test is not run here.
+python -m pip uninstall -q -y torchrec fbgemm-gpu-cpu torchao 2>/dev/null || true
 python -m pip install -q "torch==$OLD"
 python -c "import torch; assert torch.__version__.startswith('$OLD'), torch.__version__"
 python -m pytest -q -p no:cacheprovider $TESTS

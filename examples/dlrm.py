@@ -49,13 +49,14 @@ What it does:
     python examples/dlrm.py --fused-optimizer adam --lr 0.001 --infer-batches 0
     python examples/dlrm.py --latency --plot latency.png   # serving latency, p50/p99 by batch
     python examples/dlrm.py --optimize --train-steps 0   # inference of optimize()'s model
+    python examples/dlrm.py --optimize --fused-optimizer adam --lr 0.001 --infer-batches 0
 
 ``--latency`` measures serving latency instead, of facebookresearch's reference ``DLRM_Net``
 (``dlrm_reference.py``) at Criteo Kaggle's shape, for batches 1 to 2048: stock eager, stock
 ``torch.compile``, ``convert()`` and ``optimize()`` (``dlrm_latency.py`` says how).
-``--optimize`` times the converted model after ``perfkernels.torch.optimize`` in the inference
-comparison (its lookups and the dot interaction one fused op; the "emb" columns still time the
-converted modules' lookups alone).
+``--optimize`` trains and times the converted model after ``perfkernels.torch.optimize`` (its
+lookups and the dot interaction one fused op, whose backward steps each table by its own rule;
+in inference the "emb" columns still time the converted modules' lookups alone).
 
 (Adagrad's steps are normalised by the gradient's size, so the SGD default ``--lr 0.1`` makes both
 models diverge alike; 0.01 trains.)
@@ -384,6 +385,10 @@ def run(args: argparse.Namespace) -> dict:
             options = {"lr": args.lr} if fused == "sgd" else {"lr": args.lr, "eps": args.eps}
             for t in ours.tables:
                 t.set_fused_optimizer((fused, options))
+        if getattr(args, "optimize", False):
+            # the lookups and the dot interaction one fused op, in training too: its backward
+            # steps each table by its own rule (the fused optimizer above, or a sparse gradient)
+            ours = pt.optimize(ours, example_inputs=tuple(batches[0][:3]))
         loss_t, step_t, loss_o, step_o = train(stock, ours, batches, args.lr, table_opt,
                                                bool(fused))
         del ours, table_opt
@@ -524,8 +529,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "--fused-optimizer, 5e-3 with adam)")
     p.add_argument("--pred-tol", type=float, default=1e-4)
     p.add_argument("--optimize", action="store_true",
-                   help="inference: optimize() the converted model (its lookups and the dot "
-                        "interaction become one fused op) before timing it")
+                   help="optimize() the converted model (its lookups and the dot interaction "
+                        "become one fused op) before training and timing it")
     p.add_argument("--plot", metavar="PATH", help="save the time breakdown as an image")
     p.add_argument("--distributed", action="store_true",
                    help="shard the tables over the ranks of a torchrun world instead "

@@ -64,6 +64,17 @@ def run_python(args, *, env=None, timeout=600, check=False, **kwargs):
                           cwd=PACKAGE_PARENT, timeout=timeout, check=check, **kwargs)
 
 
+def run_with_torch_only(body: str, library: str, timeout=120):
+    """Run the Python statements `body` in a fresh process that imports torch and loads
+    perfkernels' native library (`library`) and nothing of perfkernels' Python; checks afterwards
+    that no perfkernels module was imported, and that the process printed "ok" and exited 0."""
+    code = (f"import sys, torch\ntorch.ops.load_library({library!r})\n{body}\n"
+            "assert not any(m.startswith('perfkernels') for m in sys.modules)\nprint('ok')\n")
+    r = run_python(["-c", code], timeout=timeout)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    return r
+
+
 def unaligned(a: np.ndarray) -> np.ndarray:
     """A copy of `a` whose data pointer is misaligned by one byte (values unchanged)."""
     raw = np.empty(a.nbytes + 1, dtype=np.uint8)

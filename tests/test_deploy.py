@@ -131,3 +131,42 @@ def test_optimized_package_runs_the_fused_op_and_reports_a_bad_index(deployed):
     assert r.returncode == 0, r.stdout + r.stderr
     message = "Index 0 of input takes value 1000000000 which is not in the valid range [0, 200)"
     assert message in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def _read_tensors(path):
+    """The raw format of export.py's write_tensors."""
+    import struct
+    data = path.read_bytes()
+    (count,), pos, out = struct.unpack_from("<i", data), 4, []
+    for _ in range(count):
+        code, ndim = struct.unpack_from("<ii", data, pos)
+        shape = struct.unpack_from(f"<{ndim}q", data, pos + 8)
+        pos += 8 + 8 * ndim
+        dtype = torch.float32 if code == 0 else torch.int64
+        n = int(torch.Size(shape).numel()) * (4 if code == 0 else 8)
+        out.append(torch.frombuffer(bytearray(data[pos:pos + n]), dtype=dtype).reshape(shape))
+        pos += n
+    return out
+
+
+def test_cpp_runs_a_scripted_training_step(deployed):
+    """The fused optimizer step is a native op too: a TorchScript training step (row-wise Adagrad
+    on the first table) runs from C++ and updates the table as Python does, which is the float64
+    reference's update."""
+    import numpy as np
+    from perfkernels import reference
+    r = subprocess.run([str(deployed / "deploy"), (deployed / "native_library.txt").read_text()
+                        .strip(), str(deployed / "train_step.ts"),
+                        str(deployed / "train_inputs.bin"), "--expected",
+                        str(deployed / "train_expected.bin")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    diff = float(r.stdout.split("max_abs_diff")[1].split()[0])
+    assert diff <= 1e-5, r.stdout
+    weight, state, indices, offsets, grad = _read_tensors(deployed / "train_inputs.bin")
+    (after,) = _read_tensors(deployed / "train_expected.bin")
+    want = reference.embedding_bag_backward_update(
+        weight.numpy(), indices.numpy(), offsets.numpy(), grad_output=grad.numpy(),
+        optimizer="rowwise_adagrad", state=state.numpy(), lr=0.05)
+    assert want.touched.any()
+    np.testing.assert_allclose(after.numpy(), want.weight, rtol=1e-5, atol=1e-6)

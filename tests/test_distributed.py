@@ -232,11 +232,15 @@ def _unsharded(tables, full: dict, weighted: bool = False, fused=None):
                                        data_type=t.data_type if not isinstance(t.data_type, int)
                                        else None) for t in tables]
     ebc = EmbeddingBagCollection(float_tables, is_weighted=weighted, fused_optimizer=fused)
-    with torch.no_grad():
-        for t in tables:
-            w = ebc.embedding_bags[t.name].weight
-            w.copy_(full[t.name].to(w.dtype))
+    copy_weights(ebc.embedding_bags, full)
     return ebc
+
+
+def copy_weights(modules: torch.nn.ModuleDict, full: dict) -> None:
+    """Every table module's weight from the full float32 tables, in its dtype."""
+    with torch.no_grad():
+        for name, module in modules.items():
+            module.weight.copy_(full[name].to(module.weight.dtype))
 
 
 def check_training(world: int, rank: int, steps: int = 3) -> dict:
@@ -512,12 +516,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_world(scenario: str, world: int, directory: Path, timeout: float = 60) -> list:
+def start_world(scenario: str, world: int, directory: Path, timeout: float = 60,
+                script: Path = Path(__file__)) -> list:
+    """One process per rank running ``script`` as a script (its ``worker``)."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                GLOO_SOCKET_IFNAME="lo", PK_TEST_PG_TIMEOUT=str(timeout),
                OMP_NUM_THREADS="1", PERFKERNELS_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    return [subprocess.Popen([sys.executable, __file__, scenario, str(rank), str(world),
+    return [subprocess.Popen([sys.executable, str(script), scenario, str(rank), str(world),
                               str(directory)], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, cwd=ROOT)
             for rank in range(world)]
@@ -650,6 +656,27 @@ def test_planner_never_plans_past_a_budget():
         p.validate(tables, world)
         assert all(u <= b for u, b in zip(p.bytes_per_rank(), budgets)), case
         assert set(p.shardings) == {t.name for t in tables}
+
+
+def test_planner_counts_each_optimizers_state():
+    """Bytes per row of each fused optimizer's state, counted from its formulas (float32):
+    momentum's buffer only when the spec has a momentum; a spec or a FusedOptimizer as
+    fused_optimizer= takes it."""
+    from perfkernels.torch import FusedOptimizer
+    t = pkd.Table("t", 1000, 16)
+    row = 16 * 4
+    state = [(None, 0), ("sgd", 0), (("sgd", {"lr": 0.1}), 0),
+             (("sgd", {"lr": 0.1, "momentum": 0.9}), 64),
+             (FusedOptimizer("sgd", {"lr": 0.1, "momentum": 0.5}), 64), ("rowwise_adagrad", 4),
+             ("adagrad", 64), (("adam", {"lr": 0.1}), 128), ("adamw", 128), ("rowwise_adam", 68)]
+    for optimizer, extra in state:
+        p = pkd.plan([t], 1, optimizer=optimizer)
+        assert p.bytes_per_rank() == [1000 * (row + extra)], optimizer
+    # the budget holds the table alone, not its momentum buffer
+    with pytest.raises(ValueError, match="table 't'"):
+        pkd.plan([t], 1, memory_budget=1000 * row, optimizer=("sgd", {"momentum": 0.9}))
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        pkd.plan([t], 1, optimizer="lamb")
 
 
 def test_bad_plans_are_refused_naming_table_and_rank():

@@ -284,6 +284,49 @@ def test_fused_optimizer(name):
                                    atol=1e-6)
 
 
+@pytest.mark.parametrize("name, options", [
+    ("adam", {}), ("adamw", {"weight_decay": 0.1}), ("rowwise_adam", {}),
+    ("sgd", {"momentum": 0.9}), ("sgd", {"momentum": 0.9, "nesterov": True})])
+def test_fused_adam_family_and_momentum(name, options):
+    """The Adam family and momentum on an unpooled table, each index a bag of one: three steps
+    against the float64 reference (and adam against torch's SparseAdam); the step count and
+    both moments are the module's buffers."""
+    rows, dim = 40, 8
+    torch.manual_seed(2)
+    w0 = torch.randn(rows, dim)
+    ours = pkt.Embedding.from_pretrained(w0.clone(), freeze=False, padding_idx=3)
+    ours.set_fused_optimizer((name, {"lr": 0.05, **options}))
+    t = torch.nn.Embedding.from_pretrained(w0.clone(), freeze=False, padding_idx=3, sparse=True)
+    sparse_adam = torch.optim.SparseAdam(t.parameters(), lr=0.05)
+    w = w0.numpy().astype(np.float64)
+    if name == "sgd":
+        state = np.zeros((rows, dim))
+    else:
+        state = (np.zeros((rows, dim)), np.zeros(rows if name == "rowwise_adam" else (rows, dim)))
+    for step in range(1, 4):
+        x = torch.randint(0, rows, (3, 5))
+        x[0, 0] = 3
+        g = torch.randn(3, 5, dim)
+        ours(x).backward(g)
+        assert ours.weight.grad is None
+        kw = dict(options) if name == "sgd" else dict(options, step=step)
+        r = reference.embedding_bag_backward_adam(
+            w, x.reshape(-1, 1).numpy(), None, grad_output=g.reshape(-1, dim).numpy(),
+            optimizer=name, state=state, lr=0.05, eps=1e-8, padding_idx=3, **kw)
+        w, state = r.weight, (r.state[0] if name == "sgd" else r.state)
+        np.testing.assert_allclose(ours.weight.detach().numpy(), w, rtol=1e-5, atol=1e-5)
+        if name == "adam":
+            t(x).backward(g)
+            sparse_adam.step()
+            sparse_adam.zero_grad()
+            torch.testing.assert_close(ours.weight.detach(), t.weight.detach(), rtol=1e-5,
+                                       atol=1e-5)
+    if name != "sgd":
+        assert int(ours.step) == 3
+    np.testing.assert_allclose(ours.momentum1.numpy(), state if name == "sgd" else state[0],
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_threads_and_large_calls_match():
     ref, ours = pair(100_000, 64)
     x = torch.randint(0, 100_000, (256, 50))

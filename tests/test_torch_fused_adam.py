@@ -248,3 +248,34 @@ def test_any_thread_count_same_bits(name):
     for sd in results[1:]:
         for k in sd:
             assert torch.equal(sd[k], results[0][k]), k
+
+
+@pytest.mark.parametrize("name", ["adam", "rowwise_adagrad"])
+def test_embedding_fused_steps_match_torch(name):
+    """pt.Embedding (unpooled: each index a bag of one) with a fused Adam steps as
+    nn.Embedding(sparse=True) + torch.optim.SparseAdam, duplicates included; row-wise Adagrad
+    keeps its one state value per row."""
+    gen = torch.Generator().manual_seed(8)
+    rows, dim, lr = 20, 7, 0.01
+    ref = torch.nn.Embedding(rows, dim, sparse=True)
+    ours = pt.Embedding(rows, dim, fused_optimizer=(name, {"lr": lr, "eps": 1e-8}))
+    with torch.no_grad():
+        ours.weight.copy_(ref.weight)
+    for _ in range(6):
+        ix = torch.randint(0, rows, (3, 4), generator=gen)
+        g = torch.randn(3, 4, dim, generator=gen)
+        (ours(ix) * g).sum().backward()
+        if name == "adam":
+            topt = getattr(ref, "_opt", None) or torch.optim.SparseAdam(ref.parameters(), lr=lr)
+            ref._opt = topt
+            topt.zero_grad()
+            (ref(ix) * g).sum().backward()
+            topt.step()
+    if name == "adam":
+        st = ref._opt.state[ref.weight]
+        torch.testing.assert_close(ours.weight.detach(), ref.weight.detach(), rtol=1e-5,
+                                   atol=1e-5)
+        torch.testing.assert_close(ours.momentum2, st["exp_avg_sq"], rtol=1e-5, atol=1e-7)
+        assert int(ours.step) == int(st["step"]) == 6
+    else:
+        assert ours.momentum1.shape == (rows,) and bool((ours.momentum1 > 0).any())

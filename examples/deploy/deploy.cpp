@@ -8,7 +8,7 @@
 // dispatcher.  MODEL: an AOTInductor package (.pt2, run with AOTIModelPackageLoader) or a
 // TorchScript file (.ts / .pt, run with torch::jit::load).  INPUTS (and --expected): tensors in
 // the raw format of export.py.  Prints the output's values, the largest difference from
-// --expected, and with --bench N the p50 / p90 of N calls.  --bad-index sets the first index to
+// --expected, and with --bench N the p50 / p90 / p99 of N calls.  --bad-index sets the first index to
 // a value past every table, --bad-dtype makes the first index tensor float32; either shows the
 // exception the model's call raises, then the one perfkernels::embedding_bag raises when called
 // directly through torch's dispatcher with that bad index tensor ("c10::Error: MESSAGE" or
@@ -185,7 +185,8 @@ int main(int argc, char **argv)
                 std::chrono::steady_clock::now() - t0).count());
         }
         std::sort(us.begin(), us.end());
-        std::printf("p50_us %.1f p90_us %.1f\n", us[us.size() / 2], us[us.size() * 9 / 10]);
+        std::printf("p50_us %.1f p90_us %.1f p99_us %.1f\n", us[us.size() / 2],
+                    us[us.size() * 9 / 10], us[us.size() * 99 / 100]);
     }
     return 0;
 }

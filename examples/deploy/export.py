@@ -11,6 +11,12 @@ Writes into OUT_DIR:
   ``optimized.pt2`` with ``--optimize``: the model after ``perfkernels.torch.optimize``, its 26
   lookups and the dot interaction one native fused op);
 * ``converted.ts`` (with ``--script``): the model traced with ``torch.jit.trace``;
+* ``train_step.ts``, ``train_inputs.bin``, ``train_expected.bin`` (with ``--script``): a
+  TorchScript training step of the first table, its fused optimizer step run from C++
+  (``TrainStep``: the backward of one batch's bags fused with row-wise Adagrad, the native op
+  ``perfkernels::embedding_bag_backward_update`` the modules' fused optimizers run), its inputs
+  (table, optimizer state, indices, offsets, gradient of the bags) and the table after the step
+  in Python;
 * ``inputs.bin``: one batch of inputs in the order the package takes them (dense, the 26 index
   tensors, the 26 offset tensors), and ``expected.bin``: the Python model's output for it, in
   the small raw format ``deploy.cpp`` reads (per tensor: int32 dtype code (0 float32, 1 int64),
@@ -62,6 +68,33 @@ class Flat(torch.nn.Module):
 
     def forward(self, dense: torch.Tensor, *sparse: torch.Tensor) -> torch.Tensor:
         return self.model(dense, list(sparse[:self.n]), list(sparse[self.n:]))
+
+
+class TrainStep(torch.nn.Module):
+    """One fused optimizer step of a table: the backward of the bags (indices, offsets) whose
+    output's gradient is ``grad``, fused with row-wise Adagrad (lr 0.05), ``weight`` and its
+    ``state`` updated in place; returns the table."""
+
+    def forward(self, weight: torch.Tensor, state: torch.Tensor, indices: torch.Tensor,
+                offsets: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        torch.ops.perfkernels.embedding_bag_backward_update(
+            weight, indices, offsets, None, "sum", False, None, grad, "rowwise_adagrad", state,
+            None, 0.05, 1e-8, 0.0, None, 0.9, 0.999, 0.0, False, False, 0)
+        return weight
+
+
+def write_train_step(out_dir: str, model: DLRM, inputs: list) -> None:
+    """train_step.ts and its inputs and expected table, for the first table and batch."""
+    n = len(model.tables)
+    weight = model.tables[0].weight.detach().clone()
+    indices, offsets = inputs[1], inputs[1 + n]
+    grad = torch.randn(offsets.numel(), weight.shape[1], generator=torch.Generator().manual_seed(2))
+    step_inputs = [weight, torch.zeros(weight.shape[0]), indices, offsets, grad]
+    write_tensors(os.path.join(out_dir, "train_inputs.bin"), step_inputs)
+    step = torch.jit.script(TrainStep())
+    after = step(*[t.clone() for t in step_inputs])
+    write_tensors(os.path.join(out_dir, "train_expected.bin"), [after])
+    step.save(os.path.join(out_dir, "train_step.ts"))
 
 
 def build(max_rows: int, seed: int = 0) -> DLRM:
@@ -117,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         with torch.no_grad():
             traced = torch.jit.trace(Flat(converted), tuple(inputs), check_trace=False)
         traced.save(os.path.join(args.out_dir, "converted.ts"))
+        write_train_step(args.out_dir, stock, inputs)
     print(f"wrote {args.out_dir}")
 
 

@@ -26,7 +26,7 @@
  *
  * and rounded back to the table type (nearest-even, or stochastically for 16-bit tables).
  *
- * Two steps:
+ * Three steps:
  *   1. pk_training_group (portable C, any ISA): reads every entry once, checks its index
  *      (PK_ERR_INDEX with *bad_pos, before anything is written), and groups the entries by row with
  *      a stable LSD radix sort of packed (row << payload_bits | payload) keys, so each row's entries
@@ -40,6 +40,9 @@
  *   2. an update kernel (one per ISA and table type) updates the rows of groups [g_begin, g_end).
  *      Each row belongs to exactly one group, so disjoint group ranges may run on different threads
  *      and the result does not depend on how the groups are split.
+ *
+ *   3. pk_training_run: a whole call (steps 1 and 2 on the pool) in a workspace sized by
+ *      pk_training_plan_call, what both the NumPy API and the native torch op run.
  *
  * Nothing here allocates: the wrapper sizes and passes the workspace.
  */
@@ -150,6 +153,41 @@ typedef struct pk_training_kernels {
 
 /* The kernels of one level, or NULL when this build does not contain that level. */
 const pk_training_kernels *pk_training_table(int isa);
+
+/* Step 3, one whole call (call.c): the grouping of step 1 and the updates of step 2, the groups
+ * cut into ranges of about equal entry counts, one pool task each. */
+typedef struct pk_training_call {
+    const pk_bags *bags;           /* the bags, checked as for the forward, except their indices */
+    int64_t rows;                  /* rows of the table */
+    const float *grad;             /* G: num_bags rows of grad_stride floats */
+    int64_t grad_stride;
+    void *table;                   /* rows of row_stride elements of the table type */
+    int64_t dim;
+    int64_t row_stride;
+    pk_training_update_fn update;  /* the kernel of the table type, at the level to run */
+    const pk_sparse_optim *opt;
+} pk_training_call;
+
+typedef struct pk_training_plan {
+    int threads;                   /* pool threads the call uses */
+    int chunks;                    /* slices of the sort and of the updates */
+    int64_t workspace_bytes;       /* what pk_training_run needs, at any alignment */
+} pk_training_plan;
+
+/* The plan of `call` when it may use n_threads threads; the keys must fit (pk_training_fits). */
+void pk_training_plan_call(const pk_training_call *call, int n_threads, pk_training_plan *plan);
+
+/* Run `call` with `plan` in `workspace` (plan->workspace_bytes bytes; nothing else is allocated).
+ * PK_ERR_INDEX with *bad_pos (the flattened position of the first bad index) before anything is
+ * written; else every touched row (and its state) updated.  pool: NULL runs all on the caller. */
+pk_status pk_training_run(const pk_training_call *call, const pk_training_plan *plan,
+                          void *workspace, const pk_parallel_api *pool, int64_t *bad_pos);
+
+/* The Adam family's per-step constants of opt (beta1, beta2, bias1, bias2, step_size, decay),
+ * computed in float64 as torch does, then rounded to float32.  step: the table's step count t
+ * including this update (>= 1); adamw: decoupled decay (decay = 1 - lr * weight_decay, else 1). */
+void pk_sparse_optim_adam(pk_sparse_optim *opt, double lr, double weight_decay, int64_t step,
+                          double beta1, double beta2, int adamw);
 
 #ifdef __cplusplus
 }

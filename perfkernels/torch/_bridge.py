@@ -54,6 +54,20 @@ def index_error(exc: BaseException, *, quantized: bool = False) -> IndexOutOfRan
     return IndexOutOfRangeError(message)
 
 
+#: A native op's wording of a bad index (torch's own).
+_NATIVE_INDEX_MESSAGE = re.compile(r"Index (\d+) of input takes value (-?\d+) which is not in the "
+                                   r"valid range \[0, (\d+)\)")
+
+
+def native_index_error(exc: BaseException) -> "IndexOutOfRangeError | None":
+    """The torch-layer exception for a native op's error ``exc`` when it reports a bad index (a
+    ``RuntimeError`` in torch's wording), else None."""
+    m = _NATIVE_INDEX_MESSAGE.search(str(exc))
+    if m is None:
+        return None
+    return index_error_at(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+
+
 def index_error_at(position: int, value: int, rows: int) -> IndexOutOfRangeError:
     """The torch-layer exception for index ``value`` at flattened ``position`` of a lookup into a
     table of ``rows`` rows."""

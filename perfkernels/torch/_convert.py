@@ -89,6 +89,10 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
     from ._quantized import QuantizedEmbeddingBag
     kind = type(module).__name__
     qtype = _torch_ao_embedding_bag()
+    if type(module) in (torch.nn.EmbeddingBag, torch.nn.Embedding):
+        from ._torchao import is_torchao_weight
+        if is_torchao_weight(getattr(module, "weight", None)):
+            return _swap_torchao(name, module, bits, report, placement)
     if type(module) is torch.nn.EmbeddingBag:
         reason = unsupported_reason(mode=module.mode, max_norm=module.max_norm,
                                     scale_grad_by_freq=module.scale_grad_by_freq,
@@ -127,6 +131,24 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
     return None
 
 
+def _swap_torchao(name: str, module: torch.nn.Module, bits: Optional[int],
+                  report: ConversionReport, placement: str) -> Optional[torch.nn.Module]:
+    """Our quantized module in place of an Embedding / EmbeddingBag whose weight torchao
+    quantized (its rows read as ``from_torchao`` reads them), or None with the reason."""
+    from ._quantized import QuantizedEmbeddingBag
+    from ._quantized_embedding import QuantizedEmbedding
+    kind = type(module).__name__
+    target = QuantizedEmbedding if type(module) is torch.nn.Embedding else QuantizedEmbeddingBag
+    try:
+        new = target.from_torchao(module, bits=bits, placement=placement)
+    except ValueError as exc:
+        report.skipped.append((name, kind, f"torchao {type(module.weight).__name__}: {exc}"))
+        return None
+    report.swapped.append((name, kind, target.__name__,
+                           f"{new.bits}-bit rows from torchao {type(module.weight).__name__}"))
+    return new
+
+
 def _swap_embedding(name: str, module: torch.nn.Embedding, dtype: Optional[torch.dtype],
                     bits: Optional[int], report: ConversionReport, placement: str
                     ) -> Optional[torch.nn.Module]:
@@ -158,7 +180,9 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
     ``torch.nn.Embedding`` in ``model`` for perfkernels' modules; the one-line way to speed up an
     existing model.  (``dtype`` applies to the bag tables; ``bits`` turns an ``Embedding`` into a
     :class:`~perfkernels.torch.QuantizedEmbedding`, ``torch.ao.nn.quantized.Embedding`` becomes
-    one too; an ``Embedding`` with ``max_norm`` or ``scale_grad_by_freq`` is left to torch.)
+    one too; an ``Embedding`` with ``max_norm`` or ``scale_grad_by_freq`` is left to torch.
+    An ``Embedding`` / ``EmbeddingBag`` whose weight torchao quantized becomes a quantized module
+    read by ``from_torchao``, 8-bit rows unless ``bits`` says otherwise.)
 
     Parameters
     ----------

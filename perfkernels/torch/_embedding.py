@@ -90,16 +90,26 @@ class EmbeddingFunction(torch.autograd.Function):
         rows, padding_idx, sparse, module, dtype = ctx.options
         grad_weight = None
         if ctx.needs_input_grad[0]:
-            if module is not None and module.fused_optimizer is not None:
-                n = input.numel()
-                b = _bags.BagBackward(grad_output.reshape(n, -1), input.reshape(n, 1), None, None,
-                                      "sum", False, None if padding_idx < 0 else padding_idx,
-                                      rows, dtype, ctx.next_functions[0][0])
-                module.fused_optimizer.update(module.weight, module._buffers.get("momentum1"), b)
-            else:
-                grad_weight = torch.ops.aten.embedding_backward(
-                    grad_output, input, rows, padding_idx, False, sparse)
+            grad_weight = weight_gradient(module, grad_output, input, rows, padding_idx, sparse,
+                                          dtype, ctx.next_functions[0][0])
         return grad_weight, None, None, None, None, None
+
+
+def weight_gradient(module: Optional["Embedding"], grad_output: Tensor, input: Tensor, rows: int,
+                    padding_idx: int, sparse: bool, dtype: torch.dtype,
+                    node: Optional[object] = None) -> Optional[Tensor]:
+    """The table's gradient of the lookup ``weight[input]`` by the module's rule: its fused
+    optimizer's in-place step (each index a bag of one; None returned), else torch's own
+    ``aten::embedding_backward`` (dense, or sparse COO; ``padding_idx`` rows get none).
+    ``node``: the autograd node that takes the table's gradient, if known."""
+    if module is not None and getattr(module, "fused_optimizer", None) is not None:
+        n = input.numel()
+        b = _bags.BagBackward(grad_output.reshape(n, -1), input.reshape(n, 1), None, None,
+                              "sum", False, None if padding_idx < 0 else padding_idx,
+                              rows, dtype, node)
+        module.fused_optimizer.update(module.weight, module._buffers, b)
+        return None
+    return torch.ops.aten.embedding_backward(grad_output, input, rows, padding_idx, False, sparse)
 
 
 # --------------------------------------------------------------------------- the registered op
@@ -237,7 +247,7 @@ class Embedding(TableViewCache, torch.nn.Embedding):
         _fused.enable(self, spec)
 
     def _fused_weight_backward(self, b) -> None:
-        self.fused_optimizer.update(self.weight, self._buffers.get("momentum1"), b)
+        self.fused_optimizer.update(self.weight, self._buffers, b)
         return None
 
     def forward(self, input: Tensor) -> Tensor:

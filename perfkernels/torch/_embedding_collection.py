@@ -6,14 +6,26 @@ model uses); when TorchRec is installed its ``JaggedTensor`` is returned instead
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
+import perfkernels as pk
+from perfkernels import _memory
+
+from . import _bags, _fused_ops
+from ._bridge import _BF16
 from ._collection import _init_table, _Jagged, _kjt_parts, _table_dtype
-from ._embedding import Embedding
+from ._embedding import TORCH_INDEX_MESSAGE, Embedding, _as_tensor, _plain, weight_gradient
+
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: _BF16}
+#: outputs of at least this many bytes come from the memory pool in eager calls: a fresh
+#: allocation that large is mapped by malloc (its threshold is 128 KiB) and faults on every call
+_POOLED_BYTES = 128 << 10
 
 
 @dataclass
@@ -45,10 +57,13 @@ class JaggedTensor(_Jagged):
         return list(torch.split(self._values, self.lengths().tolist()))
 
 
+@functools.lru_cache(maxsize=None)
 def _jagged_class():
+    """TorchRec's JaggedTensor when TorchRec imports, else ours (looked up once: a failed import
+    searches sys.path, tens of microseconds a call)."""
     try:
         from torchrec.sparse.jagged_tensor import JaggedTensor as TorchRecJagged
-    except ImportError:
+    except (ImportError, OSError):   # OSError: an FBGEMM built for another torch
         return JaggedTensor
     return TorchRecJagged
 
@@ -62,7 +77,9 @@ class EmbeddingCollection(torch.nn.Module):
     :class:`~perfkernels.torch.KeyedJaggedTensor` (or TorchRec's) and returns a dict mapping each
     feature to a :class:`JaggedTensor` (TorchRec's when installed): the feature's rows, one per
     ID, with the KJT's lengths (and with ``need_indices=True`` the IDs as its weights, as TorchRec
-    does).  The features of one table are looked up in one call.  Parameters are
+    does).  When the tables share a dtype and D (and run our kernel), every feature is looked up
+    in one call of the native op ``perfkernels::embedding_collection``, whose rows the features'
+    JaggedTensors are slices of; otherwise the features of one table are looked up together.  Parameters are
     ``embeddings.<table name>.weight`` (each table an :class:`~perfkernels.torch.Embedding`), as
     in TorchRec's unsharded collection, so its ``state_dict`` loads unchanged; gradients are the
     tables' (dense, or set ``module.embeddings[name].sparse = True``), or with
@@ -99,13 +116,23 @@ class EmbeddingCollection(torch.nn.Module):
         keys, values, offsets, batch = _kjt_parts(features)
         lengths = features.lengths()
         num_keys = len(keys)
-        bounds = offsets[::batch].tolist() if batch > 0 else [0] * (num_keys + 1)
-        by_table: dict[str, list[int]] = {}
-        for i, key in enumerate(keys):
+        for key in keys:
             if key not in self._feature_table:
                 raise KeyError(f"feature {key!r} is in no table of this collection")
-            by_table.setdefault(self._feature_table[key], []).append(i)
+        bounds = offsets[::batch].tolist() if batch > 0 else [0] * (num_keys + 1)
         jagged = _jagged_class()
+        rows = self._one_call(keys, values, offsets, bounds)
+        if rows is not None:
+            # every feature's rows from one call: each feature a slice of them
+            sizes = [bounds[i + 1] - bounds[i] for i in range(num_keys)]
+            parts = torch.split(rows, sizes)
+            ids = torch.split(values, sizes) if self._need_indices else [None] * num_keys
+            lens = lengths.split(batch) if batch > 0 else [lengths] * num_keys
+            return {key: jagged(values=parts[i], lengths=lens[i], weights=ids[i])
+                    for i, key in enumerate(keys)}
+        by_table: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            by_table.setdefault(self._feature_table[key], []).append(i)
         out: dict[str, Any] = {}
         for table, idx in by_table.items():
             # the table's features in one lookup: their value ranges, back to back
@@ -118,3 +145,124 @@ class EmbeddingCollection(torch.nn.Module):
                 out[keys[i]] = jagged(values=part, lengths=lens,
                                       weights=ids_part if self._need_indices else None)
         return {k: out[k] for k in keys}
+
+    def _one_call(self, keys: list, values: Tensor, offsets: Tensor,
+                  bounds: list) -> Optional[Tensor]:
+        """Every feature's rows ``[n, D]`` from one call of the native op, when its tables share
+        a dtype and D and each is a plain CPU table our kernel answers as torch (options that
+        run torch's implementation, such as ``max_norm``, take the per-table route); else None."""
+        names = list(self.embeddings)
+        modules = [self.embeddings[n] for n in names]
+        first = modules[0].weight
+        # while a graph is captured the tensors are the tracer's: their dtype, device and layout
+        # decide (the op's fake kernel stands for the kernel)
+        capturing = _bags.capturing()
+        for m in modules:
+            w = m.weight
+            plain = (_capturable(values, w) if capturing else _plain(values, w))
+            if (m.max_norm is not None or m.scale_grad_by_freq or not plain
+                    or w.dtype != first.dtype or w.shape[1] != first.shape[1]):
+                return None
+        if values.dim() != 1 or offsets.dtype not in (torch.int32, torch.int64):
+            return None
+        position = {n: t for t, n in enumerate(names)}
+        tables = [position[self._feature_table[k]] for k in keys]
+        weights = [m.weight for m in modules]
+        if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
+            op = embedding_collection_op
+        else:
+            op = embedding_collection_inference_op
+            if (not capturing and values.shape[0] * first.shape[1] * first.element_size()
+                    >= _POOLED_BYTES and not _bags._profiler_enabled()):
+                return _pooled_rows(modules, tables, values, bounds)
+        if capturing:
+            return op(weights, values, offsets, len(keys), tables, self._group_of(modules))
+        try:
+            return op(weights, values, offsets, len(keys), tables, self._group_of(modules))
+        except RuntimeError as exc:
+            if str(exc).startswith(TORCH_INDEX_MESSAGE):
+                raise IndexError(TORCH_INDEX_MESSAGE) from None
+            raise
+
+    def _group_of(self, modules: list) -> int:
+        """The id under which the backward finds these modules (their gradient rules)."""
+        key = tuple(id(m) for m in modules)
+        if getattr(self, "_group_key", None) != key:
+            self._group = _fused_ops.register_group(modules)
+            self._group_key = key
+        return self._group
+
+
+def _pooled_rows(modules: list, tables: list, values: Tensor, bounds: list) -> Tensor:
+    """The eager form of the inference op: the same rows, written into one output from the
+    package's memory pool by the kernel of each key (a fresh tensor of a large batch costs page
+    faults and zeroing on every call; the pool's memory is already mapped)."""
+    first = modules[0].weight
+    out = _memory.empty((values.shape[0], first.shape[1]), _NUMPY_DTYPES[first.dtype])
+    ids = values.numpy()
+    for k, t in enumerate(tables):
+        a, b = bounds[k], bounds[k + 1]
+        if a < b:
+            m = modules[t]
+            try:
+                pk.embedding(m._table_array(m.weight), ids[a:b], out=out[a:b])
+            except IndexError:
+                raise IndexError(TORCH_INDEX_MESSAGE) from None
+    return _as_tensor(out, first.dtype)
+
+
+def _capturable(values: Tensor, weight: Tensor) -> bool:
+    """Whether a captured lookup can be the op: CPU, int32/int64 IDs, a 2-D table of our dtypes."""
+    return (values.device.type == "cpu" and values.dtype in (torch.int32, torch.int64)
+            and weight.device.type == "cpu" and weight.dim() == 2
+            and weight.dtype in (torch.float32, torch.float16, torch.bfloat16))
+
+
+# --------------------------------------------------------------------------- the registered op
+
+# Defined, with its CPU kernel, by perfkernels' native library (native/ops.cpp): every feature of
+# a jagged tensor looked up unpooled in one call, row j of the [n, D] result the row of
+# values[j] in the table of its key.  Registered here: the fake kernels and the autograd formula
+# (each table's gradient by its module's rule, from the rows of its keys).
+#: (weights, values, offsets, num_keys, tables, group) -> [n, D] rows
+embedding_collection_op = torch.ops.perfkernels.embedding_collection.default
+#: the same without autograd, for calls and graphs that record no gradient
+embedding_collection_inference_op = torch.ops.perfkernels.embedding_collection_inference.default
+
+
+@torch.library.register_fake("perfkernels::embedding_collection_inference")
+@torch.library.register_fake("perfkernels::embedding_collection")
+def _collection_fake(weights, values, offsets, num_keys, tables, group):
+    return weights[0].new_empty((values.shape[0], weights[0].shape[1]))
+
+
+def _collection_setup(ctx, inputs, output):
+    weights, values, offsets, num_keys, tables, group = inputs
+    ctx.save_for_backward(values, offsets)
+    ctx.options = (num_keys, list(tables), group,
+                   [(w.shape[0], w.dtype, w.requires_grad) for w in weights])
+
+
+def _collection_backward(ctx, grad):
+    values, offsets = ctx.saved_tensors
+    num_keys, tables, group, meta = ctx.options
+    batch = (offsets.shape[0] - 1) // num_keys
+    bounds = offsets[::batch].tolist() if batch > 0 else [0] * (num_keys + 1)
+    grads: list = [None] * len(meta)
+    if ctx.needs_input_grad[0]:
+        for t in sorted(set(tables)):
+            rows, dtype, requires = meta[t]
+            if not requires:
+                continue
+            keys = [k for k in range(num_keys) if tables[k] == t]
+            ids = torch.cat([values[bounds[k]:bounds[k + 1]] for k in keys])
+            g = torch.cat([grad[bounds[k]:bounds[k + 1]] for k in keys])
+            module = _fused_ops._group_module(group, t)
+            padding = -1 if module is None or module.padding_idx is None else module.padding_idx
+            sparse = bool(module is not None and module.sparse)
+            grads[t] = weight_gradient(module, g, ids, rows, padding, sparse, dtype)
+    return grads, None, None, None, None, None
+
+
+torch.library.register_autograd("perfkernels::embedding_collection", _collection_backward,
+                                setup_context=_collection_setup)

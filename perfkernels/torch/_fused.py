@@ -22,10 +22,8 @@ from typing import Any, Mapping, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-import perfkernels as pk
-
-from . import _placement
-from ._bridge import as_numpy, index_error
+from . import _native_ops, _placement  # noqa: F401 (_native_ops: the ops)
+from ._bridge import native_index_error
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "rowwise_adam", "adamw")
 #: the optimizers with two moments and a step count
@@ -222,23 +220,17 @@ class FusedOptimizer:
     def _step_now(self, weight: Tensor, state: Any, b) -> None:
         buffers = state if isinstance(state, Mapping) else {"momentum1": state}
         m1 = buffers.get("momentum1")
-        extra: dict = {}
-        step = None
+        m2 = step = t = None
         if self.name in ADAM_FAMILY:
             m2, step = buffers.get("momentum2"), buffers.get("step")
             if m1 is None or m2 is None or step is None:
                 raise RuntimeError(f"fused optimizer {self.name!r} needs the buffers momentum1, "
                                    "momentum2 and step")
             t = int(step) + 1
-            extra = dict(step=t, betas=self.betas)
-            np_state: Any = (as_numpy(m1), as_numpy(m2))
             seed = t    # the table's own count: a state_dict round trip keeps the rounding bits
         else:
             self._step += 1
             seed = self._step
-            np_state = None if m1 is None else as_numpy(m1)
-            if self.name == "sgd" and self.momentum != 0:
-                extra = dict(momentum=self.momentum, nesterov=self.nesterov)
         grad = b.grad_output
         if grad.dtype is not torch.float32:
             grad = grad.float()
@@ -246,21 +238,35 @@ class FusedOptimizer:
         if psw is not None and psw.dtype is not torch.float32:
             psw = psw.float()
         try:
-            pk.embedding_bag_backward_update(
-                as_numpy(weight), as_numpy(b.indices),
-                None if b.offsets is None else as_numpy(b.offsets),
-                grad_output=as_numpy(grad), optimizer=self.name,
-                state=np_state, lr=self.lr, eps=self.eps,
-                weight_decay=self.weight_decay,
-                per_sample_weights=None if psw is None else as_numpy(psw), mode=b.mode,
-                include_last_offset=b.include_last_offset, padding_idx=b.padding_idx,
-                stochastic_rounding=self.stochastic_rounding,
-                seed=seed, **extra)   # reproducible runs; a new seed every step
-        except IndexError as exc:
-            raise index_error(exc) from None
+            with torch.no_grad():
+                fused_step_op(weight, b.indices, b.offsets, psw, b.mode, b.include_last_offset,
+                              b.padding_idx, grad, self.name, m1, m2, self.lr, self.eps,
+                              self.weight_decay, t, self.betas[0], self.betas[1], self.momentum,
+                              self.nesterov, self.stochastic_rounding,
+                              seed)   # reproducible runs; a new seed every step
+        except RuntimeError as exc:
+            bad_index = native_index_error(exc)
+            if bad_index is not None:
+                raise bad_index from None
+            raise
         if step is not None:
             with torch.no_grad():
-                step.fill_(extra["step"])     # counted once the update is done
+                step.fill_(t)     # counted once the update is done
+
+
+#: The step as the native op (its CPU kernel in the native library, what the NumPy API's
+#: perfkernels.embedding_bag_backward_update runs): ``(weight, indices, offsets,
+#: per_sample_weights, bag_mode, include_last_offset, padding_idx, grad_output, optimizer, state,
+#: state2, lr, eps, weight_decay, step, beta1, beta2, momentum, nesterov, stochastic_rounding,
+#: seed)``, weight / state / state2 updated in place.
+fused_step_op = torch.ops.perfkernels.embedding_bag_backward_update.default
+
+
+@torch.library.register_fake("perfkernels::embedding_bag_backward_update")
+def _fused_step_fake(weight, indices, offsets, per_sample_weights, bag_mode, include_last_offset,
+                     padding_idx, grad_output, optimizer, state, state2, lr, eps, weight_decay,
+                     step, beta1, beta2, momentum, nesterov, stochastic_rounding, seed) -> None:
+    return None
 
 
 def _delivers_gradient(node: Any) -> bool:

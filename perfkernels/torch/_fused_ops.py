@@ -16,8 +16,8 @@ Python (the ``_tensor_bags`` fast path).  They have fake implementations
 """
 from __future__ import annotations
 
+import functools
 import itertools
-import re
 import weakref
 from typing import Optional
 
@@ -27,7 +27,7 @@ from torch import Tensor
 from perfkernels.families.interaction._interaction import pair_lists
 
 from . import _bags, _tensor_bags
-from ._bridge import as_numpy, index_error_at
+from ._bridge import as_numpy, native_index_error
 
 
 class FusedInputError(RuntimeError):
@@ -121,16 +121,12 @@ torch.library.register_fake("perfkernels::embedding_bags_interaction")(_per_tabl
 torch.library.register_fake("perfkernels::embedding_bags_interaction_inference")(
     _per_table_fake)
 
-_NATIVE_INDEX_MESSAGE = re.compile(r"Index (\d+) of input takes value (-?\d+) which is not in the "
-                                   r"valid range \[0, (\d+)\)")
-
-
 def _refused(exc: RuntimeError) -> RuntimeError:
     """A native fused op's error in an eager call, as what the optimized model answers by running
     its unfused modules: :class:`IndexOutOfRangeError` for an index, else FusedInputError."""
-    m = _NATIVE_INDEX_MESSAGE.search(str(exc))
-    if m is not None:
-        return index_error_at(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    bad_index = native_index_error(exc)
+    if bad_index is not None:
+        return bad_index
     return FusedInputError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
@@ -233,6 +229,13 @@ def _pooled(weights, indices, offsets, include_last, mean, padding_idx, bits=Non
                                            dims)]
 
 
+@functools.lru_cache(maxsize=64)
+def _pair_index(n: int, pairs: str, itself: bool) -> tuple:
+    """(i, j) of each interaction pair of n vectors, as int64 tensors (made once per form)."""
+    li, lj = pair_lists(n, pairs, itself)
+    return torch.from_numpy(li).long(), torch.from_numpy(lj).long()
+
+
 def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: str, pairs: str,
                        itself: bool):
     """(d dense, [d pooled_f]) of the interaction: ``"cat"`` slices the output gradient; ``"dot"``
@@ -247,7 +250,7 @@ def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: s
         return grad[:, :d], parts
     z = torch.stack([dense.detach().float()] + pooled, dim=1)          # [B, n, D]
     n = z.shape[1]
-    li, lj = (torch.from_numpy(a).long() for a in pair_lists(n, pairs, itself))
+    li, lj = _pair_index(n, pairs, itself)
     g = torch.zeros(z.shape[0], n, n, dtype=torch.float32)
     g[:, li, lj] = grad[:, d:]
     dz = torch.bmm(g + g.transpose(1, 2), z)
@@ -264,10 +267,13 @@ def _table_grads(grads, weights, indices, offsets, include_last, mean, padding_i
         if not needs or not w.requires_grad or not w.is_floating_point():
             out.append(None)       # (a packed table has no gradient)
             continue
-        b = _bags.BagBackward(g.contiguous(), i, o, None, "mean" if m else "sum", include_last,
-                              None if p < 0 else p, w.shape[0], w.dtype)
         module = modules[f]
         backward = getattr(module, "weight_backward", None)
+        # a fused optimizer's step reads the rows of a column slice where they are
+        fused = getattr(module, "fused_optimizer", None) is not None
+        b = _bags.BagBackward(g if fused else g.contiguous(), i, o, None,
+                              "mean" if m else "sum", include_last, None if p < 0 else p,
+                              w.shape[0], w.dtype)
         if backward is not None:
             out.append(backward(b))
         elif getattr(module, "sparse", False):

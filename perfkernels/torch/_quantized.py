@@ -271,7 +271,13 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
           observer (``weight_fake_quant``, else ``qconfig.weight()``, else
           ``float_qparams_weight_only_qconfig``'s) and torch.ao's own quantization, so the codes,
           scales and biases (and the sums whatever the mode) are torch.ao's, bit for bit.
+
+        A module whose weight torchao quantized is read by :meth:`from_torchao` (``bits``
+        passed on; 8-bit rows by default).
         """
+        from ._torchao import is_torchao_weight
+        if is_torchao_weight(getattr(mod, "weight", None)):
+            return cls.from_torchao(mod, bits=bits, placement=placement)
         if bits is not None:
             bits = _bits_of(bits)
             packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(_float_weight(mod).cpu()),
@@ -305,6 +311,25 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
         new = cls(mod.num_embeddings, mod.embedding_dim, mode=mod.mode,
                   include_last_offset=mod.include_last_offset, dtype=bits,
                   _weight=_from_quantized_tensor(qweight, bits), placement=placement)
+        new.train(mod.training)
+        return new
+
+    @classmethod
+    def from_torchao(cls, mod: torch.nn.EmbeddingBag, *, bits: Optional[int] = None,
+                     placement: str = "auto") -> "QuantizedEmbeddingBag":
+        """From a ``torch.nn.EmbeddingBag`` whose weight torchao quantized (torchao quantizes
+        it but cannot run its forward): the rows as
+        :meth:`QuantizedEmbedding.from_torchao <perfkernels.torch.QuantizedEmbedding.from_torchao>`
+        reads them, summed to float32 rounding (the bag kernels round ``code * scale`` before
+        adding the bias), and the module's ``mode`` (``"mean"`` averages, as the float module
+        did), ``include_last_offset`` and ``padding_idx``."""
+        from ._torchao import check_module, packed_from_torchao
+        check_module(mod)
+        packed, bits = packed_from_torchao(mod.weight, bits)
+        new = cls(mod.num_embeddings, mod.embedding_dim, mode=mod.mode,
+                  include_last_offset=mod.include_last_offset, dtype=bits, _weight=packed,
+                  average_mean=True, placement=placement)
+        new.padding_idx = getattr(mod, "padding_idx", None)
         new.train(mod.training)
         return new
 

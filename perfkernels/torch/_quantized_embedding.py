@@ -37,7 +37,8 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
     uint8 rows in the layout of ``torch.ops.quantized.embedding_bag_*_prepack``, not a quantized
     tensor.  :meth:`from_torch_ao` reads torch.ao's module bit for bit (same codes, scales and
     biases: the same outputs as its ``embedding_byte`` / ``embedding_4bit`` ops, to float
-    rounding); :meth:`from_float` quantizes a float ``nn.Embedding`` (``bits=8, 4, 2``).  A
+    rounding); :meth:`from_float` quantizes a float ``nn.Embedding`` (``bits=8, 4, 2``);
+    :meth:`from_torchao` reads one quantized by torchao's weight-only configs.  A
     ``state_dict`` of torch.ao's module loads into this one.  An index out of range raises
     :class:`~perfkernels.torch.IndexOutOfRangeError` with torch's quantized ops' message.
     Lookups only: no gradient.  ``placement=`` as for :class:`~perfkernels.torch.Embedding`.
@@ -92,10 +93,38 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
                    ) -> "QuantizedEmbedding":
         """Quantize a float ``torch.nn.Embedding`` row-wise to ``bits`` (8, 4, 2): bit-exact with
         torch's ``embedding_bag_*_prepack`` (and with torch.ao's float_qparams weight-only
-        quantization of the module, which packs the same rows)."""
+        quantization of the module, which packs the same rows).  A module whose weight torchao
+        quantized is read by :meth:`from_torchao` (its codes, not quantized again)."""
+        from ._torchao import is_torchao_weight
+        if is_torchao_weight(mod.weight):
+            return cls.from_torchao(mod, bits=bits, placement=placement)
         bits = _bits_of(bits)
         packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(_float_weight(mod).contiguous()),
                                                       bits))
+        new = cls(mod.num_embeddings, mod.embedding_dim, dtype=bits, _weight=packed,
+                  placement=placement)
+        new.padding_idx = mod.padding_idx
+        return new
+
+    @classmethod
+    def from_torchao(cls, mod: torch.nn.Embedding, *, bits: Optional[int] = None,
+                     placement: str = "auto") -> "QuantizedEmbedding":
+        """From a ``torch.nn.Embedding`` whose weight torchao quantized (``quantize_`` with
+        ``IntxWeightOnlyConfig`` at ``PerAxis(0)``, any ``torch.int1`` ... ``torch.int8``, or
+        ``Int8WeightOnlyConfig`` at ``PerRow()`` / ``PerTensor()``; torchao 0.17 and older's
+        ``AffineQuantizedTensor`` in its plain layout too): its codes, scales and zero points,
+        read without importing torchao.
+
+        ``bits=None`` or 8: 8-bit rows with float32 scale and bias; the lookups are torchao's
+        dequantized rows ``(q - zero_point) * scale`` bit for bit on the FMA (AVX2, AVX-512)
+        levels, except 8-bit codes quantized asymmetrically, whose bias is rounded to float32
+        (the portable level rounds the product too; see docs/pytorch.md for the bounds).  ``bits=4`` or
+        ``2``: the compact rows (codes of at most that many bits), scale and bias rounded to
+        float16.  A per-group quantized weight (``PerGroup``: several scales per row) raises
+        ValueError naming the granularity."""
+        from ._torchao import check_module, packed_from_torchao
+        check_module(mod)
+        packed, bits = packed_from_torchao(mod.weight, bits)
         new = cls(mod.num_embeddings, mod.embedding_dim, dtype=bits, _weight=packed,
                   placement=placement)
         new.padding_idx = mod.padding_idx

@@ -43,10 +43,20 @@ PK_INLINE void prefetch_row(const uint8_t *packed, int64_t idx, int64_t row_byte
 
 
 #define BLOCK_VECS (V_REGS / 2) /* any D: output vectors held in registers per pass */
-/* A specialised D keeps up to 16 vectors in one pass (AVX2: D = 128, AVX-512: D = 256).  On AVX2
- * the compiler spills two accumulators (a store-forwarded load and store each per row), which
- * costs less than a second pass over the bag re-reading every index, trailer and weight. */
+/* A specialised D keeps up to spec_vecs(bits) vectors in one pass: 16 where there are 32
+ * registers (AVX-512: D = 256 in one pass).  In AVX2's 16 registers, 8-bit rows take 8 (D = 128
+ * and 256 in 2 and 4 passes over the bag, the later ones reading rows the first brought to L1):
+ * with 16 the compiler kept accumulators on the stack, 6 stack accesses a row, and 8 is as fast
+ * on bags of 20 rows and faster on bags of one.  4-bit rows keep 16 and their spills (15-19
+ * stack accesses a row, next to a pair's two halves and the nibble mask): 8 measured 6-15%
+ * slower on bags of 20 rows. */
 #define SPEC_VECS 16
+#if V_REGS > 16 || VL == 1
+#define SPEC_VECS_8BIT 16
+#else
+#define SPEC_VECS_8BIT 8
+#endif
+PK_INLINE int spec_vecs(const int bits) { return bits == 8 ? SPEC_VECS_8BIT : SPEC_VECS; }
 
 #include "quantized/codes.h"
 
@@ -116,7 +126,7 @@ PK_INLINE int64_t bag_block(const int bits, const int nv, const int has_tail, v_
 }
 
 /* All bags, all columns.  D (0: any) is a compile-time constant: a specialised D runs
- * D / (VL * SPEC_VECS) passes (one for D <= VL * SPEC_VECS) with a constant row size; any other D
+ * D / (VL * spec_vecs(bits)) passes (one for D <= VL * spec_vecs(bits)) with a constant row size; any other D
  * takes passes of BLOCK_VECS vectors and a rest of up to BLOCK_VECS vectors plus a tail. */
 PK_INLINE pk_status bags_loop(const int bits, const int D, const int index_64, const int weighted,
                               const int far, const bag_loop *a, const int64_t *offsets,
@@ -130,7 +140,7 @@ PK_INLINE pk_status bags_loop(const int bits, const int D, const int index_64, c
         const int64_t begin = offsets[b], end = offsets[b + 1];
         float *out = out_base + b * out_stride;
         if (D) {
-            const int nv = D / VL < SPEC_VECS ? D / VL : SPEC_VECS;
+            const int nv = D / VL < spec_vecs(bits) ? D / VL : spec_vecs(bits);
             for (int d0 = 0; d0 < D; d0 += VL * nv)
                 if (bag_block(bits, nv, 0, v_tail_of(0), index_64, weighted, a, begin, end,
                               row_bytes, codes_bytes, d0, (d0 == 0) * (1 + far), out, bad_pos) < 0)

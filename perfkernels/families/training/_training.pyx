@@ -1,6 +1,6 @@
 """Fused embedding-bag backward + sparse optimizer step (training)."""
 from libc.float cimport FLT_MAX
-from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdint cimport int64_t
 
 import math
 import operator
@@ -13,13 +13,11 @@ cimport numpy as cnp
 
 from perfkernels._c_common cimport pk_status
 from perfkernels._c_bags cimport pk_bags
-from perfkernels._c_parallel cimport pk_parallel_threads_for, PK_PARALLEL_BLOCKS_PER_THREAD
-from perfkernels.families.training._c_training cimport (pk_sparse_optim, pk_training_work, PK_OPT_SGD,
-                                      PK_OPT_ADAGRAD, PK_OPT_ROWWISE_ADAGRAD, PK_OPT_ADAM,
-                                      PK_OPT_ROWWISE_ADAM, PK_OPT_ADAMW, PK_OPT_MOMENTUM,
-                                      pk_training_update_fn, pk_training_kernels,
-                                      pk_training_table, pk_training_group, pk_training_histogram,
-                                      pk_training_fits)
+from perfkernels.families.training._c_training cimport (
+    pk_sparse_optim, PK_OPT_SGD, PK_OPT_ADAGRAD, PK_OPT_ROWWISE_ADAGRAD, PK_OPT_ADAM,
+    PK_OPT_ROWWISE_ADAM, PK_OPT_ADAMW, PK_OPT_MOMENTUM, pk_training_kernels, pk_training_table,
+    pk_training_fits, pk_training_call, pk_training_plan, pk_training_plan_call, pk_training_run,
+    pk_sparse_optim_adam)
 from perfkernels._arrays cimport as_float32
 from perfkernels._bags cimport BAGS_SCRATCH, prepare_bags, check_bags_status
 from perfkernels._parallel cimport pool, resolve_threads
@@ -200,7 +198,7 @@ cdef float _finite(object value, str name) except? -1:
 cdef int _adam_constants(pk_sparse_optim *opt, str optimizer, object lr, object weight_decay,
                          object step, object betas) except -1:
     """The Adam family's per-step constants (computed in float64, as torch does, then float32)."""
-    cdef double b1, b2, bias1, bias2, t
+    cdef double b1, b2
     if step is None:
         raise ValueError(f"optimizer={optimizer!r} needs step, the table's step count including "
                          "this update (1 for the first)")
@@ -218,69 +216,9 @@ cdef int _adam_constants(pk_sparse_optim *opt, str optimizer, object lr, object 
     b2 = _beta(betas[1], "betas[1]")
     if opt.eps <= 0:
         raise ValueError(f"eps = {opt.eps} must be > 0 for optimizer={optimizer!r}")
-    t = <double>step if step < 2**53 else 2.0**53
-    bias1 = 1.0 - b1 ** t
-    bias2 = 1.0 - b2 ** t
-    opt.beta1 = <float>b1
-    opt.beta2 = <float>b2
-    opt.bias1 = <float>bias1
-    opt.bias2 = <float>bias2
-    opt.step_size = <float>(float(lr) * math.sqrt(bias2) / bias1)
-    opt.decay = <float>(1.0 - float(lr) * float(weight_decay)) if optimizer == "adamw" else 1.0
+    pk_sparse_optim_adam(opt, float(lr), float(weight_decay), min(step, 2**62), b1, b2,
+                         1 if optimizer == "adamw" else 0)
     return 0
-
-
-ctypedef struct _update_ctx:
-    pk_training_update_fn fn
-    const pk_training_work *work
-    int64_t *task_group       # tasks + 1 group numbers: task t updates groups [tg[t], tg[t + 1])
-    int64_t tasks
-    const float *grad
-    int64_t grad_stride
-    void *table
-    int64_t dim
-    int64_t row_stride
-    const pk_sparse_optim *opt
-    float *scratch            # a scratch row per task (a task runs on one thread)
-    int64_t scratch_stride
-
-
-cdef void _update_task(void *vctx, int64_t t0, int64_t t1) noexcept nogil:
-    cdef const _update_ctx *c = <const _update_ctx *>vctx
-    cdef int64_t t
-    for t in range(t0, t1):
-        c.fn(c.work, c.task_group[t], c.task_group[t + 1], c.grad, c.grad_stride, c.table, c.dim,
-             c.row_stride, c.opt, c.scratch + t * c.scratch_stride)
-
-
-cdef int64_t _split_groups(const pk_training_work *work, int64_t tasks,
-                           int64_t *task_group) noexcept nogil:
-    """Cut the groups into at most `tasks` ranges of about equal entry counts (a Zipf-hot row is
-    one group however many entries it has); returns the number of non-empty ranges.  Each row is
-    updated by one task, so the split changes the speed, never the result."""
-    cdef int64_t m = work.num_entries, u = 0, t, lo, hi, mid, target, count = 0
-    cdef int64_t groups = work.num_groups
-    if tasks > groups:
-        tasks = groups
-    task_group[0] = 0
-    for t in range(1, tasks):
-        target = m // tasks * t + m % tasks * t // tasks
-        lo = u
-        hi = groups
-        while lo < hi:          # first group starting at or after target
-            mid = (lo + hi) // 2
-            if work.group_start[mid] < target:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo > task_group[count]:
-            count += 1
-            task_group[count] = lo
-            u = lo
-    if groups > task_group[count]:
-        count += 1
-    task_group[count] = groups
-    return count
 
 
 def embedding_bag_backward_update(
@@ -421,22 +359,16 @@ def embedding_bag_backward_update(
     cdef pk_bags bags
     cdef int64_t scratch_offsets[BAGS_SCRATCH]
     cdef pk_sparse_optim opt
-    cdef pk_training_work work
-    cdef int64_t bad = -1, n, grad_stride, threads, chunk, begin, end
+    cdef pk_training_call call
+    cdef pk_training_plan plan
+    cdef int64_t bad = -1, n, threads
     cdef pk_status status
     cdef cnp.ndarray table = _table_in_place(weight)
     cdef int64_t rows = cnp.PyArray_DIM(table, 0)
     cdef int64_t dim = cnp.PyArray_DIM(table, 1)
     cdef int64_t row_stride = cnp.PyArray_STRIDE(table, 0) // cnp.PyArray_ITEMSIZE(table)
     cdef cnp.ndarray st, grad, space
-    cdef int64_t sizes[8]
-    cdef char *parts[8]
-    cdef int chunks, k
-    cdef _update_ctx uc
-    cdef float *scratch_row
     cdef int t = cnp.PyArray_TYPE(table)
-    cdef pk_training_update_fn fn
-    cdef void *data
 
     if optimizer not in _OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(map(repr, _OPTIMIZERS))}; "
@@ -495,86 +427,40 @@ def embedding_bag_backward_update(
             np.may_share_memory(grad, table) or (st is not None and np.may_share_memory(grad, st))
             or (v is not None and np.may_share_memory(grad, v))):
         grad = grad.copy()   # it is read while rows are written
-    grad_stride = dim
     n = bags.n_indices
     if not pk_training_fits(rows, n, bags.num_bags):
         raise ValueError(f"{n} indices into a table of {rows} rows: the row and entry numbers "
                          "need more than 64 bits together")
 
-    # the workspace, sized for this call (the kernels never allocate)
-    weighted = bags.weights != NULL
-    sizes[0] = 8 * n                                       # keys
-    sizes[1] = 8 * n                                       # keys_tmp
-    sizes[2] = 8 * (n + 1)                                 # group_start
-    # threads: worth it only when each gets enough memory traffic (keys sorted, G rows read, table
-    # and state rows read and written); chunks: slices of the sort and update tasks, one block each
-    k = pk_parallel_threads_for(n * (32 + 8 * dim), <int>threads)
-    chunks = k * PK_PARALLEL_BLOCKS_PER_THREAD if k > 1 else 1
-    sizes[3] = 8 * pk_training_histogram(chunks)           # histogram(s)
-    sizes[4] = 8 * n if weighted else 0                    # entry_bag
-    sizes[5] = 4 * n if weighted else 4 * bags.num_bags    # entry_coef or bag_scale
-    sizes[6] = 4 * (2 * dim + 16) * chunks                 # a scratch row per update task
-    sizes[7] = 8 * (chunks + 1)                            # the update tasks' first groups
-    space = _workspace(sizes, 8, parts)
-    work.keys = <uint64_t *>parts[0]
-    work.keys_tmp = <uint64_t *>parts[1]
-    work.group_start = <int64_t *>parts[2]
-    work.histogram = <int64_t *>parts[3]
-    work.entry_bag = <int64_t *>parts[4]
-    work.entry_coef = <float *>parts[5]
-    work.bag_scale = <float *>parts[5]
-    scratch_row = <float *>parts[6]
-
-    fn = (_kernels.training_update_f32 if t == cnp.NPY_FLOAT32 else
-          (_kernels.training_update_f16 if t == cnp.NPY_FLOAT16 else _kernels.training_update_bf16))
-    data = cnp.PyArray_DATA(table)
+    call.bags = &bags
+    call.rows = rows
+    call.grad = <const float *>cnp.PyArray_DATA(grad)
+    call.grad_stride = dim
+    call.table = cnp.PyArray_DATA(table)
+    call.dim = dim
+    call.row_stride = row_stride
+    call.update = (_kernels.training_update_f32 if t == cnp.NPY_FLOAT32 else
+                   (_kernels.training_update_f16 if t == cnp.NPY_FLOAT16
+                    else _kernels.training_update_bf16))
+    call.opt = &opt
+    pk_training_plan_call(&call, <int>threads, &plan)
+    space = _workspace(plan.workspace_bytes)
     with nogil:
-        status = pk_training_group(&bags, rows, &work, &bad, pool, k, chunks)
+        status = pk_training_run(&call, &plan, cnp.PyArray_DATA(space), pool, &bad)
     check_bags_status(&bags, status, bad, rows, "embedding_bag_backward_update")
-    if dim == 0 or work.num_groups == 0:
-        return None
-    uc.fn = fn
-    uc.work = &work
-    uc.grad = <const float *>cnp.PyArray_DATA(grad)
-    uc.grad_stride = grad_stride
-    uc.table = data
-    uc.dim = dim
-    uc.row_stride = row_stride
-    uc.opt = &opt
-    uc.scratch = scratch_row
-    uc.scratch_stride = 2 * dim + 16
-    uc.task_group = <int64_t *>parts[7]
-    with nogil:
-        uc.tasks = _split_groups(&work, chunks, uc.task_group)
-        if uc.tasks > 1:
-            pool.parallel_for(uc.tasks, k, _update_task, &uc)
-        else:
-            _update_task(&uc, 0, 1)
     return None
 
 
 _local = threading.local()
 
 
-cdef cnp.ndarray _workspace(const int64_t *sizes, int count, char **parts):
-    """One buffer holding `count` parts of sizes[i] bytes, each 64-byte aligned; parts[i] points
-    at part i.  The buffer is kept per thread and grown when a call needs more, so repeated calls
-    reuse memory that is already mapped (a fresh multi-megabyte array costs page faults and
-    zeroing every call) and concurrent calls from different threads never share one."""
-    cdef int64_t total = 64, off
-    cdef int i
-    cdef cnp.ndarray buf
-    cdef char *base
-    for i in range(count):
-        total += (sizes[i] + 63) // 64 * 64
+cdef cnp.ndarray _workspace(int64_t nbytes):
+    """A buffer of at least `nbytes` bytes, kept per thread and grown when a call needs more, so
+    repeated calls reuse memory that is already mapped (a fresh multi-megabyte array costs page
+    faults and zeroing every call) and concurrent calls from different threads never share one."""
     buf = getattr(_local, "buffer", None)
-    if buf is None or cnp.PyArray_NBYTES(buf) < total:
-        buf = np.empty(max(total, 2 * (0 if buf is None else cnp.PyArray_NBYTES(buf))),
+    if buf is None or cnp.PyArray_NBYTES(buf) < nbytes:
+        buf = np.empty(max(nbytes, 2 * (0 if buf is None else cnp.PyArray_NBYTES(buf))),
                        dtype=np.uint8)
         _local.buffer = buf
-    base = <char *>cnp.PyArray_DATA(buf)
-    off = (64 - (<uintptr_t>base) % 64) % 64
-    for i in range(count):
-        parts[i] = base + off
-        off += (sizes[i] + 63) // 64 * 64
     return buf

@@ -20,6 +20,8 @@ rest of the model).
 * :class:`ShardedEmbeddingBagCollection`: the sharded counterpart of
   :class:`perfkernels.torch.EmbeddingBagCollection` (every table format, fused optimizers on the
   owners, ``all_to_all_single`` on any backend);
+* :class:`ShardedEmbeddingCollection`: the same for the unpooled
+  :class:`perfkernels.torch.EmbeddingCollection` (``{feature: JaggedTensor}``, one row per ID);
 * :func:`save_checkpoint` / :func:`load_checkpoint` (``torch.distributed.checkpoint``, with
   resharding) and :func:`export_tables` (one file of full tables for serving);
 * :func:`check_peers` (gloo's monitored barrier) and :class:`CollectiveError`, what a collective
@@ -31,12 +33,13 @@ from ._comm import CollectiveError, check_peers
 from ._plan import (DATA_PARALLEL, ROW_WISE, SHARDING_TYPES, TABLE_ROW_WISE, TABLE_WISE,
                     ShardingPlan, Table, TableSharding, plan)
 from ._sharded import ShardedEmbeddingBagCollection, initial_rows
+from ._sharded_sequence import ShardedEmbeddingCollection
 from ._checkpoint import export_tables, load_checkpoint, save_checkpoint
 
 __all__ = [
     "plan", "ShardingPlan", "TableSharding", "Table", "SHARDING_TYPES",
     "TABLE_WISE", "ROW_WISE", "TABLE_ROW_WISE", "DATA_PARALLEL",
-    "ShardedEmbeddingBagCollection", "initial_rows",
+    "ShardedEmbeddingBagCollection", "ShardedEmbeddingCollection", "initial_rows",
     "save_checkpoint", "load_checkpoint", "export_tables",
     "check_peers", "CollectiveError",
 ]

@@ -10,7 +10,7 @@ from typing import Optional, Union
 import torch
 
 from ._plan import DATA_PARALLEL
-from ._sharded import ShardedEmbeddingBagCollection
+from ._sharded import _ShardedTables
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -41,7 +41,7 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def export_tables(module: ShardedEmbeddingBagCollection, path: Optional[PathLike] = None,
+def export_tables(module: _ShardedTables, path: Optional[PathLike] = None,
                   dst: int = 0) -> Optional[dict]:
     """Gather every table whole on rank ``dst`` (one table at a time, one ``all_to_all_single``
     each) and, there, ``torch.save`` to ``path`` the dict ``{"state_dict": {"embedding_bags.
@@ -49,17 +49,19 @@ def export_tables(module: ShardedEmbeddingBagCollection, path: Optional[PathLike
     "8-bit" | "4-bit" | "2-bit"}}``.  The state_dict has the unsharded collection's keys, so
     ``EmbeddingBagCollection.load_state_dict`` takes it (float tables); packed tables are their
     uint8 rows.  Returns the dict on ``dst``, None elsewhere.  Every rank calls it; ``dst`` needs
-    the memory of the whole model (no optimizer state is exported)."""
+    the memory of the whole model (no optimizer state is exported).  A sharded
+    ``EmbeddingCollection``'s keys are ``embeddings.<table>.weight``, its unsharded
+    collection's."""
     g = module._group
     tables: dict = {}
     formats: dict = {}
     for t in module._tables:
-        local = module.embedding_bags[t.name].weight.detach()
+        local = module._shards[t.name].weight.detach()
         formats[t.name] = f"{t.bits}-bit" if t.bits else str(t.dtype).replace("torch.", "")
         s = t.sharding
         if s.sharding_type == DATA_PARALLEL:
             if g.rank == dst:
-                tables[f"embedding_bags.{t.name}.weight"] = local.clone()
+                tables[f"{module._shards_attr}.{t.name}.weight"] = local.clone()
             continue
         as_bytes = local.contiguous().view(torch.uint8).reshape(-1)
         send_splits = [as_bytes.numel() if r == dst else 0 for r in range(g.size)]
@@ -75,7 +77,7 @@ def export_tables(module: ShardedEmbeddingBagCollection, path: Optional[PathLike
         blocks = dict(zip(range(g.size), got.split(recv_splits)))
         ordered = [blocks[r] for r in s.ranks]          # ranks in row order
         full = torch.cat(ordered).view(local.dtype).reshape(t.rows, *local.shape[1:])
-        tables[f"embedding_bags.{t.name}.weight"] = full
+        tables[f"{module._shards_attr}.{t.name}.weight"] = full
     if g.rank != dst:
         return None
     result = {"state_dict": tables, "formats": formats}

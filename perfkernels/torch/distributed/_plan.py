@@ -23,7 +23,26 @@ SHARDING_TYPES = (TABLE_WISE, ROW_WISE, TABLE_ROW_WISE, DATA_PARALLEL)
 _FLOAT_FORMATS = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 _STATE_BYTES = {None: lambda dim: 0, "sgd": lambda dim: 0, "rowwise_adagrad": lambda dim: 4,
                 "adagrad": lambda dim: 4 * dim, "adam": lambda dim: 8 * dim,
-                "adamw": lambda dim: 8 * dim, "rowwise_adam": lambda dim: 4 * dim + 4}
+                "adamw": lambda dim: 8 * dim, "rowwise_adam": lambda dim: 4 * dim + 4,
+                # sgd with momentum: the momentum buffer, [rows, D] float32
+                "sgd with momentum": lambda dim: 4 * dim}
+
+
+def _optimizer_key(optimizer: Any) -> Optional[str]:
+    """The planner's name of a fused optimizer's state: a name, a spec as ``fused_optimizer=``
+    takes it (``("sgd", {"momentum": 0.9})``: ``"sgd with momentum"``, whose buffer counts) or a
+    :class:`~perfkernels.torch.FusedOptimizer`."""
+    if optimizer is None or isinstance(optimizer, str):
+        return optimizer
+    if isinstance(optimizer, (tuple, list)) and len(optimizer) == 2:
+        name, options = optimizer
+        momentum = (options or {}).get("momentum", 0) if isinstance(options, Mapping) else 0
+    elif hasattr(optimizer, "name"):
+        name, momentum = optimizer.name, getattr(optimizer, "momentum", 0)
+    else:
+        raise TypeError(f"optimizer must be a fused optimizer's name, its (name, options) spec or "
+                        f"a FusedOptimizer; got {optimizer!r}")
+    return "sgd with momentum" if name == "sgd" and momentum else name
 
 
 def table_format(data_type: Any) -> tuple[Optional[torch.dtype], int]:
@@ -313,14 +332,16 @@ def plan(tables: Sequence[Any], world_size: int, *, batch_size: int = 2048,
          memory_budget: Union[None, int, Sequence[Optional[int]]] = None,
          local_world_size: Optional[int] = None, pooling_factors: Optional[Mapping] = None,
          sharding_types: Optional[Mapping[str, str]] = None,
-         replicate_below: int = 64 * 1024, optimizer: Optional[str] = None) -> ShardingPlan:
+         replicate_below: int = 64 * 1024, optimizer: Any = None) -> ShardingPlan:
     """A sharding plan for ``tables`` on ``world_size`` ranks.
 
     ``tables``: :class:`Table`, :class:`~perfkernels.torch.EmbeddingBagConfig` or TorchRec's
     configs (with ``pooling_factors[name]``, lookups per sample, for the configs).
     ``batch_size``: samples per rank and step.  ``memory_budget``: bytes per rank (one number, or
-    one per rank; None: unlimited); rows and fused-optimizer state (``optimizer``) count, and no
-    rank is ever planned past it.  ``local_world_size``: ranks per host, for table-row-wise
+    one per rank; None: unlimited); rows and fused-optimizer state count, and no rank is ever
+    planned past it.  ``optimizer``: the fused optimizer, as ``fused_optimizer=`` takes it (a
+    name, or ``(name, options)``, where ``("sgd", {"momentum": 0.9})`` counts the momentum
+    buffer), or None.  ``local_world_size``: ranks per host, for table-row-wise
     sharding.  ``sharding_types[name]`` forces a table's sharding type.
 
     The planner, greedily, heaviest table first:
@@ -342,9 +363,11 @@ def plan(tables: Sequence[Any], world_size: int, *, batch_size: int = 2048,
     if local_world_size is not None and (local_world_size < 1 or world_size % local_world_size):
         raise ValueError(f"local_world_size {local_world_size} must divide world_size "
                          f"{world_size}")
+    optimizer = _optimizer_key(optimizer)
     if optimizer not in _STATE_BYTES:
         raise ValueError(f"optimizer must be one of sgd, adagrad, rowwise_adagrad, adam, "
-                         f"rowwise_adam, adamw or None; got {optimizer!r}")
+                         f"rowwise_adam, adamw (or a (name, options) spec such as "
+                         f"('sgd', {{'momentum': 0.9}})) or None; got {optimizer!r}")
     specs = [Table.from_config(t, (pooling_factors or {}).get(getattr(t, "name", None), 1.0))
              for t in tables]
     names = [t.name for t in specs]

@@ -123,7 +123,295 @@ def _segment_ids(lengths: Tensor, total: int) -> Tensor:
                                    lengths, output_size=total)
 
 
-class ShardedEmbeddingBagCollection(torch.nn.Module):
+class _ShardedTables(torch.nn.Module):
+    """What the sharded collections share: the local shards of every table (``<attr>.<table>``,
+    ``attr`` the unsharded collection's: ``embedding_bags`` or ``embeddings``) and their fused
+    optimizers, the slots each rank looks up, the check that every rank built the module alike,
+    the input's validation, the first exchange (counts and status) and the owner's update."""
+
+    #: the attribute holding the shards, and the state_dict prefix (the unsharded collection's)
+    _shards_attr = "embedding_bags"
+
+    def __init__(self, tables: Sequence[Any], plan: ShardingPlan,
+                 process_group: Optional[Any] = None, *, is_weighted: bool = False,
+                 fused_optimizer: Any = None,
+                 gradient_division: bool = True, seed: int = 0, device: Any = None,
+                 _weights: Optional[dict] = None) -> None:
+        super().__init__()
+        self._group = Group(process_group)
+        g = self._group
+        plan.validate(tables, g.size)          # before any collective: refuse a bad plan
+        self.plan = plan
+        self._is_weighted = is_weighted
+        self._configs = list(tables)
+        self._gradient_division = gradient_division
+        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        self._tables: list[_TableInfo] = []
+        self._feature_names: list[str] = []
+        self._feature_table: list[int] = []
+        for i, cfg in enumerate(self._configs):
+            spec = Table.from_config(cfg)
+            dtype, bits = table_format(spec.data_type)
+            features = list(getattr(cfg, "feature_names", None) or [spec.name])
+            bound = math.sqrt(1.0 / spec.num_embeddings)
+            lo = getattr(cfg, "weight_init_min", None)
+            hi = getattr(cfg, "weight_init_max", None)
+            info = _TableInfo(i, spec.name, spec.num_embeddings, spec.embedding_dim,
+                              self._table_mode(cfg), dtype, bits,
+                              features, plan.shardings[spec.name],
+                              (-bound if lo is None else lo, bound if hi is None else hi))
+            self._check_table(info)
+            self._tables.append(info)
+            for f in features:
+                if f in self._feature_names:
+                    raise ValueError(f"feature {f!r} is read by two tables")
+                self._feature_names.append(f)
+                self._feature_table.append(i)
+        self._dims = [self._tables[t].dim for t in self._feature_table]
+        #: the type the indices and lengths travel in: int32 while every row number fits
+        self._itype = (torch.int32 if max((t.rows for t in self._tables), default=0) < 2**31
+                       else torch.int64)
+        self._cols = np.concatenate([[0], np.cumsum(self._dims)]).astype(int).tolist()
+        self._fused = (None if fused_optimizer is None
+                       else FusedOptimizer.from_spec(fused_optimizer))
+        self._optimizers: dict = {}
+
+        # the local rows of every table (0 rows where this rank holds none)
+        setattr(self, self._shards_attr, torch.nn.ModuleDict())
+        for t in self._tables:
+            start, end = t.sharding.rows_of(g.rank)
+            if _weights is not None:
+                rows = _weights[t.name][start:end].detach().to(torch.float32, copy=True)
+            else:
+                rows = initial_rows(seed, t.index, (start, end), t.dim, *t.init)
+            if t.bits:
+                packed = pk.quantize_rowwise(rows.numpy(), bits=t.bits) if end > start else \
+                    np.zeros((0, row_bytes(t.dim, t.bits)), np.uint8)
+                weight = torch.from_numpy(packed).to(self._device)
+            else:
+                weight = rows.to(device=self._device, dtype=t.dtype).contiguous()
+            shard = _Shard(weight, trainable=not t.bits)
+            if self._fused is not None and not t.bits:
+                opt = FusedOptimizer(self._fused.name, self._fused.options())
+                for name, buf in opt.initial_buffers(weight).items():
+                    shard.register_buffer(name, buf)
+                self._optimizers[t.name] = opt
+            self._shards[t.name] = shard
+
+        # what each rank looks up: its slots, grouped by table, features in order
+        self._slots: list[list[_Slot]] = [[] for _ in range(g.size)]
+        self._dp_slots: list[_Slot] = []
+        for t in self._tables:
+            for f, name in enumerate(self._feature_names):
+                if self._feature_table[f] != t.index:
+                    continue
+                if t.sharding.sharding_type == DATA_PARALLEL:
+                    self._dp_slots.append(_Slot(f, t.index, 0, self._cols[f], t.dim))
+                    continue
+                for k, r in enumerate(t.sharding.ranks):
+                    self._slots[r].append(_Slot(f, t.index, t.sharding.row_offsets[k],
+                                                self._cols[f], t.dim))
+        self._register_state_dict_hook(_state_dict_hook)
+        self._register_load_state_dict_pre_hook(_load_state_dict_pre_hook, with_module=True)
+        self._check_agreement()
+
+    # ------------------------------------------------------------------ construction helpers
+    @property
+    def _shards(self) -> torch.nn.ModuleDict:
+        return getattr(self, self._shards_attr)
+
+    def _table_mode(self, cfg: Any) -> str:
+        """The pooling of a table (``"sum"`` / ``"mean"``; unpooled collections: ``"none"``)."""
+        return _pooling_mode(getattr(cfg, "pooling", "sum"))
+
+    def _check_table(self, info: _TableInfo) -> None:
+        """Refuse a table this collection cannot hold (every format is fine by default)."""
+
+    def _index_error(self, message: str) -> Exception:
+        """The exception for an index outside its table, raised on the rank that got it."""
+        return ValueError(f"rank {self._group.rank}: {message}")
+
+    @staticmethod
+    def _configs_of(configs: Sequence[Any], shards: Any, data_type: Any) -> tuple:
+        """An unsharded collection's tables as configs of ``data_type`` (a format for every
+        table, a dict of formats by table, or None: the table's own) and its full weights."""
+        out, weights = [], {}
+        for cfg in configs:
+            spec = Table.from_config(cfg)
+            fmt = data_type.get(spec.name) if isinstance(data_type, dict) else data_type
+            if fmt is None:
+                fmt = getattr(cfg, "data_type", None) or shards[spec.name].weight.dtype
+            out.append(_Config(spec.name, spec.num_embeddings, spec.embedding_dim,
+                               list(getattr(cfg, "feature_names", None) or [spec.name]),
+                               getattr(cfg, "pooling", "sum"), fmt))
+            weights[spec.name] = shards[spec.name].weight
+        return out, weights
+
+    def _check_agreement(self) -> None:
+        """Every rank must hold the same tables, features and plan: compared once here (one
+        small all_gather of a description), so that a mismatch is refused by every rank, naming
+        the first rank that differs, before any batch is exchanged."""
+        mine = (self._feature_names,
+                [(t.name, t.rows, t.dim, t.mode, str(t.dtype), t.bits) for t in self._tables],
+                {n: (s.sharding_type, s.ranks, s.row_offsets)
+                 for n, s in self.plan.shardings.items()},
+                self._is_weighted, self._fused.name if self._fused else None)
+        every = self._group.all_gather_object(mine, "comparing the collection across ranks")
+        for r, theirs in enumerate(every):
+            if theirs == mine:
+                continue
+            what = ["features", "tables", "plans", "is_weighted", "fused optimizers"]
+            for k in range(len(mine)):
+                if theirs[k] != mine[k]:
+                    detail = ""
+                    if k == 0:
+                        detail = (f": rank {self._group.rank} has {mine[0]}, rank {r} has "
+                                  f"{theirs[0]}")
+                    elif k in (1, 2):
+                        a = dict((x[0], x) for x in mine[1]) if k == 1 else mine[2]
+                        b = dict((x[0], x) for x in theirs[1]) if k == 1 else theirs[2]
+                        bad = sorted(set(a) ^ set(b)) or [n for n in a if a[n] != b.get(n)]
+                        detail = f" (table {bad[0]!r})" if bad else ""
+                    raise ValueError(f"rank {r} and rank {self._group.rank} disagree on the "
+                                     f"{what[k]} of the sharded collection{detail}; every rank "
+                                     f"must build it alike")
+
+    # ------------------------------------------------------------------ shared API
+    @property
+    def process_group(self) -> Any:
+        return self._group.pg
+
+    def collective_seconds(self, reset: bool = True) -> dict:
+        """Seconds this rank spent in each exchange since the last reset, by what it carried
+        (counts, features, weights, pooled rows, gradients): the wait for the slowest rank
+        included."""
+        out = dict(self._group.seconds)
+        if reset:
+            self._group.seconds.clear()
+        return out
+
+    def collective_bytes(self, reset: bool = True) -> dict:
+        """Bytes this rank sent to other ranks in each exchange since the last reset."""
+        out = dict(self._group.bytes_sent)
+        if reset:
+            self._group.bytes_sent.clear()
+        return out
+
+    def _trainable(self) -> list:
+        return [(name, shard.weight) for name, shard in self._shards.items()
+                if isinstance(shard.weight, torch.nn.Parameter) and shard.weight.requires_grad]
+
+    def _split_input(self, features: Any, strict: bool = True) -> tuple:
+        """Per feature of the module: (values, lengths, weights) of this rank's batch; the
+        batch size; and the exception to raise instead, when the input is bad.  ``strict``:
+        every feature of the module must be in the input (others are ignored); else a feature
+        the input lacks has no values, and one the module lacks is a ``KeyError``."""
+        keys = list(features.keys())
+        values = features.values()
+        lengths = features.lengths()
+        weights = features.weights_or_none() if self._is_weighted else None
+        rank = self._group.rank
+
+        def refuse(message: str) -> Exception:
+            return ValueError(f"rank {rank}: {message}")
+        missing = [f for f in self._feature_names if f not in keys]
+        unknown = [k for k in keys if k not in self._feature_names]
+        if missing and strict:
+            return None, 0, refuse(f"the input's features {keys} lack {missing} (the "
+                                   f"collection's are {self._feature_names})")
+        if unknown and not strict:
+            return None, 0, KeyError(f"feature {unknown[0]!r} is in no table of this collection")
+        if self._is_weighted and weights is None:
+            return None, 0, refuse("the collection is weighted but the input has no weights")
+        if lengths.numel() % max(len(keys), 1):
+            return None, 0, refuse(f"lengths has {lengths.numel()} entries, not a multiple of "
+                                   f"the {len(keys)} keys")
+        batch = lengths.numel() // max(len(keys), 1)
+        lengths = lengths.to(self._itype)
+        if bool((lengths < 0).any()):
+            return None, batch, refuse("lengths has a negative entry")
+        per_key = lengths.view(len(keys), batch).sum(1).tolist() if keys else []
+        if sum(per_key) != values.numel():
+            return None, batch, refuse(f"the lengths add up to {sum(per_key)} but there are "
+                                       f"{values.numel()} values")
+        starts = np.concatenate([[0], np.cumsum(per_key)]).astype(int).tolist()
+        out = []
+        for f, name in enumerate(self._feature_names):
+            if name not in keys:            # not strict: a feature with no values
+                out.append((torch.zeros(0, dtype=self._itype, device=self._device),
+                            torch.zeros(batch, dtype=self._itype, device=self._device), None))
+                continue
+            k = keys.index(name)
+            v = values[starts[k]:starts[k + 1]]
+            rows = self._tables[self._feature_table[f]].rows
+            if v.numel():
+                lo, hi = (int(x) for x in torch.aminmax(v))
+                if lo < 0 or hi >= rows:
+                    bad = lo if lo < 0 else hi
+                    pos = int((v == bad).nonzero()[0])
+                    return None, batch, self._index_error(
+                        f"feature {name!r}: values[{starts[k] + pos}] = {bad} is out of range "
+                        f"for table {self._tables[self._feature_table[f]].name!r} of {rows} "
+                        f"rows")
+            w = None if weights is None else weights[starts[k]:starts[k + 1]].to(torch.float32)
+            out.append((v.to(device=self._device, dtype=self._itype),
+                        lengths[k * batch:(k + 1) * batch].to(self._device),
+                        None if w is None else w.to(self._device)))
+        return out, batch, None
+
+    def _exchange_head(self, counts: Sequence[int], batch: int, error: Optional[Exception],
+                       training: bool, extra: Sequence[int] = ()) -> tuple:
+        """Exchange 1: to every rank, the number of indices it will get, this rank's batch size,
+        its status, whether it trains and ``extra`` integers.  Raises ``error`` here (this
+        rank's bad input), or ``ValueError`` when another rank refused its input or the ranks
+        disagree on training; returns (the indices each rank sends here, each rank's batch
+        size, each rank's ``extra``)."""
+        g = self._group
+        status = 0 if error is None else 1
+        width = 4 + len(extra)
+        head = int_tensor([x for r in range(g.size)
+                           for x in (counts[r], batch, status, int(training), *extra)],
+                          self._device)
+        got = g.all_to_all(head, [width] * g.size, [width] * g.size,
+                           "exchanging the batch sizes")
+        got = got.view(g.size, width).tolist()
+        if error is not None:
+            raise error
+        bad = [r for r in range(g.size) if got[r][2]]
+        if bad:
+            raise ValueError(f"rank {bad[0]} refused its input (see its error); no batch was "
+                             f"exchanged")
+        modes = [r for r in range(g.size) if bool(got[r][3]) != training]
+        if modes:       # the data-parallel features travel only when training
+            mine, theirs = ("with", "without") if training else ("without", "with")
+            raise ValueError(f"rank {g.rank} runs the collection {mine} gradients but rank "
+                             f"{modes[0]} {theirs}; every rank must call it alike "
+                             f"(torch.no_grad() on all or none)")
+        return [c[0] for c in got], [c[1] for c in got], [c[4:] for c in got]
+
+    def _apply_grad(self, t: _TableInfo, b: BagBackward, grads: dict) -> None:
+        """Step table ``t``'s local rows by its fused optimizer for the lookup ``b`` (every
+        source's entries of the table), or put torch's dense gradient of them in ``grads``."""
+        shard = self._shards[t.name]
+        if self._fused is not None:
+            self._optimizers[t.name].update(shard.weight, shard._buffers, b)
+            self._stepped.add(t.name)
+        else:       # torch's dense gradient: every entry's row summed into zeros
+            dense = torch.zeros(shard.weight.shape, dtype=torch.float32,
+                                device=b.grad_output.device)
+            dense.index_add_(0, b.indices.long(), b.entry_grads)
+            grads[t.name] = dense.to(shard.weight.dtype)
+
+    def _count_steps(self, absent: Sequence[str] = ()) -> None:
+        """Every rank counts every table's step (but those of the ``absent`` tables, which no
+        rank's input read), holding its rows or not, so the step counts (of the Adam family)
+        agree across ranks and survive resharding."""
+        for name, opt in self._optimizers.items():
+            if name not in self._stepped and name not in absent:
+                opt.skip(self._shards[name]._buffers)
+
+
+class ShardedEmbeddingBagCollection(_ShardedTables):
     """A model-parallel :class:`~perfkernels.torch.EmbeddingBagCollection` over a process group.
 
     ``ShardedEmbeddingBagCollection(tables, plan, process_group=None, *, is_weighted=False,
@@ -160,87 +448,13 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                  fused_optimizer: Any = None,
                  gradient_division: bool = True, seed: int = 0, device: Any = None,
                  _weights: Optional[dict] = None) -> None:
-        super().__init__()
-        self._group = Group(process_group)
-        g = self._group
-        plan.validate(tables, g.size)          # before any collective: refuse a bad plan
-        self.plan = plan
-        self._is_weighted = is_weighted
-        self._configs = list(tables)
-        self._gradient_division = gradient_division
-        self._device = torch.device(device) if device is not None else torch.device("cpu")
-        self._tables: list[_TableInfo] = []
-        self._feature_names: list[str] = []
-        self._feature_table: list[int] = []
-        for i, cfg in enumerate(self._configs):
-            spec = Table.from_config(cfg)
-            dtype, bits = table_format(spec.data_type)
-            features = list(getattr(cfg, "feature_names", None) or [spec.name])
-            bound = math.sqrt(1.0 / spec.num_embeddings)
-            lo = getattr(cfg, "weight_init_min", None)
-            hi = getattr(cfg, "weight_init_max", None)
-            info = _TableInfo(i, spec.name, spec.num_embeddings, spec.embedding_dim,
-                              _pooling_mode(getattr(cfg, "pooling", "sum")), dtype, bits,
-                              features, plan.shardings[spec.name],
-                              (-bound if lo is None else lo, bound if hi is None else hi))
-            self._tables.append(info)
-            for f in features:
-                if f in self._feature_names:
-                    raise ValueError(f"feature {f!r} is read by two tables")
-                self._feature_names.append(f)
-                self._feature_table.append(i)
-        self._dims = [self._tables[t].dim for t in self._feature_table]
-        #: the type the indices and lengths travel in: int32 while every row number fits
-        self._itype = (torch.int32 if max((t.rows for t in self._tables), default=0) < 2**31
-                       else torch.int64)
-        self._cols = np.concatenate([[0], np.cumsum(self._dims)]).astype(int).tolist()
-        self._fused = (None if fused_optimizer is None
-                       else FusedOptimizer.from_spec(fused_optimizer))
-        self._optimizers: dict = {}
-
-        # the local rows of every table (0 rows where this rank holds none)
-        self.embedding_bags = torch.nn.ModuleDict()
-        for t in self._tables:
-            start, end = t.sharding.rows_of(g.rank)
-            if _weights is not None:
-                rows = _weights[t.name][start:end].detach().to(torch.float32, copy=True)
-            else:
-                rows = initial_rows(seed, t.index, (start, end), t.dim, *t.init)
-            if t.bits:
-                packed = pk.quantize_rowwise(rows.numpy(), bits=t.bits) if end > start else \
-                    np.zeros((0, row_bytes(t.dim, t.bits)), np.uint8)
-                weight = torch.from_numpy(packed).to(self._device)
-            else:
-                weight = rows.to(device=self._device, dtype=t.dtype).contiguous()
-            shard = _Shard(weight, trainable=not t.bits)
-            if self._fused is not None and not t.bits:
-                opt = FusedOptimizer(self._fused.name, self._fused.options())
-                for name, buf in opt.initial_buffers(weight).items():
-                    shard.register_buffer(name, buf)
-                self._optimizers[t.name] = opt
-            self.embedding_bags[t.name] = shard
-
-        # what each rank looks up: its slots, grouped by table, features in order
-        self._slots: list[list[_Slot]] = [[] for _ in range(g.size)]
-        self._dp_slots: list[_Slot] = []
-        for t in self._tables:
-            for f, name in enumerate(self._feature_names):
-                if self._feature_table[f] != t.index:
-                    continue
-                if t.sharding.sharding_type == DATA_PARALLEL:
-                    self._dp_slots.append(_Slot(f, t.index, 0, self._cols[f], t.dim))
-                    continue
-                for k, r in enumerate(t.sharding.ranks):
-                    self._slots[r].append(_Slot(f, t.index, t.sharding.row_offsets[k],
-                                                self._cols[f], t.dim))
+        super().__init__(tables, plan, process_group, is_weighted=is_weighted,
+                         fused_optimizer=fused_optimizer, gradient_division=gradient_division,
+                         seed=seed, device=device, _weights=_weights)
         # per owner, the output columns of its slots (for adding its partial sums)
         self._colmaps = [self._slot_columns(s) for s in self._slots]
         self._dp_colmap = self._slot_columns(self._dp_slots)
-        self._register_state_dict_hook(_state_dict_hook)
-        self._register_load_state_dict_pre_hook(_load_state_dict_pre_hook, with_module=True)
-        self._check_agreement()
 
-    # ------------------------------------------------------------------ construction helpers
     @classmethod
     def from_collection(cls, collection: torch.nn.Module, plan: ShardingPlan,
                         process_group: Optional[Any] = None, *, data_type: Any = None,
@@ -249,18 +463,8 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         every rank holds alike, e.g. built with the same seed): each rank keeps its rows.
         ``data_type`` converts every table (e.g. ``torch.float16`` or 8 for 8-bit rows), or, a
         dict, the tables it names."""
-        configs = []
-        weights = {}
-        for cfg in collection.embedding_bag_configs():
-            spec = Table.from_config(cfg)
-            fmt = data_type.get(spec.name) if isinstance(data_type, dict) else data_type
-            if fmt is None:
-                fmt = (getattr(cfg, "data_type", None)
-                       or collection.embedding_bags[spec.name].weight.dtype)
-            configs.append(_Config(spec.name, spec.num_embeddings, spec.embedding_dim,
-                                   list(getattr(cfg, "feature_names", None) or [spec.name]),
-                                   getattr(cfg, "pooling", "sum"), fmt))
-            weights[spec.name] = collection.embedding_bags[spec.name].weight
+        configs, weights = cls._configs_of(collection.embedding_bag_configs(),
+                                           collection.embedding_bags, data_type)
         weighted = collection.is_weighted() if hasattr(collection, "is_weighted") else False
         kwargs.setdefault("is_weighted", weighted)
         return cls(configs, plan, process_group, _weights=weights, **kwargs)
@@ -269,65 +473,12 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         cols = [torch.arange(s.col, s.col + s.dim) for s in slots]
         return (torch.cat(cols) if cols else torch.zeros(0, dtype=torch.int64)).to(self._device)
 
-    def _check_agreement(self) -> None:
-        """Every rank must hold the same tables, features and plan: compared once here (one
-        small all_gather of a description), so that a mismatch is refused by every rank, naming
-        the first rank that differs, before any batch is exchanged."""
-        mine = (self._feature_names,
-                [(t.name, t.rows, t.dim, t.mode, str(t.dtype), t.bits) for t in self._tables],
-                {n: (s.sharding_type, s.ranks, s.row_offsets)
-                 for n, s in self.plan.shardings.items()},
-                self._is_weighted, self._fused.name if self._fused else None)
-        every = self._group.all_gather_object(mine, "comparing the collection across ranks")
-        for r, theirs in enumerate(every):
-            if theirs == mine:
-                continue
-            what = ["features", "tables", "plans", "is_weighted", "fused optimizers"]
-            for k in range(len(mine)):
-                if theirs[k] != mine[k]:
-                    detail = ""
-                    if k == 0:
-                        detail = (f": rank {self._group.rank} has {mine[0]}, rank {r} has "
-                                  f"{theirs[0]}")
-                    elif k in (1, 2):
-                        a = dict((x[0], x) for x in mine[1]) if k == 1 else mine[2]
-                        b = dict((x[0], x) for x in theirs[1]) if k == 1 else theirs[2]
-                        bad = sorted(set(a) ^ set(b)) or [n for n in a if a[n] != b.get(n)]
-                        detail = f" (table {bad[0]!r})" if bad else ""
-                    raise ValueError(f"rank {r} and rank {self._group.rank} disagree on the "
-                                     f"{what[k]} of the sharded collection{detail}; every rank "
-                                     f"must build it alike")
-
     # ------------------------------------------------------------------ TorchRec-like API
     def is_weighted(self) -> bool:
         return self._is_weighted
 
     def embedding_bag_configs(self) -> list:
         return self._configs
-
-    @property
-    def process_group(self) -> Any:
-        return self._group.pg
-
-    def collective_seconds(self, reset: bool = True) -> dict:
-        """Seconds this rank spent in each exchange since the last reset, by what it carried
-        (counts, features, weights, pooled rows, gradients): the wait for the slowest rank
-        included."""
-        out = dict(self._group.seconds)
-        if reset:
-            self._group.seconds.clear()
-        return out
-
-    def collective_bytes(self, reset: bool = True) -> dict:
-        """Bytes this rank sent to other ranks in each exchange since the last reset."""
-        out = dict(self._group.bytes_sent)
-        if reset:
-            self._group.bytes_sent.clear()
-        return out
-
-    def _trainable(self) -> list:
-        return [(name, shard.weight) for name, shard in self.embedding_bags.items()
-                if isinstance(shard.weight, torch.nn.Parameter) and shard.weight.requires_grad]
 
     # ------------------------------------------------------------------ forward
     def forward(self, features: Any) -> KeyedTensor:
@@ -339,51 +490,6 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         out = _ShardedLookup.apply(self, features, training, dummy,
                                    *[w for _, w in trainable])
         return KeyedTensor(self._feature_names, self._dims, out)
-
-    def _split_input(self, features: Any) -> tuple:
-        """Per feature of the module: (values, lengths, weights) of this rank's batch; the
-        batch size; and an error message instead, when the input is bad."""
-        keys = list(features.keys())
-        values = features.values()
-        lengths = features.lengths()
-        weights = features.weights_or_none() if self._is_weighted else None
-        missing = [f for f in self._feature_names if f not in keys]
-        if missing:
-            return None, 0, (f"the input's features {keys} lack {missing} (the collection's are "
-                             f"{self._feature_names})")
-        if self._is_weighted and weights is None:
-            return None, 0, "the collection is weighted but the input has no weights"
-        if lengths.numel() % max(len(keys), 1):
-            return None, 0, (f"lengths has {lengths.numel()} entries, not a multiple of the "
-                             f"{len(keys)} keys")
-        batch = lengths.numel() // max(len(keys), 1)
-        lengths = lengths.to(self._itype)
-        if bool((lengths < 0).any()):
-            return None, batch, "lengths has a negative entry"
-        per_key = lengths.view(len(keys), batch).sum(1).tolist() if keys else []
-        if sum(per_key) != values.numel():
-            return None, batch, (f"the lengths add up to {sum(per_key)} but there are "
-                                 f"{values.numel()} values")
-        starts = np.concatenate([[0], np.cumsum(per_key)]).astype(int).tolist()
-        out = []
-        for f, name in enumerate(self._feature_names):
-            k = keys.index(name)
-            v = values[starts[k]:starts[k + 1]]
-            rows = self._tables[self._feature_table[f]].rows
-            if v.numel():
-                lo, hi = (int(x) for x in torch.aminmax(v))
-                if lo < 0 or hi >= rows:
-                    bad = lo if lo < 0 else hi
-                    pos = int((v == bad).nonzero()[0])
-                    return None, batch, (f"feature {name!r}: values[{starts[k] + pos}] = {bad} "
-                                         f"is out of range for table "
-                                         f"{self._tables[self._feature_table[f]].name!r} of "
-                                         f"{rows} rows")
-            w = None if weights is None else weights[starts[k]:starts[k + 1]].to(torch.float32)
-            out.append((v.to(device=self._device, dtype=self._itype),
-                        lengths[k * batch:(k + 1) * batch].to(self._device),
-                        None if w is None else w.to(self._device)))
-        return out, batch, None
 
     def _bucketize(self, per_feature: list, batch: int) -> dict:
         """Per (feature, shard start row): the lengths [batch], indices (rebased to the shard)
@@ -434,25 +540,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 payload_i += [c[1] for c in chosen]
                 payload_w += [c[2] for c in chosen]
                 counts[r] = sum(int(c[1].numel()) for c in chosen)
-        status = 0 if error is None else 1
-        head = int_tensor([x for r in range(g.size)
-                           for x in (counts[r], batch, status, int(training))], dev)
-        got = g.all_to_all(head, [4] * g.size, [4] * g.size, "exchanging the batch sizes")
-        got = got.view(g.size, 4).tolist()
-        if error is not None:
-            raise ValueError(f"rank {g.rank}: {error}")
-        bad = [r for r in range(g.size) if got[r][2]]
-        if bad:
-            raise ValueError(f"rank {bad[0]} refused its input (see its error); no batch was "
-                             f"exchanged")
-        modes = [r for r in range(g.size) if bool(got[r][3]) != training]
-        if modes:       # the data-parallel features travel only when training
-            mine, theirs = ("with", "without") if training else ("without", "with")
-            raise ValueError(f"rank {g.rank} runs the collection {mine} gradients but rank "
-                             f"{modes[0]} {theirs}; every rank must call it alike "
-                             f"(torch.no_grad() on all or none)")
-        n_in = [c[0] for c in got]
-        batches = [c[1] for c in got]
+        n_in, batches, _ = self._exchange_head(counts, batch, error, training)
 
         # 2. features to their owners
         mine = self._slots[g.rank]
@@ -612,11 +700,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
             g_dp = torch.cat(dp_rows)
             self._update(self._dp_slots, g_dp, lengths_all[len(mine):], indices_all,
                          weights_all, saved["n_own"], total, None, grads)
-        # every rank counts every table's step, holding its rows or not, so the step counts
-        # (of the Adam family) agree across ranks and survive resharding
-        for name, opt in self._optimizers.items():
-            if name not in self._stepped:
-                opt.skip(self.embedding_bags[name]._buffers)
+        self._count_steps()
         return grads
 
     def _update(self, slots: Sequence[_Slot], grad: Tensor, lengths: Tensor, indices: Tensor,
@@ -641,14 +725,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
             b = BagBackward(g_rows, indices[pos:pos + n], offsets,
                             None if weights is None else weights[pos:pos + n], mode or t.mode,
                             True, None, shard.weight.shape[0], shard.weight.dtype)
-            if self._fused is not None:
-                self._optimizers[t.name].update(shard.weight, shard._buffers, b)
-                self._stepped.add(t.name)
-            else:       # torch's dense gradient: every entry's row summed into zeros
-                dense = torch.zeros(shard.weight.shape, dtype=torch.float32,
-                                    device=g_rows.device)
-                dense.index_add_(0, b.indices.long(), b.entry_grads)
-                grads[t.name] = dense.to(shard.weight.dtype)
+            self._apply_grad(t, b, grads)
             pos += n
             col += (k - j) * t.dim
             j = k
@@ -723,7 +800,7 @@ def _state_dict_hook(module, state_dict, prefix, local_metadata):
         if t.sharding.sharding_type == DATA_PARALLEL:
             continue
         for field in ("weight", "momentum1", "momentum2"):
-            key = f"{prefix}embedding_bags.{t.name}.{field}"
+            key = f"{prefix}{module._shards_attr}.{t.name}.{field}"
             if key in state_dict:
                 state_dict[key] = _sharded_tensor(module, t, state_dict[key])
     return state_dict
@@ -737,7 +814,7 @@ def _load_state_dict_pre_hook(module, state_dict, prefix, local_metadata, strict
     for t in module._tables:
         start, end = t.sharding.rows_of(rank)
         for field in ("weight", "momentum1", "momentum2"):
-            key = f"{prefix}embedding_bags.{t.name}.{field}"
+            key = f"{prefix}{module._shards_attr}.{t.name}.{field}"
             value = state_dict.get(key)
             if value is None:
                 continue
@@ -745,7 +822,7 @@ def _load_state_dict_pre_hook(module, state_dict, prefix, local_metadata, strict
                 shards = value.local_shards()
                 local = shards[0].tensor if shards else None
                 if local is None and end == start:      # this rank holds none of the rows
-                    local = getattr(module.embedding_bags[t.name], field)
+                    local = getattr(module._shards[t.name], field)
                 if local is None or local.shape[0] != end - start:
                     raise ValueError(f"{key}: the ShardedTensor's local rows do not match this "
                                      f"rank's {end - start} rows of the plan; load a "

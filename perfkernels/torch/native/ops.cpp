@@ -16,6 +16,8 @@
  * flattened position and value; the half-written result is dropped.
  */
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +33,7 @@ extern "C" {
 #include "multi/fused.h"
 #include "perfkernels/interaction.h"
 #include "perfkernels/sequence.h"
+#include "perfkernels/training.h"
 }
 
 /* pk_level_requires[isa]: the CPU features (cpu_features() names) each ISA level needs at run
@@ -1099,6 +1102,48 @@ void split_rows(int64_t n, int64_t bytes, F f)
     if (api.torch_parallel_for(0, n, (n + threads - 1) / threads, body, &job) != 0) f(0, n);
 }
 
+/* A float table read by the unpooled lookups: rows of `dim` elements of `elem` bytes,
+ * row_stride elements apart (a copy when its rows are not unit-stride). */
+struct RowTable {
+    const void *data = nullptr;
+    int64_t rows = 0, dim = 0, elem = 4, row_stride = 0;
+    int32_t dtype = 0;
+    std::vector<uint32_t> c32;
+    std::vector<uint16_t> c16;
+};
+
+void row_table(const Tensor &weight, const std::string &name, RowTable &T)
+{
+    const View w = view(weight, name.c_str(), 2);
+    if (w.dtype == api.aoti_torch_dtype_float32())
+        T.elem = 4;
+    else if (w.dtype == api.aoti_torch_dtype_float16() || w.dtype == api.aoti_torch_dtype_bfloat16())
+        T.elem = 2;
+    else
+        fail("perfkernels: " + name + " must be float32, float16 or bfloat16; got " + dtype_name(w.dtype));
+    T.dtype = w.dtype;
+    T.rows = w.size[0];
+    T.dim = w.size[1];
+    T.data = w.data;
+    T.row_stride = T.rows <= 1 ? T.dim : w.stride[0];
+    if (!(T.dim <= 1 || w.stride[1] == 1) || T.row_stride < 0) {
+        T.data = T.elem == 4 ? (const void *)contiguous<uint32_t>(w, T.c32)
+                             : (const void *)contiguous<uint16_t>(w, T.c16);
+        T.row_stride = T.dim;
+    }
+}
+
+/* Rows [lo, hi) of the lookup `ix` in T, written to out's rows [lo, hi). */
+pk_status copy_rows(pk_embedding_rows_fn fn, const RowTable &T, const Ints &ix, int64_t lo,
+                    int64_t hi, char *out)
+{
+    int64_t bad = 0;
+    const size_t isz = ix.is64 ? 8 : 4;
+    return fn(T.data, T.rows, T.row_stride * T.elem, T.dim * T.elem,
+              static_cast<const char *>(ix.data) + (size_t)lo * isz, ix.is64, hi - lo,
+              out + lo * T.dim * T.elem, &bad);
+}
+
 /* embedding(Tensor weight, Tensor indices, SymInt padding_idx) -> Tensor
  * weight[indices]: rows copied as stored (float32, float16 or bfloat16), shape
  * indices.shape + [D].  padding_idx matters to the gradient only. */
@@ -1106,40 +1151,90 @@ void embedding(StableIValue *stack, uint64_t, uint64_t)
 {
     Tensor weight = take_tensor(stack[0]), indices = take_tensor(stack[1]);
     (void)to_int(stack[2]);
-    const View w = view(weight, "weight", 2);
-    int64_t elem;
-    if (w.dtype == api.aoti_torch_dtype_float32())
-        elem = 4;
-    else if (w.dtype == api.aoti_torch_dtype_float16() || w.dtype == api.aoti_torch_dtype_bfloat16())
-        elem = 2;
-    else
-        fail("perfkernels: weight must be float32, float16 or bfloat16; got " + dtype_name(w.dtype));
-    const int64_t rows = w.size[0], dim = w.size[1];
-    std::vector<uint32_t> c32;
-    std::vector<uint16_t> c16;
-    const void *table = w.data;
-    int64_t row_stride = rows <= 1 ? dim : w.stride[0];
-    if (!(dim <= 1 || w.stride[1] == 1) || row_stride < 0) {
-        table = elem == 4 ? (const void *)contiguous<uint32_t>(w, c32)
-                          : (const void *)contiguous<uint16_t>(w, c16);
-        row_stride = dim;
-    }
+    RowTable T;
+    row_table(weight, "weight", T);
     IndexTensor ix;
     read_index_tensor(indices, ix);
-    check_rows(ix.ints, rows);
-    Tensor out = new_rows_output(ix.shape, dim, w.dtype);
+    check_rows(ix.ints, T.rows);
+    Tensor out = new_rows_output(ix.shape, T.dim, T.dtype);
     void *o = nullptr;
     check_call(api.aoti_torch_get_data_ptr(out.get(), &o), "get_data_ptr");
     const pk_embedding_rows_fn fn =
         pk_sequence_table(g_isa.load(std::memory_order_relaxed))->embedding_rows;
-    const size_t isz = ix.ints.is64 ? 8 : 4;
     std::atomic<int> failed{0};
-    split_rows(ix.ints.n, ix.ints.n * dim * elem * 2, [&](int64_t lo, int64_t hi) {
-        int64_t bad = 0;
-        if (fn(table, rows, row_stride * elem, dim * elem,
-               static_cast<const char *>(ix.ints.data) + (size_t)lo * isz, ix.ints.is64, hi - lo,
-               static_cast<char *>(o) + lo * dim * elem, &bad) != PK_OK)
-            failed.store(1);
+    split_rows(ix.ints.n, ix.ints.n * T.dim * T.elem * 2, [&](int64_t lo, int64_t hi) {
+        if (copy_rows(fn, T, ix.ints, lo, hi, static_cast<char *>(o)) != PK_OK) failed.store(1);
+    });
+    if (failed.load()) fail("perfkernels: an embedding lookup failed (an index changed during the call)");
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* embedding_collection(Tensor[] weights, Tensor values, Tensor offsets, SymInt num_keys,
+ *     SymInt[] tables, SymInt group) -> Tensor
+ * Every feature of a jagged tensor looked up unpooled, in one call: row j of the [n, D] result
+ * is weights[tables[k]][values[j]] for the key k whose values hold j (offsets: the jagged
+ * tensor's num_keys * batch + 1 offsets; key k's values are [offsets[k * batch],
+ * offsets[(k + 1) * batch])).  The tables share one dtype and one D.  The result's rows of one
+ * key are that feature's jagged values; the split across threads runs over all of them.  group:
+ * the id of the modules whose gradient rules the backward (Python) applies; unused here. */
+void embedding_collection(StableIValue *stack, uint64_t, uint64_t)
+{
+    const std::vector<Tensor> weights = take_list<Tensor>(stack[0], take_tensor);
+    Tensor values = take_tensor(stack[1]), offsets = take_tensor(stack[2]);
+    const int64_t num_keys = to_int(stack[3]);
+    const std::vector<int64_t> tables = take_list<int64_t>(stack[4], to_int);
+    (void)to_int(stack[5]);
+    if (weights.empty()) fail("perfkernels: weights is empty: a collection needs a table");
+    std::vector<RowTable> tabs(weights.size());
+    for (size_t t = 0; t < weights.size(); t++) {
+        row_table(weights[t], "weights[" + std::to_string(t) + "]", tabs[t]);
+        if (tabs[t].dtype != tabs[0].dtype || tabs[t].dim != tabs[0].dim)
+            fail("perfkernels: the tables of one call share a dtype and a dim: weights[" +
+                 std::to_string(t) + "] is " + dtype_name(tabs[t].dtype) + " [" +
+                 std::to_string(tabs[t].rows) + ", " + std::to_string(tabs[t].dim) +
+                 "], weights[0] " + dtype_name(tabs[0].dtype) + " [" + std::to_string(tabs[0].rows) +
+                 ", " + std::to_string(tabs[0].dim) + "]");
+    }
+    if (num_keys < 1) fail("perfkernels: num_keys must be >= 1; got " + std::to_string(num_keys));
+    if ((int64_t)tables.size() != num_keys)
+        fail("perfkernels: tables needs one entry per key (" + std::to_string(num_keys) + "); got " +
+             std::to_string(tables.size()));
+    for (size_t k = 0; k < tables.size(); k++)
+        if (tables[k] < 0 || tables[k] >= (int64_t)weights.size())
+            fail("perfkernels: tables[" + std::to_string(k) + "] = " + std::to_string(tables[k]) +
+                 " is not a table (0 <= table < " + std::to_string(weights.size()) + ")");
+    Ints ix;
+    read_ints(view(values, "values", 1), "values", ix);
+    std::vector<int64_t> off;
+    const int64_t batch = jagged_offsets(offsets, num_keys, ix.n, off);
+    std::vector<int64_t> bound((size_t)num_keys + 1);
+    for (int64_t k = 0; k <= num_keys; k++) bound[(size_t)k] = off[(size_t)(k * batch)];
+    for (int64_t k = 0; k < num_keys; k++) {
+        const RowTable &T = tabs[(size_t)tables[(size_t)k]];
+        for (int64_t j = bound[(size_t)k]; j < bound[(size_t)k + 1]; j++) {
+            const int64_t v = ix[j];
+            if (v < 0 || v >= T.rows)
+                fail("index out of range in self: perfkernels: values[" + std::to_string(j) + "] = " +
+                     std::to_string(v) + " (key " + std::to_string(k) + ") is not in the valid "
+                     "range [0, " + std::to_string(T.rows) + ") of table " +
+                     std::to_string(tables[(size_t)k]));
+        }
+    }
+    const int64_t dim = tabs[0].dim, elem = tabs[0].elem;
+    Tensor out = new_rows_output({ix.n}, dim, tabs[0].dtype);
+    char *o = nullptr;
+    check_call(api.aoti_torch_get_data_ptr(out.get(), reinterpret_cast<void **>(&o)), "get_data_ptr");
+    const pk_embedding_rows_fn fn =
+        pk_sequence_table(g_isa.load(std::memory_order_relaxed))->embedding_rows;
+    std::atomic<int> failed{0};
+    split_rows(ix.n, ix.n * dim * elem * 2, [&](int64_t lo, int64_t hi) {
+        /* the keys whose values meet [lo, hi), each from its own table */
+        int64_t k = std::upper_bound(bound.begin(), bound.end(), lo) - bound.begin() - 1;
+        for (; k < num_keys && bound[(size_t)k] < hi; k++) {
+            const int64_t a = std::max(lo, bound[(size_t)k]), b = std::min(hi, bound[(size_t)k + 1]);
+            if (a < b && copy_rows(fn, tabs[(size_t)tables[(size_t)k]], ix, a, b, o) != PK_OK)
+                failed.store(1);
+        }
     });
     if (failed.load()) fail("perfkernels: an embedding lookup failed (an index changed during the call)");
     stack[0] = reinterpret_cast<StableIValue>(out.release());
@@ -1237,6 +1332,238 @@ void dequantize_rowwise(StableIValue *stack, uint64_t, uint64_t)
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
+/* ------------------------------------------------------------------ fused optimizer step */
+
+/* A hyper-parameter as the kernels take it: finite, >= 0 and within float32's range. */
+float hyper(double v, const char *name)
+{
+    if (!std::isfinite(v)) fail(std::string("perfkernels: ") + name + " = " + std::to_string(v) + " must be finite");
+    if (v < 0) fail(std::string("perfkernels: ") + name + " = " + std::to_string(v) + " must be >= 0");
+    if (v > FLT_MAX)
+        fail(std::string("perfkernels: ") + name + " = " + std::to_string(v) +
+             " is too large for float32 (the kernels compute in float32)");
+    return (float)v;
+}
+
+/* The bytes [begin, end) a matrix view spans. */
+std::pair<const char *, const char *> extent(const View &v, int64_t elem)
+{
+    if (numel(v) == 0) return {v.data, v.data};
+    const int64_t last = (v.size[0] - 1) * v.stride[0] + (v.size[1] - 1) * v.stride[1];
+    return {v.data, v.data + (last + 1) * elem};
+}
+
+bool overlap(const View &a, int64_t ea, const View &b, int64_t eb)
+{
+    const auto x = extent(a, ea), y = extent(b, eb);
+    return x.first < y.second && y.first < x.second;
+}
+
+/* An array updated in place, row by row on several threads: unit stride along D, its rows
+ * apart (a zero or short row stride would make several rows one, and their updates race). */
+void check_in_place(const View &v, const std::string &name, int64_t elem)
+{
+    if (numel(v) == 0) return;
+    const bool unit = v.ndim == 1 || v.size[1] <= 1 || v.stride[1] == 1;
+    const int64_t row = v.ndim == 2 ? v.size[1] : 1;
+    if (!unit || v.stride[0] < 0 || (v.size[0] > 1 && v.stride[0] < row))
+        fail("perfkernels: " + name + " must have unit stride along D and rows that do not "
+             "overlap (it is updated in place, so it cannot be copied); got strides [" +
+             std::to_string(v.stride[0]) + ", " + std::to_string(v.stride[1]) + "]");
+    if (reinterpret_cast<uintptr_t>(v.data) % (uintptr_t)elem != 0)
+        fail("perfkernels: " + name + " is not aligned to its element size");
+}
+
+/* One optimizer state tensor: float32 [rows, D] (full) or [rows], updated in place. */
+View state_view(const Tensor &t, const std::string &name, const std::string &optimizer,
+                bool full, int64_t rows, int64_t dim)
+{
+    if (!t)
+        fail("perfkernels: optimizer '" + optimizer + "' needs " + name + ", float32 " +
+             (full ? "[rows, D]" : "[rows]") + " (zeros to start)");
+    const View v = view(t, name.c_str(), full ? 2 : 1);
+    if (v.dtype != api.aoti_torch_dtype_float32())
+        fail("perfkernels: " + name + " must be float32; got " + dtype_name(v.dtype));
+    if (v.size[0] != rows || (full && v.size[1] != dim))
+        fail("perfkernels: " + name + " has shape [" + std::to_string(v.size[0]) +
+             (full ? ", " + std::to_string(v.size[1]) : std::string()) + "]; optimizer '" +
+             optimizer + "' needs [" + std::to_string(rows) +
+             (full ? ", " + std::to_string(dim) : std::string()) + "]");
+    check_in_place(v, name, 4);
+    return v;
+}
+
+/* A workspace per thread, grown when a call needs more: repeated steps reuse mapped memory, and
+ * concurrent calls from different threads never share one. */
+void *training_workspace(int64_t bytes)
+{
+    thread_local std::vector<char> space;
+    if ((int64_t)space.size() < bytes) space.resize((size_t)std::max<int64_t>(bytes, 2 * (int64_t)space.size()));
+    return space.data();
+}
+
+/* embedding_bag_backward_update(Tensor(a!) weight, Tensor indices, Tensor? offsets,
+ *     Tensor? per_sample_weights, str bag_mode, bool include_last_offset, SymInt? padding_idx,
+ *     Tensor grad_output, str optimizer, Tensor(b!)? state, Tensor(c!)? state2, float lr,
+ *     float eps, float weight_decay, int? step, float beta1, float beta2, float momentum,
+ *     bool nesterov, bool stochastic_rounding, int seed) -> ()
+ * The backward of weight's bags fused with a sparse optimizer step: the touched rows of weight
+ * (and of state, state2) updated in place, as perfkernels.embedding_bag_backward_update does;
+ * every argument and every index checked before the first row is written.  (bag_mode, not mode:
+ * torch.compile's functionalisation of a mutating op passes its arguments by name to a function
+ * with a parameter of its own called mode.) */
+void embedding_bag_backward_update(StableIValue *stack, uint64_t, uint64_t)
+{
+    Tensor weight = take_tensor(stack[0]);
+    const BagArgs a = take_bag_args(stack);
+    Tensor grad_output = take_tensor(stack[7]);
+    const std::string optimizer = take_string(stack[8]);
+    Tensor state = take_optional_tensor(stack[9]), state2 = take_optional_tensor(stack[10]);
+    const double lr = to_double(stack[11]), eps = to_double(stack[12]);
+    const double weight_decay = to_double(stack[13]);
+    const std::optional<int64_t> step = take_optional_int(stack[14]);
+    const double beta1 = to_double(stack[15]), beta2 = to_double(stack[16]);
+    const double momentum = to_double(stack[17]);
+    const bool nesterov = to_bool(stack[18]), stochastic = to_bool(stack[19]);
+    const int64_t seed = to_int(stack[20]);
+
+    pk_sparse_optim opt;
+    std::memset(&opt, 0, sizeof opt);
+    const bool adam = optimizer == "adam" || optimizer == "rowwise_adam" || optimizer == "adamw";
+    if (optimizer == "sgd")
+        opt.optimizer = momentum != 0 ? PK_OPT_MOMENTUM : PK_OPT_SGD;
+    else if (optimizer == "adagrad")
+        opt.optimizer = PK_OPT_ADAGRAD;
+    else if (optimizer == "rowwise_adagrad")
+        opt.optimizer = PK_OPT_ROWWISE_ADAGRAD;
+    else if (optimizer == "adam")
+        opt.optimizer = PK_OPT_ADAM;
+    else if (optimizer == "rowwise_adam")
+        opt.optimizer = PK_OPT_ROWWISE_ADAM;
+    else if (optimizer == "adamw")
+        opt.optimizer = PK_OPT_ADAMW;
+    else
+        fail("perfkernels: optimizer must be one of 'sgd', 'adagrad', 'rowwise_adagrad', 'adam', "
+             "'rowwise_adam', 'adamw'; got '" + optimizer + "'");
+    opt.lr = hyper(lr, "lr");
+    opt.eps = hyper(eps, "eps");
+    opt.weight_decay = hyper(weight_decay, "weight_decay");
+    opt.momentum = hyper(momentum, "momentum");
+    if (optimizer != "sgd" && (momentum != 0 || nesterov))
+        fail("perfkernels: momentum and nesterov are options of optimizer 'sgd'; got momentum = " +
+             std::to_string(momentum) + " with optimizer '" + optimizer + "'");
+    if (nesterov && momentum == 0) fail("perfkernels: nesterov=True needs momentum > 0");
+    opt.nesterov = nesterov ? 1 : 0;
+
+    const View w = view(weight, "weight", 2);
+    int64_t elem = 4;
+    pk_training_update_fn update = nullptr;
+    const pk_training_kernels *k = pk_training_table(g_isa.load(std::memory_order_relaxed));
+    if (w.dtype == api.aoti_torch_dtype_float32()) {
+        update = k->training_update_f32;
+    } else if (w.dtype == api.aoti_torch_dtype_float16()) {
+        update = k->training_update_f16;
+        elem = 2;
+    } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
+        update = k->training_update_bf16;
+        elem = 2;
+    } else {
+        fail("perfkernels: weight must be float32, float16 or bfloat16; got " + dtype_name(w.dtype));
+    }
+    check_in_place(w, "weight", elem);
+    const int64_t rows = w.size[0], dim = w.size[1];
+
+    std::vector<View> states;
+    if (adam) {
+        if (!step)
+            fail("perfkernels: optimizer '" + optimizer + "' needs step, the table's step count "
+                 "including this update (1 for the first)");
+        if (*step < 1)
+            fail("perfkernels: step = " + std::to_string(*step) + " must be >= 1 (the count "
+                 "including this update)");
+        if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
+            fail("perfkernels: betas = (" + std::to_string(beta1) + ", " + std::to_string(beta2) +
+                 ") must each be in [0, 1)");
+        if (opt.eps <= 0)
+            fail("perfkernels: eps = " + std::to_string(eps) + " must be > 0 for optimizer '" +
+                 optimizer + "'");
+        pk_sparse_optim_adam(&opt, lr, weight_decay, *step, beta1, beta2, optimizer == "adamw");
+        states.push_back(state_view(state, "state (m)", optimizer, true, rows, dim));
+        states.push_back(state_view(state2, "state2 (v)", optimizer, optimizer != "rowwise_adam",
+                                    rows, dim));
+    } else {
+        if (step) fail("perfkernels: step is an option of the Adam family; optimizer '" + optimizer +
+                       "' keeps no step count");
+        if (state2) fail("perfkernels: optimizer '" + optimizer + "' keeps one state: state2 must be None");
+        if (opt.optimizer == PK_OPT_SGD) {
+            if (state) fail("perfkernels: optimizer 'sgd' keeps no state without momentum: state must be None");
+        } else {
+            states.push_back(state_view(state, "state", optimizer,
+                                        optimizer != "rowwise_adagrad", rows, dim));
+        }
+    }
+    for (size_t i = 0; i < states.size(); i++) {
+        if (overlap(states[i], 4, w, elem)) fail("perfkernels: the optimizer state shares memory with weight");
+        for (size_t j = 0; j < i; j++)
+            if (overlap(states[i], 4, states[j], 4)) fail("perfkernels: state and state2 share memory");
+    }
+    if (!states.empty()) {
+        opt.state = reinterpret_cast<float *>(states[0].data);
+        opt.state_stride = states[0].stride[0];
+    }
+    if (states.size() > 1) {
+        opt.state2 = reinterpret_cast<float *>(states[1].data);
+        opt.state2_stride = states[1].stride[0];
+    }
+    opt.stochastic_rounding = stochastic && elem == 2 ? 1 : 0;
+    opt.seed = (uint64_t)seed;
+
+    Bags b;
+    prepare(b, a.indices, a.offsets, a.psw, a.mode, a.include_last_offset, a.padding_idx, rows);
+    const View g = view(grad_output, "grad_output", 2);
+    if (g.dtype != api.aoti_torch_dtype_float32())
+        fail("perfkernels: grad_output must be float32; got " + dtype_name(g.dtype));
+    if (g.size[0] != b.bags.num_bags || g.size[1] != dim)
+        fail("perfkernels: grad_output has shape [" + std::to_string(g.size[0]) + ", " +
+             std::to_string(g.size[1]) + "]; expected [" + std::to_string(b.bags.num_bags) + ", " +
+             std::to_string(dim) + "] ([num_bags, D])");
+    bool shared = overlap(g, 4, w, elem);
+    for (const View &s : states) shared = shared || overlap(g, 4, s, 4);
+    /* rows of unit stride are read where they are (a slice of the gradient of a concatenation,
+     * as DLRM's backward gives each table, costs no copy); else, or when it shares memory with
+     * what is written, a contiguous copy */
+    std::vector<float> grad_copy;
+    const float *grad = reinterpret_cast<const float *>(g.data);
+    int64_t grad_stride = g.size[0] <= 1 ? dim : g.stride[0];
+    if (shared || !(dim <= 1 || g.stride[1] == 1) || grad_stride < 0) {
+        const float *c = contiguous<float>(g, grad_copy);
+        if (grad_copy.empty()) grad_copy.assign(c, c + numel(g));
+        grad = grad_copy.data();
+        grad_stride = dim;
+    }
+    if (!pk_training_fits(rows, b.bags.n_indices, b.bags.num_bags))
+        fail("perfkernels: " + std::to_string(b.bags.n_indices) + " indices into a table of " +
+             std::to_string(rows) + " rows: the row and entry numbers need more than 64 bits");
+
+    pk_training_call call;
+    call.bags = &b.bags;
+    call.rows = rows;
+    call.grad = grad;
+    call.grad_stride = grad_stride;
+    call.table = w.data;
+    call.dim = dim;
+    call.row_stride = rows <= 1 ? dim : w.stride[0];
+    call.update = update;
+    call.opt = &opt;
+    pk_training_plan plan;
+    pk_training_plan_call(&call, torch_threads(), &plan);
+    int64_t bad = 0;
+    const pk_status s = pk_training_run(&call, &plan, training_workspace(plan.workspace_bytes),
+                                        &g_pool, &bad);
+    if (s == PK_ERR_INDEX) index_error(b.indices, bad, rows);
+    if (s != PK_OK) fail("perfkernels: the fused optimizer step failed with status " + std::to_string((int)s));
+}
+
 /* ------------------------------------------------------------------ registration */
 
 struct Op {
@@ -1309,6 +1636,21 @@ const Op OPS[] = {
     {"embedding_quantized",
      "embedding_quantized(Tensor packed, Tensor indices, SymInt bits, SymInt dim) -> Tensor",
      embedding_quantized},
+    {"embedding_collection",
+     "embedding_collection(Tensor[] weights, Tensor values, Tensor offsets, SymInt num_keys, "
+     "SymInt[] tables, SymInt group) -> Tensor",
+     embedding_collection},
+    {"embedding_collection_inference",
+     "embedding_collection_inference(Tensor[] weights, Tensor values, Tensor offsets, "
+     "SymInt num_keys, SymInt[] tables, SymInt group) -> Tensor",
+     embedding_collection},
+    {"embedding_bag_backward_update",
+     "embedding_bag_backward_update(Tensor(a!) weight, Tensor indices, Tensor? offsets, "
+     "Tensor? per_sample_weights, str bag_mode, bool include_last_offset, SymInt? padding_idx, "
+     "Tensor grad_output, str optimizer, Tensor(b!)? state, Tensor(c!)? state2, float lr, "
+     "float eps, float weight_decay, int? step, float beta1, float beta2, float momentum, "
+     "bool nesterov, bool stochastic_rounding, int seed) -> ()",
+     embedding_bag_backward_update},
 };
 
 /* Defines the ops and registers their CPU kernels when the library is loaded; the libraries
