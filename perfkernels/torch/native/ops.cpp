@@ -1074,8 +1074,10 @@ Tensor new_rows_output(const std::vector<int64_t> &shape, int64_t dim, int32_t d
     return Tensor(h);
 }
 
-/* Every index in [0, rows) (checked before any row is read): torch's message otherwise. */
-void check_rows(const Ints &ix, int64_t rows)
+/* After an unpooled lookup's kernel refused an index (each kernel checks an index before it
+ * reads the row, so the lookups make no pass over the indices of their own): torch's message
+ * for the first index outside [0, rows).  The half-written result is dropped. */
+[[noreturn]] void bad_rows(const Ints &ix, int64_t rows)
 {
     for (int64_t j = 0; j < ix.n; j++) {
         const int64_t v = ix[j];
@@ -1084,6 +1086,7 @@ void check_rows(const Ints &ix, int64_t rows)
                  "] = " + std::to_string(v) + " is not in the valid range [0, " +
                  std::to_string(rows) + ")");
     }
+    fail("perfkernels: an embedding lookup failed (an index changed during the call)");
 }
 
 /* Runs f(lo, hi) over [0, n) on torch's threads when `bytes` of traffic pay for them. */
@@ -1155,7 +1158,6 @@ void embedding(StableIValue *stack, uint64_t, uint64_t)
     row_table(weight, "weight", T);
     IndexTensor ix;
     read_index_tensor(indices, ix);
-    check_rows(ix.ints, T.rows);
     Tensor out = new_rows_output(ix.shape, T.dim, T.dtype);
     void *o = nullptr;
     check_call(api.aoti_torch_get_data_ptr(out.get(), &o), "get_data_ptr");
@@ -1165,7 +1167,7 @@ void embedding(StableIValue *stack, uint64_t, uint64_t)
     split_rows(ix.ints.n, ix.ints.n * T.dim * T.elem * 2, [&](int64_t lo, int64_t hi) {
         if (copy_rows(fn, T, ix.ints, lo, hi, static_cast<char *>(o)) != PK_OK) failed.store(1);
     });
-    if (failed.load()) fail("perfkernels: an embedding lookup failed (an index changed during the call)");
+    if (failed.load()) bad_rows(ix.ints, T.rows);
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
@@ -1209,17 +1211,6 @@ void embedding_collection(StableIValue *stack, uint64_t, uint64_t)
     const int64_t batch = jagged_offsets(offsets, num_keys, ix.n, off);
     std::vector<int64_t> bound((size_t)num_keys + 1);
     for (int64_t k = 0; k <= num_keys; k++) bound[(size_t)k] = off[(size_t)(k * batch)];
-    for (int64_t k = 0; k < num_keys; k++) {
-        const RowTable &T = tabs[(size_t)tables[(size_t)k]];
-        for (int64_t j = bound[(size_t)k]; j < bound[(size_t)k + 1]; j++) {
-            const int64_t v = ix[j];
-            if (v < 0 || v >= T.rows)
-                fail("index out of range in self: perfkernels: values[" + std::to_string(j) + "] = " +
-                     std::to_string(v) + " (key " + std::to_string(k) + ") is not in the valid "
-                     "range [0, " + std::to_string(T.rows) + ") of table " +
-                     std::to_string(tables[(size_t)k]));
-        }
-    }
     const int64_t dim = tabs[0].dim, elem = tabs[0].elem;
     Tensor out = new_rows_output({ix.n}, dim, tabs[0].dtype);
     char *o = nullptr;
@@ -1236,7 +1227,20 @@ void embedding_collection(StableIValue *stack, uint64_t, uint64_t)
                 failed.store(1);
         }
     });
-    if (failed.load()) fail("perfkernels: an embedding lookup failed (an index changed during the call)");
+    if (failed.load()) {   /* a kernel refused an index (before reading its row): which */
+        for (int64_t k = 0; k < num_keys; k++) {
+            const RowTable &T = tabs[(size_t)tables[(size_t)k]];
+            for (int64_t j = bound[(size_t)k]; j < bound[(size_t)k + 1]; j++) {
+                const int64_t v = ix[j];
+                if (v < 0 || v >= T.rows)
+                    fail("index out of range in self: perfkernels: values[" + std::to_string(j) +
+                         "] = " + std::to_string(v) + " (key " + std::to_string(k) + ") is not in "
+                         "the valid range [0, " + std::to_string(T.rows) + ") of table " +
+                         std::to_string(tables[(size_t)k]));
+            }
+        }
+        fail("perfkernels: an embedding lookup failed (an index changed during the call)");
+    }
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
@@ -1253,7 +1257,6 @@ void embedding_quantized(StableIValue *stack, uint64_t, uint64_t)
     table_part(packed, bits, dim, "packed", T);
     IndexTensor ix;
     read_index_tensor(indices, ix);
-    check_rows(ix.ints, T.rows);
     Tensor out = new_rows_output(ix.shape, dim, api.aoti_torch_dtype_float32());
     float *o = output_data(out);
     const pk_embedding_rows_quantized_fn fn =
@@ -1267,7 +1270,7 @@ void embedding_quantized(StableIValue *stack, uint64_t, uint64_t)
                o + lo * dim, &bad) != PK_OK)
             failed.store(1);
     });
-    if (failed.load()) fail("perfkernels: an embedding lookup failed (an index changed during the call)");
+    if (failed.load()) bad_rows(ix.ints, T.rows);
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
