@@ -335,3 +335,16 @@ def test_threads_and_large_calls_match():
     import perfkernels as pk
     with pk.use_isa("scalar"), torch.no_grad():
         same(ours(x), ref(x))
+
+
+@pytest.mark.parametrize("cls", [pkt.Embedding, pkt.EmbeddingBag])
+def test_fused_optimizer_refuses_a_table_torch_would_look_up(cls):
+    """A float64 table runs torch's lookup, whose backward returns a gradient: a fused optimizer
+    there would never step, so it is refused when set."""
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16 tables; this table is "
+                                        "torch.float64"):
+        cls(10, 4, dtype=torch.float64, fused_optimizer=("sgd", {"lr": 0.1}))
+    m = cls(10, 4)
+    m.double()
+    with pytest.raises(TypeError, match="torch.float64"):
+        m.set_fused_optimizer(("adam", {"lr": 0.1}))

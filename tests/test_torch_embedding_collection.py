@@ -21,7 +21,7 @@ ROWS = {"item_ids": 300, "cats": 20, "words": 1000}
 
 
 def collection(dim=16, dtype=None, **kw):
-    tables = [pkt.EmbeddingConfig(ROWS[name], dim, name=name, data_type=dtype,
+    tables = [pkt.EmbeddingConfig(ROWS[name], dim, name=name, data_type=dtype or torch.float32,
                                   feature_names=[k for k in KEYS if TABLE_OF[k] == name])
               for name in ROWS]
     return pkt.EmbeddingCollection(tables, **kw)

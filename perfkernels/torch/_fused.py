@@ -292,6 +292,12 @@ def enable(module: torch.nn.Module, spec: Optional[FusedOptimizerSpec]) -> None:
         module.weight_backward = None
         return
     opt = FusedOptimizer.from_spec(spec)
+    dtype = module.weight.dtype
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        # such a table runs torch's lookup, whose backward returns a gradient: the step would
+        # never be taken
+        raise TypeError(f"fused optimizers update float32, float16 or bfloat16 tables; this "
+                        f"table is {dtype}")
     module.fused_optimizer = opt
     for name, buf in opt.initial_buffers(module.weight).items():
         module.register_buffer(name, buf)
