@@ -17,9 +17,13 @@ Sides, timed in turn in one process (median of ``--reps`` calls per round, ratio
 - ``ours``: ``perfkernels.torch.Embedding`` (its default placement: the placed table);
 - ``loop``: ``row_copy`` on the placed table, into a new tensor per call;
 - ``write``: the same loop with every index 0 of a one-row table of the output's row size (the row
-  stays in L1): only the output is written.  Every lookup writes its output, so no lookup kernel
-  beats this; ``torch / write`` is the most any implementation could gain even if reading the
-  table rows cost nothing.
+  stays in L1): only the output is written;
+- ``read``: the same loop reading one byte of every line of every row and writing nothing (the
+  best prefetch setting again).
+
+Every lookup reads its rows and writes its output, so none takes less than the longer of
+``read`` and ``write``: ``torch / max(read, write)`` is the most any implementation could gain
+over PyTorch on this machine (the ``bound`` column).
 
     python benchmarks/ceiling/lookup_ceiling.py [--rounds 9] [--reps 20]
 
@@ -69,6 +73,12 @@ def cases(dll, batch: int, seq: int):
 
     import perfkernels.torch as pkt
     gen = torch.Generator().manual_seed(0)
+    def read(table, row_bytes):
+        def make(setting):
+            return lambda: dll.row_copy(table.data_ptr(), row_bytes, flat.data_ptr(), n, None, 0,
+                                        *setting)
+        return make
+
     for label, rows, dim in SHAPES:
         ids = torch.randint(0, rows, (batch, seq), generator=gen)
         flat = ids.reshape(-1).contiguous()
@@ -96,7 +106,7 @@ def cases(dll, batch: int, seq: int):
                                  *setting)
                     return out
                 return run
-            yield (f"{label} {str(dtype).split('.')[-1]}", loop, {
+            yield (f"{label} {str(dtype).split('.')[-1]}", loop, read(placed, row_bytes), {
                 "torch": lambda r=ref: torch.nn.functional.embedding(ids, r.weight),
                 "torch-placed": lambda w=placed: torch.nn.functional.embedding(ids, w),
                 "ours": lambda m=ours: m(ids), "write": write(dtype)})
@@ -117,7 +127,7 @@ def cases(dll, batch: int, seq: int):
                              *setting)
                 return out
             return run
-        yield (f"{label} 8-bit", qloop, {"torch": lambda m=q: m(ids),
+        yield (f"{label} 8-bit", qloop, read(packed, row_bytes), {"torch": lambda m=q: m(ids),
                                           "ours": lambda m=ours_q: m(ids),
                                           "write": write(torch.float32)})
 
@@ -138,22 +148,27 @@ def main(argv=None) -> None:
           f"times, median of {args.rounds} interleaved rounds")
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         dll = build_library(pathlib.Path(tmp))
-        for name, loop, sides in cases(dll, args.batch, args.seq):
+        for name, loop, read, sides in cases(dll, args.batch, args.seq):
             best = min(SETTINGS, key=lambda s: statistics.median(
                 _time(loop(s), 10) for _ in range(5)))
-            sides = {**sides, "loop": loop(best)}
+            best_read = min(SETTINGS, key=lambda s: statistics.median(
+                _time(read(s), 10) for _ in range(5)))
+            sides = {**sides, "loop": loop(best), "read": read(best_read)}
             per_round = {k: [] for k in sides}
             for _ in range(args.rounds):
                 for k, fn in sides.items():
                     per_round[k].append(_time(fn, args.reps))
             med = {k: statistics.median(v) * 1e6 for k, v in per_round.items()}
 
+            per_round["bound"] = [max(r, w) for r, w in zip(per_round["read"], per_round["write"])]
+
             def ratio(a, b):
                 return statistics.median(x / y for x, y in zip(per_round[a], per_round[b]))
-            cols = "  ".join(f"{k} {v:6.1f}" for k, v in med.items())
+            cols = "  ".join(f"{k} {v:6.1f}" for k, v in med.items() if k != "bound")
             print(f"{name:20s} {cols}   torch/ours {ratio('torch', 'ours'):.2f}x  "
                   f"torch/loop {ratio('torch', 'loop'):.2f}x  ours/loop "
-                  f"{ratio('ours', 'loop'):.2f}x  (loop: distance {best[0]}, "
+                  f"{ratio('ours', 'loop'):.2f}x  torch/bound {ratio('torch', 'bound'):.2f}x  "
+                  f"ours/bound {ratio('ours', 'bound'):.2f}x  (loop: distance {best[0]}, "
                   f"{'L2' if best[1] else 'L1'})", flush=True)
 
 

@@ -2,7 +2,9 @@
  * each index, copy its row to the next output row, and nothing else (no index check, no
  * conversion).  A lookup of a float table is exactly this copy; a lookup of a packed table reads
  * `row_bytes` and writes `out_bytes` (its float32 row), which the loop models by reading one byte
- * of each of the row's lines and writing the output row from a buffer that stays in L1.
+ * of each of the row's lines and writing the output row from a buffer that stays in L1.  With
+ * `out_bytes` 0 it only reads (one byte of each line of each row; `out` unused): the time the
+ * rows take to arrive, with no output written.
  *
  * The row `distance` indices ahead is prefetched into L1 or L2 (`into_l2`), one prefetch per line
  * and the row's last byte; the driver (lookup_ceiling.py) tries several settings and keeps the
@@ -17,7 +19,8 @@ static char hot[1 << 14];   /* the source of a packed row's output bytes */
 int row_copy(const void *table, int64_t row_bytes, const int64_t *indices, int64_t n,
              void *out, int64_t out_bytes, int distance, int into_l2)
 {
-    if (row_bytes < 1 || out_bytes < row_bytes || n < 0 || distance < 0) return -1;
+    if (row_bytes < 1 || (out_bytes != 0 && out_bytes < row_bytes) || n < 0 || distance < 0)
+        return -1;
     if (out_bytes != row_bytes && out_bytes > (int64_t)sizeof hot) return -1;
     uint64_t sink = 0;
     const char *tab = (const char *)table;
@@ -40,7 +43,7 @@ int row_copy(const void *table, int64_t row_bytes, const int64_t *indices, int64
         }
         for (int64_t off = 0; off < row_bytes; off += 64) sink += *(const volatile uint8_t *)(row + off);
         sink += *(const volatile uint8_t *)(row + row_bytes - 1);
-        memcpy(dst, hot, (size_t)out_bytes);
+        if (out_bytes != 0) memcpy(dst, hot, (size_t)out_bytes);
     }
     return (int)(sink & 0);
 }

@@ -52,6 +52,7 @@ from perfkernels._c_parallel cimport pk_parallel_api
 from libc.stdlib cimport malloc, free
 from perfkernels.families.embedding._c_embedding cimport (pk_embedding_bag_fn, pk_embedding_kernels,
                                                          pk_float_bags_args, pk_float_bags_call)
+from perfkernels.families.sequence._sequence cimport rows_into
 
 cnp.import_array()
 
@@ -416,6 +417,70 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
     result = _from_numpy(out)
     return result if output_dtype is _float32 else result.to(output_dtype)
 
+
+
+# --------------------------------------------------------------------------- unpooled lookups
+
+def embedding_module_lookup(module, input):
+    """``perfkernels.torch.Embedding.forward(input)`` of ``module`` when it is a plain lookup
+    without a gradient, else None (nothing computed or written; the module's full path answers).
+
+    Plain: no ``max_norm``, no ``scale_grad_by_freq``, an int ``padding_idx`` or None (it does
+    not change the rows), no gradient to record, no torch function mode, no profiler (the full
+    path records the op); the table a CPU float32 / float16 / bfloat16 ``Tensor`` or
+    ``Parameter`` of 2 dimensions with unit-stride rows; ``input`` a contiguous CPU int32 / int64
+    ``torch.Tensor`` of 1 or 2 dimensions with every index in range.  The rows are copied by the
+    sequence family's kernel, as ``perfkernels.embedding`` copies them (threads for large calls),
+    into the memory pool."""
+    cdef _View w, ix
+    cdef dict d = module.__dict__
+    cdef int64_t rows, dim, itemsize, n, bad
+    cdef cnp.npy_intp shape[3]
+    cdef int typenum
+    cdef cnp.ndarray out
+    if _option(d, module, "max_norm") is not None or _option(d, module, "scale_grad_by_freq"):
+        return None
+    pad = _option(d, module, "padding_idx")
+    if pad is not None and type(pad) is not int:
+        return None
+    if _profiler_enabled() or _function_mode_enabled():
+        return None
+    parameters = _option(d, module, "_parameters")
+    weight = parameters.get("weight") if type(parameters) is dict else None
+    if (type(weight) is not _Parameter and type(weight) is not _Tensor) or not _readable(weight, &w):
+        return None
+    if w.code == DL_FLOAT and w.bits == 32:
+        typenum, table_dtype = cnp.NPY_FLOAT32, _float32
+    elif w.code == DL_FLOAT and w.bits == 16:
+        typenum, table_dtype = cnp.NPY_FLOAT16, _float16
+    elif w.code == DL_BFLOAT and w.bits == 16:
+        typenum, table_dtype = cnp.NPY_INT16, _bfloat16      # viewed as bfloat16 below
+    else:
+        return None
+    itemsize = w.bits // 8
+    rows, dim = w.size0, w.size1
+    if (w.ndim != 2 or (w.stride1 != 1 and dim > 1) or w.stride0 < 0
+            or <uintptr_t>w.data % itemsize):
+        return None
+    try:
+        if _is_grad_enabled() and weight.requires_grad:
+            return None
+    except Exception:
+        return None
+    if not _index_tensor(input, &ix):
+        return None
+    n = ix.size0 * ix.size1
+    shape[0] = <cnp.npy_intp>ix.size0
+    if ix.ndim == 2:
+        shape[1] = <cnp.npy_intp>ix.size1
+    shape[ix.ndim] = <cnp.npy_intp>dim
+    out = pool_empty(ix.ndim + 1, shape, typenum)
+    bad = rows_into(w.data, rows, w.stride0 * itemsize, dim * itemsize, ix.data, ix.bits == 64,
+                    n, <char *>cnp.PyArray_DATA(out), resolve_threads(None))
+    if bad >= 0:                # a bad index: the full path raises torch's error
+        return None
+    result = _from_numpy(out)
+    return result.view(_bfloat16) if table_dtype is _bfloat16 else result
 
 
 # --------------------------------------------------------------------------- fused interaction
