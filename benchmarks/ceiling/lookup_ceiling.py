@@ -36,13 +36,14 @@ import ctypes
 import pathlib
 import statistics
 import subprocess
+import sys
 import tempfile
-import time
 import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
 SETTINGS = [(d, l2) for d in (0, 4, 8, 16, 32, 64) for l2 in (0, 1)]  # prefetch distance, hint
-SHAPES = (("1M x 64", 1_000_000, 64), ("100K x 128", 100_000, 128))
+sys.path.insert(0, str(HERE.parent))
+from sequence_lookup import SHAPES, _time  # noqa: E402  (the shapes and timer of the plain run)
 
 
 def build_library(workdir: pathlib.Path) -> ctypes.CDLL:
@@ -55,16 +56,6 @@ def build_library(workdir: pathlib.Path) -> ctypes.CDLL:
                              ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
     dll.row_copy.restype = ctypes.c_int
     return dll
-
-
-def _time(fn, reps: int) -> float:
-    fn()
-    samples = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def cases(dll, batch: int, seq: int):

@@ -235,6 +235,31 @@ cdef bint _index_tensor(object t, _View *v) noexcept:
             and (v.bits == 32 or v.bits == 64) and v.contiguous)
 
 
+cdef enum:
+    TABLE_F32, TABLE_F16, TABLE_BF16
+
+
+cdef int _float_table(object weight, _View *w) noexcept:
+    """The format of a table the kernels read in place (TABLE_F32 / F16 / BF16), with w filled,
+    or -1: a CPU float32 / float16 / bfloat16 torch.Tensor or Parameter of 2 dimensions, rows of
+    unit stride, aligned for its element, not a negative view."""
+    cdef int fmt
+    if (type(weight) is not _Parameter and type(weight) is not _Tensor) or not _readable(weight, w):
+        return -1
+    if w.code == DL_FLOAT and w.bits == 32:
+        fmt = TABLE_F32
+    elif w.code == DL_FLOAT and w.bits == 16:
+        fmt = TABLE_F16
+    elif w.code == DL_BFLOAT and w.bits == 16:
+        fmt = TABLE_BF16
+    else:
+        return -1
+    if (w.ndim != 2 or (w.stride1 != 1 and w.size1 > 1) or w.stride0 < 0
+            or <uintptr_t>w.data % (w.bits // 8)):
+        return -1
+    return fmt
+
+
 def module_lookup(module, input, offsets, per_sample_weights):
     """``perfkernels.torch.EmbeddingBag.forward(input, offsets, per_sample_weights)`` of
     ``module`` when it is one of the plain cases (see the module docstring), else None.  Its
@@ -277,7 +302,7 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
                     padding_idx, output_dtype, bint weighted_mean, bint sparse,
                     bint torch_kernel_ok):
     cdef _View w, ix, off, psw
-    cdef int mean, itemsize, nt
+    cdef int mean, itemsize, nt, fmt
     cdef pk_embedding_bag_fn fn
     cdef int64_t rows, dim, n, count = 0, max_len = 0, b, pad, bad = -1
     cdef pk_bags bags
@@ -290,25 +315,20 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
 
     if _profiler_enabled():     # the full path records the op (``_bags.lookup``)
         return None
-    # the table: a CPU float32 / float16 / bfloat16 matrix with unit-stride rows
-    if (type(weight) is not _Parameter and type(weight) is not _Tensor) or not _readable(weight, &w):
-        return None
-    if w.code == DL_FLOAT and w.bits == 32:
+    fmt = _float_table(weight, &w)
+    if fmt == TABLE_F32:
         fn = _kernels.embedding_bag_f32
         table_dtype = _float32
-    elif w.code == DL_FLOAT and w.bits == 16:
+    elif fmt == TABLE_F16:
         fn = _kernels.embedding_bag_f16
         table_dtype = _float16
-    elif w.code == DL_BFLOAT and w.bits == 16:
+    elif fmt == TABLE_BF16:
         fn = _kernels.embedding_bag_bf16
         table_dtype = _bfloat16
     else:
         return None
     itemsize = w.bits // 8
     rows, dim = w.size0, w.size1
-    if (w.ndim != 2 or (w.stride1 != 1 and dim > 1) or w.stride0 < 0
-            or <uintptr_t>w.data % itemsize):
-        return None
     if output_dtype is None:
         output_dtype = table_dtype
     if mode == "sum":
@@ -435,6 +455,7 @@ def embedding_module_lookup(module, input):
     cdef _View w, ix
     cdef dict d = module.__dict__
     cdef int64_t rows, dim, itemsize, n, bad
+    cdef int fmt
     cdef cnp.npy_intp shape[3]
     cdef int typenum
     cdef cnp.ndarray out
@@ -447,21 +468,17 @@ def embedding_module_lookup(module, input):
         return None
     parameters = _option(d, module, "_parameters")
     weight = parameters.get("weight") if type(parameters) is dict else None
-    if (type(weight) is not _Parameter and type(weight) is not _Tensor) or not _readable(weight, &w):
-        return None
-    if w.code == DL_FLOAT and w.bits == 32:
+    fmt = _float_table(weight, &w)
+    if fmt == TABLE_F32:
         typenum, table_dtype = cnp.NPY_FLOAT32, _float32
-    elif w.code == DL_FLOAT and w.bits == 16:
+    elif fmt == TABLE_F16:
         typenum, table_dtype = cnp.NPY_FLOAT16, _float16
-    elif w.code == DL_BFLOAT and w.bits == 16:
+    elif fmt == TABLE_BF16:
         typenum, table_dtype = cnp.NPY_INT16, _bfloat16      # viewed as bfloat16 below
     else:
         return None
     itemsize = w.bits // 8
     rows, dim = w.size0, w.size1
-    if (w.ndim != 2 or (w.stride1 != 1 and dim > 1) or w.stride0 < 0
-            or <uintptr_t>w.data % itemsize):
-        return None
     try:
         if _is_grad_enabled() and weight.requires_grad:
             return None
