@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import argparse
 import copy
+import pathlib
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _compare import timed, train_in_turn  # noqa: E402
 
 
 class SASRec(torch.nn.Module):
@@ -91,12 +94,6 @@ def batches(args, gen: torch.Generator, n: int):
         yield ids[:, :-1].contiguous(), ids[:, 1:].contiguous(), neg * (ids[:, 1:] != 0)
 
 
-def timed(fn):
-    t = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t
-
-
 def train(args, stock: SASRec, ours: SASRec) -> dict:
     import perfkernels.torch as pkt  # noqa: F401  (ours is already converted)
     opt_stock = [torch.optim.Adagrad([stock.item_emb.weight], lr=args.lr),
@@ -106,25 +103,9 @@ def train(args, stock: SASRec, ours: SASRec) -> dict:
     opt_ours = [torch.optim.SGD([p for n, p in ours.named_parameters()
                                  if n != "item_emb.weight"], lr=args.lr)]
     gen = torch.Generator().manual_seed(1)
-    losses, times = {"stock": [], "ours": []}, {"stock": [], "ours": []}
-    for step, batch in enumerate(batches(args, gen, args.train_steps)):
-        for name, model, opts in (("stock", stock, opt_stock), ("ours", ours, opt_ours)):
-            def one_step():
-                for o in opts:
-                    o.zero_grad(set_to_none=True)
-                loss = model(*batch)
-                loss.backward()
-                for o in opts:
-                    o.step()
-                return loss.item()
-            loss, dt = timed(one_step)
-            losses[name].append(loss)
-            if step > 0:
-                times[name].append(dt)
-    diff = max((abs(a - b) for a, b in zip(losses["stock"], losses["ours"])), default=0.0)
-    result = {"max_loss_diff": diff, "losses": losses,
-              "step_ms": {k: statistics.median(v) * 1e3 if v else float("nan")
-                          for k, v in times.items()}}
+    result = train_in_turn([("stock", stock, opt_stock), ("ours", ours, opt_ours)],
+                           batches(args, gen, args.train_steps))
+    losses, diff = result["losses"], result["max_loss_diff"]
     print(f"train: {args.train_steps} steps, loss {losses['stock'][0]:.4f} -> "
           f"{losses['stock'][-1]:.4f} (stock), max |stock - ours| = {diff:.2e}")
     if args.train_steps > 1:

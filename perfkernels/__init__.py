@@ -31,7 +31,7 @@ from .families.embedding._embedding import embedding_bag  # noqa: E402
 from .families.quantized._quantized import (  # noqa: E402
     dequantize_rowwise, embedding_bag_quantized, quantize_rowwise)
 from .families.lstm._lstm import lstm_unit, lstm_unit_backward  # noqa: E402
-from .families.interaction._interaction import dot_interaction  # noqa: E402
+from .families.interaction._interaction import dot_interaction, dot_interaction_backward  # noqa: E402
 from .families.multi._multi import embedding_bags_interaction, embedding_bags_multi  # noqa: E402
 from .families.training._training import embedding_bag_backward_update  # noqa: E402
 from .families.sequence._sequence import embedding, embedding_quantized  # noqa: E402
@@ -43,6 +43,7 @@ __all__ = [
     "get_num_threads", "set_num_threads",
     "float_to_half", "half_to_float", "float_to_bfloat16", "bfloat16_to_float",
     "embedding_bag", "embedding_bags_multi", "embedding_bags_interaction", "dot_interaction",
+    "dot_interaction_backward",
     "quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized",
     "lstm_unit", "lstm_unit_backward",
     "embedding_bag_backward_update",

@@ -85,7 +85,7 @@ FAMILIES: tuple[Family, ...] = (
            ("quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized")),
     Family("lstm", ("lstm_unit", "lstm_unit_backward"), "lstm", True, False, ("lstm.cu",),
            ("lstm_unit", "lstm_unit_backward")),
-    Family("interaction", ("dot_interaction",), "interaction", True, False, (), ()),
+    Family("interaction", ("dot_interaction", "dot_interaction_backward"), "interaction", True, False, (), ()),
     Family("multi", ("embedding_bags_multi", "embedding_bags_interaction"), None, False, False,
            (), ()),
     Family("training", ("embedding_bag_backward_update",), "training", True, True, (), ()),

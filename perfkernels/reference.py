@@ -34,7 +34,8 @@ from .families.convert.reference import (bfloat16_to_float, float_to_bfloat16, f
                                          half_to_float)
 from .families.embedding.reference import bag_bounds, embedding_bag
 from .families.lstm.reference import GATE_ORDERS, lstm_unit, lstm_unit_backward
-from .families.interaction.reference import dot_interaction, interaction_pairs
+from .families.interaction.reference import (dot_interaction, dot_interaction_backward,
+                                            interaction_pairs)
 from .families.multi.reference import embedding_bags_interaction, embedding_bags_multi
 from .families.quantized.reference import (dequantize_rowwise, embedding_bag_quantized,
                                            packed_row_bytes, quantize_rowwise)
@@ -47,7 +48,8 @@ from .families.training.reference import (AdamUpdate, TableUpdate, assert_update
 __all__ = [
     "Expected", "bag_bounds", "embedding_bag",
     "quantize_rowwise", "dequantize_rowwise", "embedding_bag_quantized", "packed_row_bytes",
-    "embedding_bags_multi", "embedding_bags_interaction", "dot_interaction", "interaction_pairs",
+    "embedding_bags_multi", "embedding_bags_interaction", "dot_interaction",
+    "dot_interaction_backward", "interaction_pairs",
     "float_to_half", "half_to_float", "float_to_bfloat16", "bfloat16_to_float",
     "lstm_unit", "lstm_unit_backward",
     "TableUpdate", "embedding_bag_table_gradient", "embedding_bag_backward_update",

@@ -325,6 +325,7 @@ def every_family(nt):
     out += [pk.embedding(w, ix.reshape(400, 100), num_threads=nt),
             pk.embedding_quantized(p, ix, num_threads=nt),
             pk.dot_interaction(dense, sparse, num_threads=nt),
+            *pk.dot_interaction_backward(np.tile(dense, 2)[:, :70], dense, sparse, num_threads=nt),
             pk.embedding_bags_interaction(dense, [w, p], two, starts, bits=[None, 8],
                                           num_threads=nt)]
     return [a.tobytes() for a in out]

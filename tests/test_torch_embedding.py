@@ -348,3 +348,63 @@ def test_fused_optimizer_refuses_a_table_torch_would_look_up(cls):
     m.double()
     with pytest.raises(TypeError, match="torch.float64"):
         m.set_fused_optimizer(("adam", {"lr": 0.1}))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+def test_c_fast_path_takes_plain_lookups_only(isa, dtype, index_dtype):
+    """The module's C path (no NumPy view, no Python checks) answers plain lookups without a
+    gradient, bit for bit as torch, and None for everything else: the full path then gives
+    torch's answer (tested above); the module's result is the same either way."""
+    from perfkernels.torch import _tensor_bags
+    ref, ours = pair(300, 9, dtype=dtype, padding_idx=3)
+    fast = _tensor_bags.embedding_module_lookup
+    with torch.no_grad():
+        for shape in ((0,), (1,), (7,), (3, 5), (256, 50)):
+            ix = torch.randint(0, 300, shape, dtype=index_dtype)
+            got = fast(ours, ix)
+            assert got is not None, shape
+            same(got, F.embedding(ix, ref.weight))
+            same(ours(ix), got)
+        ix = torch.randint(0, 300, (2, 3, 4), dtype=index_dtype)
+        refused = {
+            "3-D input": (ours, ix),
+            "strided input": (ours, torch.arange(20, dtype=index_dtype)[::2]),
+            "float input": (ours, ix.float()),
+            "bad index": (ours, torch.tensor([0, 300], dtype=index_dtype)),
+            "negative index": (ours, torch.tensor([-1], dtype=index_dtype)),
+        }
+        for name, (module, arg) in refused.items():
+            assert fast(module, arg) is None, name
+        same(ours(ix), F.embedding(ix, ref.weight))     # the full path's answer
+        with pytest.raises(IndexError, match="index out of range in self"):
+            ours(torch.tensor([0, 300], dtype=index_dtype))
+    # with a gradient to record the full path runs (autograd)
+    ix = torch.randint(0, 300, (4, 5), dtype=index_dtype)
+    assert fast(ours, ix) is None
+    assert ours(ix).requires_grad
+    max_norm = pkt.Embedding(10, 4, max_norm=1.0)
+    with torch.no_grad():
+        assert fast(max_norm, torch.tensor([1])) is None
+
+
+def test_c_fast_path_leaves_function_modes_and_the_profiler_to_the_full_path():
+    from torch.overrides import TorchFunctionMode
+
+    from perfkernels.torch import _tensor_bags
+    _, ours = pair(50, 8)
+    ix = torch.tensor([[1, 2], [3, 4]])
+    seen = []
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad():
+        with Spy():
+            assert _tensor_bags.embedding_module_lookup(ours, ix) is None
+            ours(ix)
+        assert seen
+        with torch.profiler.profile():
+            assert _tensor_bags.embedding_module_lookup(ours, ix) is None

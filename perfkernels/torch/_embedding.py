@@ -13,9 +13,13 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _fused, _placement
+from . import _bags, _fused, _placement, _tensor_bags
 from ._bridge import TableViewCache, as_numpy
 from ._fallback import warn_once
+
+_module_lookup = _tensor_bags.embedding_module_lookup
+_is_compiling = torch.compiler.is_compiling
+_tracing_state = torch._C._get_tracing_state
 
 #: torch's own function, kept so that routing (and our fallbacks) never call ourselves
 _TORCH_EMBEDDING = F.embedding
@@ -253,6 +257,11 @@ class Embedding(TableViewCache, torch.nn.Embedding):
     def forward(self, input: Tensor) -> Tensor:
         """Rows of the table, shape ``input.shape + (embedding_dim,)``, as
         :meth:`torch.nn.Embedding.forward` (torch's result or exception for every input)."""
+        # a plain lookup without a gradient in C (None for everything else: the full path below)
+        if not _is_compiling() and _tracing_state() is None and _fwad._current_level < 0:
+            out = _module_lookup(self, input)
+            if out is not None:
+                return out
         w = self._parameters.get("weight")
         if w is None:
             w = self.weight

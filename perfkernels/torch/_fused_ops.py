@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from perfkernels.families.interaction._interaction import pair_lists
+from perfkernels.families.interaction._interaction import dot_interaction_backward, pair_lists
 
 from . import _bags, _tensor_bags
 from ._bridge import as_numpy, native_index_error
@@ -229,17 +229,12 @@ def _pooled(weights, indices, offsets, include_last, mean, padding_idx, bits=Non
                                            dims)]
 
 
-@functools.lru_cache(maxsize=64)
-def _pair_index(n: int, pairs: str, itself: bool) -> tuple:
-    """(i, j) of each interaction pair of n vectors, as int64 tensors (made once per form)."""
-    li, lj = pair_lists(n, pairs, itself)
-    return torch.from_numpy(li).long(), torch.from_numpy(lj).long()
-
-
 def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: str, pairs: str,
                        itself: bool):
     """(d dense, [d pooled_f]) of the interaction: ``"cat"`` slices the output gradient; ``"dot"``
-    scatters the pairs' gradients into a symmetric [B, n, n] matrix G and takes (G + G^T) z."""
+    is :func:`perfkernels.dot_interaction_backward` (per sample, ``(G + G^T) z`` with G the pairs'
+    gradients; no stacked ``[B, n, D]`` copy, no ``[B, n, n]`` matrices, outputs from the memory
+    pool): each table's gradient is a ``[B, D]`` column slice of one ``[B, F, D]`` result."""
     grad = grad.float()
     d = dense.shape[1]
     if interaction == "cat":
@@ -248,13 +243,11 @@ def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: s
             parts.append(grad[:, col:col + p.shape[1]])
             col += p.shape[1]
         return grad[:, :d], parts
-    z = torch.stack([dense.detach().float()] + pooled, dim=1)          # [B, n, D]
-    n = z.shape[1]
-    li, lj = _pair_index(n, pairs, itself)
-    g = torch.zeros(z.shape[0], n, n, dtype=torch.float32)
-    g[:, li, lj] = grad[:, d:]
-    dz = torch.bmm(g + g.transpose(1, 2), z)
-    return grad[:, :d] + dz[:, 0], [dz[:, f + 1] for f in range(n - 1)]
+    g_dense, g_pooled = dot_interaction_backward(
+        as_numpy(grad.contiguous()), as_numpy(dense.detach().float().contiguous()),
+        [as_numpy(p.contiguous()) for p in pooled], pairs=pairs, self_interaction=itself)
+    g_pooled = torch.from_numpy(g_pooled)
+    return torch.from_numpy(g_dense), [g_pooled[:, f] for f in range(len(pooled))]
 
 
 def _table_grads(grads, weights, indices, offsets, include_last, mean, padding_idx, modules,

@@ -52,6 +52,7 @@ from perfkernels._c_parallel cimport pk_parallel_api
 from libc.stdlib cimport malloc, free
 from perfkernels.families.embedding._c_embedding cimport (pk_embedding_bag_fn, pk_embedding_kernels,
                                                          pk_float_bags_args, pk_float_bags_call)
+from perfkernels.families.sequence._sequence cimport rows_into
 
 cnp.import_array()
 
@@ -234,6 +235,31 @@ cdef bint _index_tensor(object t, _View *v) noexcept:
             and (v.bits == 32 or v.bits == 64) and v.contiguous)
 
 
+cdef enum:
+    TABLE_F32, TABLE_F16, TABLE_BF16
+
+
+cdef int _float_table(object weight, _View *w) noexcept:
+    """The format of a table the kernels read in place (TABLE_F32 / F16 / BF16), with w filled,
+    or -1: a CPU float32 / float16 / bfloat16 torch.Tensor or Parameter of 2 dimensions, rows of
+    unit stride, aligned for its element, not a negative view."""
+    cdef int fmt
+    if (type(weight) is not _Parameter and type(weight) is not _Tensor) or not _readable(weight, w):
+        return -1
+    if w.code == DL_FLOAT and w.bits == 32:
+        fmt = TABLE_F32
+    elif w.code == DL_FLOAT and w.bits == 16:
+        fmt = TABLE_F16
+    elif w.code == DL_BFLOAT and w.bits == 16:
+        fmt = TABLE_BF16
+    else:
+        return -1
+    if (w.ndim != 2 or (w.stride1 != 1 and w.size1 > 1) or w.stride0 < 0
+            or <uintptr_t>w.data % (w.bits // 8)):
+        return -1
+    return fmt
+
+
 def module_lookup(module, input, offsets, per_sample_weights):
     """``perfkernels.torch.EmbeddingBag.forward(input, offsets, per_sample_weights)`` of
     ``module`` when it is one of the plain cases (see the module docstring), else None.  Its
@@ -276,7 +302,7 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
                     padding_idx, output_dtype, bint weighted_mean, bint sparse,
                     bint torch_kernel_ok):
     cdef _View w, ix, off, psw
-    cdef int mean, itemsize, nt
+    cdef int mean, itemsize, nt, fmt
     cdef pk_embedding_bag_fn fn
     cdef int64_t rows, dim, n, count = 0, max_len = 0, b, pad, bad = -1
     cdef pk_bags bags
@@ -289,25 +315,20 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
 
     if _profiler_enabled():     # the full path records the op (``_bags.lookup``)
         return None
-    # the table: a CPU float32 / float16 / bfloat16 matrix with unit-stride rows
-    if (type(weight) is not _Parameter and type(weight) is not _Tensor) or not _readable(weight, &w):
-        return None
-    if w.code == DL_FLOAT and w.bits == 32:
+    fmt = _float_table(weight, &w)
+    if fmt == TABLE_F32:
         fn = _kernels.embedding_bag_f32
         table_dtype = _float32
-    elif w.code == DL_FLOAT and w.bits == 16:
+    elif fmt == TABLE_F16:
         fn = _kernels.embedding_bag_f16
         table_dtype = _float16
-    elif w.code == DL_BFLOAT and w.bits == 16:
+    elif fmt == TABLE_BF16:
         fn = _kernels.embedding_bag_bf16
         table_dtype = _bfloat16
     else:
         return None
     itemsize = w.bits // 8
     rows, dim = w.size0, w.size1
-    if (w.ndim != 2 or (w.stride1 != 1 and dim > 1) or w.stride0 < 0
-            or <uintptr_t>w.data % itemsize):
-        return None
     if output_dtype is None:
         output_dtype = table_dtype
     if mode == "sum":
@@ -416,6 +437,67 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
     result = _from_numpy(out)
     return result if output_dtype is _float32 else result.to(output_dtype)
 
+
+
+# --------------------------------------------------------------------------- unpooled lookups
+
+def embedding_module_lookup(module, input):
+    """``perfkernels.torch.Embedding.forward(input)`` of ``module`` when it is a plain lookup
+    without a gradient, else None (nothing computed or written; the module's full path answers).
+
+    Plain: no ``max_norm``, no ``scale_grad_by_freq``, an int ``padding_idx`` or None (it does
+    not change the rows), no gradient to record, no torch function mode, no profiler (the full
+    path records the op); the table a CPU float32 / float16 / bfloat16 ``Tensor`` or
+    ``Parameter`` of 2 dimensions with unit-stride rows; ``input`` a contiguous CPU int32 / int64
+    ``torch.Tensor`` of 1 or 2 dimensions with every index in range.  The rows are copied by the
+    sequence family's kernel, as ``perfkernels.embedding`` copies them (threads for large calls),
+    into the memory pool."""
+    cdef _View w, ix
+    cdef dict d = module.__dict__
+    cdef int64_t rows, dim, itemsize, n, bad
+    cdef int fmt
+    cdef cnp.npy_intp shape[3]
+    cdef int typenum
+    cdef cnp.ndarray out
+    if _option(d, module, "max_norm") is not None or _option(d, module, "scale_grad_by_freq"):
+        return None
+    pad = _option(d, module, "padding_idx")
+    if pad is not None and type(pad) is not int:
+        return None
+    if _profiler_enabled() or _function_mode_enabled():
+        return None
+    parameters = _option(d, module, "_parameters")
+    weight = parameters.get("weight") if type(parameters) is dict else None
+    fmt = _float_table(weight, &w)
+    if fmt == TABLE_F32:
+        typenum, table_dtype = cnp.NPY_FLOAT32, _float32
+    elif fmt == TABLE_F16:
+        typenum, table_dtype = cnp.NPY_FLOAT16, _float16
+    elif fmt == TABLE_BF16:
+        typenum, table_dtype = cnp.NPY_INT16, _bfloat16      # viewed as bfloat16 below
+    else:
+        return None
+    itemsize = w.bits // 8
+    rows, dim = w.size0, w.size1
+    try:
+        if _is_grad_enabled() and weight.requires_grad:
+            return None
+    except Exception:
+        return None
+    if not _index_tensor(input, &ix):
+        return None
+    n = ix.size0 * ix.size1
+    shape[0] = <cnp.npy_intp>ix.size0
+    if ix.ndim == 2:
+        shape[1] = <cnp.npy_intp>ix.size1
+    shape[ix.ndim] = <cnp.npy_intp>dim
+    out = pool_empty(ix.ndim + 1, shape, typenum)
+    bad = rows_into(w.data, rows, w.stride0 * itemsize, dim * itemsize, ix.data, ix.bits == 64,
+                    n, <char *>cnp.PyArray_DATA(out), resolve_threads(None))
+    if bad >= 0:                # a bad index: the full path raises torch's error
+        return None
+    result = _from_numpy(out)
+    return result.view(_bfloat16) if table_dtype is _bfloat16 else result
 
 
 # --------------------------------------------------------------------------- fused interaction

@@ -89,6 +89,14 @@ def check_all() -> None:
     exp = np.concatenate([dense, (z @ z.transpose(0, 2, 1))[:, li, lj]], 1)
     np.testing.assert_allclose(pk.dot_interaction(dense, pooled.astype(np.float32)), exp,
                                rtol=1e-4, atol=1e-4)
+    # its gradient: (G + G^T) z per sample, G the pairs' gradients at (li, lj)
+    grad = rng.standard_normal(exp.shape).astype(np.float32)
+    G = np.zeros((len(dense), 3, 3))
+    G[:, li, lj] = grad[:, D:]
+    dz = (G + G.transpose(0, 2, 1)) @ z
+    d_dense, d_sparse = pk.dot_interaction_backward(grad, dense, pooled.astype(np.float32))
+    np.testing.assert_allclose(d_dense, grad[:, :D] + dz[:, 0], rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(d_sparse, dz[:, 1:], rtol=1e-4, atol=1e-3)
     fused = pk.embedding_bags_interaction(dense, [table, packed], [indices, indices],
                                           [offsets, offsets], bits=[None, 8])
     np.testing.assert_allclose(fused, exp, rtol=1e-4, atol=1e-3)

@@ -7,9 +7,9 @@ import numpy as np
 cimport numpy as cnp
 from perfkernels._memory cimport pool_new
 
-from perfkernels.families.interaction._c_interaction cimport (pk_interaction_kernels,
-                                                             pk_interaction_table,
-                                                             pk_interaction_dot_fn)
+from perfkernels.families.interaction._c_interaction cimport (
+    pk_interaction_kernels, pk_interaction_table, pk_interaction_dot_fn,
+    pk_interaction_dot_backward_fn)
 from perfkernels._arrays cimport (as_float32, check_out, finish_out, kernel_table_getter,
                                   register_family)
 from perfkernels._parallel cimport resolve_threads, ranges_threads, run_ranges
@@ -155,3 +155,150 @@ def dot_interaction(dense: Float32Array, sparse: Float32Array, *, pairs: object 
     if job.failed:
         raise MemoryError()
     return finish_out(out, dst)
+
+
+ctypedef struct _dot_backward_job:
+    pk_interaction_dot_backward_fn fn
+    const float *grad
+    int64_t grad_stride
+    const float *dense
+    const float **sparse            # F pointers: feature f's row b at sparse[f] + b * stride[f]
+    const int64_t *sparse_stride
+    int64_t f, dim, n_pairs
+    const int32_t *li
+    const int32_t *lj
+    float *d_dense
+    float *d_sparse                 # [B, F, D]
+    int failed
+
+
+cdef void _dot_backward_range(void *vjob, int64_t lo, int64_t hi, int64_t chunk) noexcept nogil:
+    cdef _dot_backward_job *job = <_dot_backward_job *>vjob
+    cdef int64_t b, f, k, d = job.dim, n = job.f + 1
+    cdef float *z = <float *>malloc((2 * n * d + n * n) * sizeof(float) + 4)
+    cdef float *dz
+    cdef float *s
+    cdef const float *g
+    cdef float *o
+    if z == NULL:
+        job.failed = 1
+        return
+    dz = z + n * d
+    s = dz + n * d
+    for b in range(lo, hi):
+        memcpy(z, job.dense + b * d, d * sizeof(float))
+        for f in range(job.f):
+            memcpy(z + (f + 1) * d, job.sparse[f] + b * job.sparse_stride[f], d * sizeof(float))
+        g = job.grad + b * job.grad_stride
+        job.fn(z, n, d, job.li, job.lj, job.n_pairs, g + d, s, dz)
+        o = job.d_dense + b * d
+        for k in range(d):
+            o[k] = g[k] + dz[k]
+        memcpy(job.d_sparse + b * job.f * d, dz + d, job.f * d * sizeof(float))
+    free(z)
+
+
+def dot_interaction_backward(grad: Float32Array, dense: Float32Array, sparse: object, *,
+                             pairs: object = "dlrm", self_interaction: bool = False,
+                             out: tuple | None = None, num_threads: int | None = None
+                             ) -> tuple[Float32Array, Float32Array]:
+    """Gradient of :func:`dot_interaction`: ``(d_dense [B, D], d_sparse [B, F, D])``.
+
+    ``grad`` is the gradient of its output ``[B, D + P]``.  Per sample, with
+    ``z = [dense[b], sparse[b, 0], ..., sparse[b, F - 1]]`` and G the ``[F + 1, F + 1]`` matrix
+    holding ``grad[b, D + p]`` at ``(li[p], lj[p])``::
+
+        dz = (G + G^T) z              (a pair (i, i) gives 2 grad z[i])
+        d_dense[b] = grad[b, :D] + dz[0];   d_sparse[b, f] = dz[f + 1]
+
+    what autograd gives for ``torch.cat([x, torch.bmm(T, T.transpose(1, 2))[:, li, lj]], 1)``,
+    without the ``[B, F + 1, F + 1]`` matrices or the stacked ``T``.  Each row of dz sums its
+    F + 1 terms in order: the result does not depend on the thread count.
+
+    Parameters
+    ----------
+    grad : float32 ``[B, D + P]``
+    dense : float32 ``[B, D]``
+    sparse : float32 ``[B, F, D]``, or a sequence of F float32 ``[B, D]`` arrays
+        The pooled embeddings, stacked or not (the forward's inputs).
+    pairs, self_interaction
+        As in the forward call.
+    out : tuple ``(d_dense, d_sparse)`` of float32 ndarrays or None, optional
+        Left untouched on error.
+    num_threads : int, optional
+
+    Returns
+    -------
+    d_dense : ndarray of float32, ``[B, D]``
+    d_sparse : ndarray of float32, ``[B, F, D]``
+    """
+    cdef int nt = resolve_threads(num_threads)
+    cdef cnp.ndarray x = as_float32(dense, "dense")
+    cdef cnp.ndarray gr = as_float32(grad, "grad")
+    if cnp.PyArray_NDIM(x) != 2:
+        raise ValueError(f"dense must be 2-D [B, D]; got shape {(<object>x).shape}")
+    cdef int64_t B = x.shape[0], D = x.shape[1], F, f
+    cdef list parts
+    cdef cnp.ndarray a
+    if isinstance(sparse, (list, tuple)):
+        parts = [as_float32(p, f"sparse[{i}]") for i, p in enumerate(sparse)]
+        for i, a in enumerate(parts):
+            if cnp.PyArray_NDIM(a) != 2 or a.shape[0] != B or a.shape[1] != D:
+                raise ValueError(f"sparse[{i}] must be [B, D] = [{B}, {D}] (dense is {B} x {D}); "
+                                 f"got shape {(<object>a).shape}")
+        F = len(parts)
+        strides = [D] * F
+    else:
+        a = as_float32(sparse, "sparse")
+        if cnp.PyArray_NDIM(a) != 3 or a.shape[0] != B or a.shape[2] != D:
+            raise ValueError(f"sparse must be [B, F, D] = [{B}, F, {D}] (dense is {B} x {D}); "
+                             f"got shape {(<object>a).shape}")
+        F = a.shape[1]
+        parts = [a[:, i] for i in range(F)]
+        strides = [F * D] * F
+    li, lj = pair_lists(F + 1, pairs, self_interaction)
+    cdef cnp.ndarray ali = <cnp.ndarray>li, alj = <cnp.ndarray>lj
+    cdef int64_t P = ali.shape[0]
+    if cnp.PyArray_NDIM(gr) != 2 or gr.shape[0] != B or gr.shape[1] != D + P:
+        raise ValueError(f"grad must be [B, D + P] = [{B}, {D + P}] ({P} pairs of {F + 1} rows); "
+                         f"got shape {(<object>gr).shape}")
+    cdef tuple shapes = ((B, D), (B, F, D))
+    if out is None:
+        out = (None, None)
+    elif not isinstance(out, tuple) or len(out) != 2:
+        raise TypeError(f"out must be a tuple (d_dense, d_sparse); got {type(out).__name__}")
+    inputs = (x, gr, *parts)
+    dst = [pool_new(shape, cnp.NPY_FLOAT32) if o is None
+           else check_out(o, cnp.NPY_FLOAT32, "float32", shape, inputs)
+           for o, shape in zip(out, shapes)]
+    cdef cnp.ndarray dd = dst[0], ds = dst[1]
+    cdef _dot_backward_job job
+    cdef const float **ptrs = <const float **>malloc((F + 1) * sizeof(float *))
+    cdef int64_t *row_strides = <int64_t *>malloc((F + 1) * sizeof(int64_t))
+    if ptrs == NULL or row_strides == NULL:
+        free(ptrs)
+        free(row_strides)
+        raise MemoryError()
+    for f in range(F):
+        ptrs[f] = <const float *>cnp.PyArray_DATA(<cnp.ndarray>parts[f])
+        row_strides[f] = strides[f]
+    job.fn = _kernels.interaction_dot_backward
+    job.grad = <const float *>cnp.PyArray_DATA(gr)
+    job.grad_stride = D + P
+    job.dense = <const float *>cnp.PyArray_DATA(x)
+    job.sparse = ptrs
+    job.sparse_stride = row_strides
+    job.f, job.dim, job.n_pairs = F, D, P
+    job.li = <const int32_t *>cnp.PyArray_DATA(ali)
+    job.lj = <const int32_t *>cnp.PyArray_DATA(alj)
+    job.d_dense = <float *>cnp.PyArray_DATA(dd)
+    job.d_sparse = <float *>cnp.PyArray_DATA(ds)
+    job.failed = 0
+    cdef int threads = ranges_threads(B * (3 * (F + 1) * D + P) * 4, nt)
+    with nogil:
+        run_ranges(B, threads, 16, _dot_backward_range, &job)
+    free(ptrs)
+    free(row_strides)
+    if job.failed:
+        raise MemoryError()
+    return finish_out(out[0], dd), finish_out(out[1], ds)

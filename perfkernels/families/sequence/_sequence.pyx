@@ -97,10 +97,10 @@ cdef int64_t _run_pass(_rows_job *j, range_fn fn, int64_t n, int64_t align, bint
     return bad
 
 
-cdef object _run(_rows_job *j, cnp.ndarray ix, cnp.ndarray dst, bint writes_out, int nt):
-    """Run the lookup on up to nt threads; IndexError for a bad index (dst untouched when
-    writes_out: the kernels then read a private copy of the indices checked before they start)."""
-    cdef int64_t n = cnp.PyArray_SIZE(ix)
+cdef int64_t _execute(_rows_job *j, int64_t n, bint writes_out, int nt) except -2:
+    """Run the lookup of n indices on up to nt threads; the first bad position, or -1 (nothing
+    written when writes_out: the kernels then read a private copy of the indices checked before
+    they start)."""
     cdef int isz = 8 if j.index_64 else 4
     cdef int64_t align = 1
     cdef int64_t lb = j.out_row_bytes
@@ -112,7 +112,7 @@ cdef object _run(_rows_job *j, cnp.ndarray ix, cnp.ndarray dst, bint writes_out,
     cdef cnp.npy_intp size
     cdef bint tiny
     if n == 0:
-        return dst
+        return -1
     # ranges start on whole lines of the output: no two threads write one line
     while (align * lb) % 64 != 0 and align < 64:
         align *= 2
@@ -132,9 +132,32 @@ cdef object _run(_rows_job *j, cnp.ndarray ix, cnp.ndarray dst, bint writes_out,
         j.snapshot = cnp.PyArray_DATA(snapshot)
         bad = _run_pass(j, _scan_range, n, align, tiny, threads, k)
         if bad >= 0:
-            return _raise_index(ix, bad, j.rows)
+            return bad
         j.indices = j.snapshot
-    bad = _run_pass(j, _rows_range, n, align, tiny, threads, k)
+    return _run_pass(j, _rows_range, n, align, tiny, threads, k)
+
+
+cdef int64_t rows_into(const void *table, int64_t rows, int64_t row_stride, int64_t row_bytes,
+                       const void *indices, bint index_64, int64_t n, char *out,
+                       int nt) except -2:
+    """See _sequence.pxd."""
+    cdef _rows_job j
+    memset(&j, 0, sizeof(j))
+    j.k = _kernels
+    j.table = table
+    j.rows = rows
+    j.row_stride = row_stride
+    j.row_bytes = j.out_row_bytes = row_bytes
+    j.indices = indices
+    j.index_64 = index_64
+    j.out = out
+    return _execute(&j, n, False, nt)
+
+
+cdef object _run(_rows_job *j, cnp.ndarray ix, cnp.ndarray dst, bint writes_out, int nt):
+    """Run the lookup on up to nt threads; IndexError for a bad index (dst untouched when
+    writes_out)."""
+    cdef int64_t bad = _execute(j, cnp.PyArray_SIZE(ix), writes_out, nt)
     if bad >= 0:
         _raise_index(ix, bad, j.rows)
     return dst
