@@ -52,6 +52,17 @@ def measure(sides: dict, rounds: int, reps: int) -> dict:
     return med, ratio
 
 
+def quantized_pair(rows: int, dim: int):
+    """torch.ao's 8-bit ``Embedding`` of a random table and our ``QuantizedEmbedding`` of it."""
+    from torch.ao.nn.quantized import Embedding as QEmbedding
+    float_mod = torch.nn.Embedding(rows, dim)
+    float_mod.qconfig = torch.ao.quantization.float_qparams_weight_only_qconfig
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # torch's deprecation notice for quantized tensors
+        q = QEmbedding.from_float(float_mod)
+    return q, pkt.QuantizedEmbedding.from_torch_ao(q)
+
+
 def cases(batch: int, seq: int, items: int | None):
     gen = torch.Generator().manual_seed(0)
     for label, rows, dim in SHAPES:
@@ -65,13 +76,7 @@ def cases(batch: int, seq: int, items: int | None):
                 "torch": lambda r=ref, i=ids: torch.nn.functional.embedding(i, r.weight),
                 "ours": lambda m=ours, i=ids: m(i),
                 "torch-placed": lambda w=placed, i=ids: torch.nn.functional.embedding(i, w)})
-        from torch.ao.nn.quantized import Embedding as QEmbedding
-        float_mod = torch.nn.Embedding(rows, dim)
-        float_mod.qconfig = torch.ao.quantization.float_qparams_weight_only_qconfig
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            q = QEmbedding.from_float(float_mod)
-        ours_q = pkt.QuantizedEmbedding.from_torch_ao(q)
+        q, ours_q = quantized_pair(rows, dim)
         yield (f"{label} 8-bit", {"torch": lambda m=q, i=ids: m(i),
                                   "ours": lambda m=ours_q, i=ids: m(i)})
 

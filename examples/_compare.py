@@ -3,7 +3,35 @@ training both on the same batches, one step of each in turn."""
 from __future__ import annotations
 
 import statistics
+import sys
 import time
+
+
+def common_options(ap, repeat: str) -> None:
+    """The options every comparison takes: timings per measurement (``repeat``: what of), learning
+    rate, threads, tolerance."""
+    ap.add_argument("--repeat", type=int, default=3, help=f"timings per {repeat}")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--threads", type=int, default=None, help="torch's threads (default its own)")
+    ap.add_argument("--tolerance", type=float, default=1e-3,
+                    help="largest difference accepted between stock and converted")
+
+
+def start(args):
+    """Set torch's threads (``--threads``) and the seed; ``perfkernels.torch``."""
+    import torch
+
+    import perfkernels.torch as pkt
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    return pkt
+
+
+def check(difference: float, args, what: str) -> None:
+    """Exit with a message when stock and converted differ by more than ``--tolerance``."""
+    if difference > args.tolerance:
+        sys.exit(f"{what} differ by {difference:.3g}")
 
 
 def timed(fn):

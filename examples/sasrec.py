@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _compare import timed, train_in_turn  # noqa: E402
+from _compare import check, common_options, start, timed, train_in_turn  # noqa: E402
 
 
 class SASRec(torch.nn.Module):
@@ -152,18 +152,12 @@ def parse_args(argv=None):
     ap.add_argument("--candidates", type=int, default=100)
     ap.add_argument("--train-steps", type=int, default=20)
     ap.add_argument("--infer-batches", type=int, default=10)
-    ap.add_argument("--repeat", type=int, default=3, help="timings per inference batch")
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--tolerance", type=float, default=1e-3)
+    common_options(ap, "inference batch")
     return ap.parse_args(argv)
 
 
 def run(args) -> dict:
-    import perfkernels.torch as pkt
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    pkt = start(args)
     stock = SASRec(args.items, args.dim, args.seq, args.blocks)
     ours = pkt.convert(copy.deepcopy(stock), inplace=True)
     assert type(ours.item_emb) is pkt.Embedding
@@ -172,12 +166,10 @@ def run(args) -> dict:
     result = {}
     if args.infer_batches:
         result["infer"] = infer(args, stock, ours)
-        if result["infer"]["max_pred_diff"] > args.tolerance:
-            sys.exit(f"predictions differ by {result['infer']['max_pred_diff']:.3g}")
+        check(result["infer"]["max_pred_diff"], args, "predictions")
     if args.train_steps:
         result["train"] = train(args, stock, ours)
-        if result["train"]["max_loss_diff"] > args.tolerance:
-            sys.exit(f"loss curves differ by {result['train']['max_loss_diff']:.3g}")
+        check(result["train"]["max_loss_diff"], args, "loss curves")
     return result
 
 

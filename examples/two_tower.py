@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _compare import timed, train_in_turn  # noqa: E402
+from _compare import check, common_options, start, timed, train_in_turn  # noqa: E402
 
 
 def mlp(sizes: list[int]) -> torch.nn.Sequential:
@@ -188,20 +188,14 @@ def parse_args(argv=None):
     ap.add_argument("--index-batch", type=int, default=8192)
     ap.add_argument("--query-batches", type=int, default=5)
     ap.add_argument("--k", type=int, default=100)
-    ap.add_argument("--repeat", type=int, default=3, help="timings per index and query batch")
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--tolerance", type=float, default=1e-3)
+    common_options(ap, "index and query batch")
     return ap.parse_args(argv)
 
 
 def run(args) -> dict:
-    import perfkernels.torch as pkt
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    pkt = start(args)
     if args.items < 2 or args.corpus > args.items - 1:
         sys.exit(f"--corpus ({args.corpus}) must be at most --items - 1 ({args.items - 1})")
-    torch.manual_seed(0)
     stock = TwoTower(args.users, args.items, args.categories, args.dim, args.out)
     ours = pkt.convert(copy.deepcopy(stock), inplace=True)
     assert type(ours.user_id) is pkt.Embedding and type(ours.history) is pkt.EmbeddingBag
@@ -211,12 +205,10 @@ def run(args) -> dict:
     if args.corpus and args.query_batches:
         result["retrieve"] = retrieve(args, stock, ours)
         worst = max(result["retrieve"]["max_index_diff"], result["retrieve"]["max_score_diff"])
-        if worst > args.tolerance:
-            sys.exit(f"index or scores differ by {worst:.3g}")
+        check(worst, args, "index or scores")
     if args.train_steps:
         result["train"] = train(args, stock, ours)
-        if result["train"]["max_loss_diff"] > args.tolerance:
-            sys.exit(f"loss curves differ by {result['train']['max_loss_diff']:.3g}")
+        check(result["train"]["max_loss_diff"], args, "loss curves")
     return result
 
 

@@ -38,12 +38,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
 SETTINGS = [(d, l2) for d in (0, 4, 8, 16, 32, 64) for l2 in (0, 1)]  # prefetch distance, hint
 sys.path.insert(0, str(HERE.parent))
-from sequence_lookup import SHAPES, _time  # noqa: E402  (the shapes and timer of the plain run)
+from sequence_lookup import SHAPES, _time, quantized_pair  # noqa: E402  (the plain run's)
 
 
 def build_library(workdir: pathlib.Path) -> ctypes.CDLL:
@@ -101,13 +100,7 @@ def cases(dll, batch: int, seq: int):
                 "torch": lambda r=ref: torch.nn.functional.embedding(ids, r.weight),
                 "torch-placed": lambda w=placed: torch.nn.functional.embedding(ids, w),
                 "ours": lambda m=ours: m(ids), "write": write(dtype)})
-        from torch.ao.nn.quantized import Embedding as QEmbedding
-        float_mod = torch.nn.Embedding(rows, dim)
-        float_mod.qconfig = torch.ao.quantization.float_qparams_weight_only_qconfig
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            q = QEmbedding.from_float(float_mod)
-        ours_q = pkt.QuantizedEmbedding.from_torch_ao(q)
+        q, ours_q = quantized_pair(rows, dim)
         packed = ours_q.packed_weight
         row_bytes = packed.stride(0)
 
