@@ -24,7 +24,6 @@ import copy
 import statistics
 import time
 
-import numpy as np
 import torch
 from torch import nn
 

@@ -95,7 +95,6 @@ def batches(args, gen: torch.Generator, n: int):
 
 
 def train(args, stock: SASRec, ours: SASRec) -> dict:
-    import perfkernels.torch as pkt  # noqa: F401  (ours is already converted)
     opt_stock = [torch.optim.Adagrad([stock.item_emb.weight], lr=args.lr),
                  torch.optim.SGD([p for n, p in stock.named_parameters()
                                   if n != "item_emb.weight"], lr=args.lr)]

@@ -7,3 +7,7 @@ cdef extern from "perfkernels/cpu.h":
     const char *pk_isa_name(int isa) nogil
     const char *pk_build_compiler() nogil
     int PK_CPU_FEATURE_COUNT
+
+cdef extern from "perfkernels/bags.h":
+    int pk_far_prefetch_mode() nogil
+    int PK_FAR_INTO_L1

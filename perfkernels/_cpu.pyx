@@ -1,8 +1,9 @@
 """CPU feature detection and build information (baseline flags only)."""
 
 from perfkernels._c_common cimport PK_ISA_COUNT
-from perfkernels._c_cpu cimport (PK_CPU_FEATURE_COUNT, pk_build_compiler, pk_cpu_detect,
-                                 pk_cpu_feature_name, pk_isa_compiled, pk_isa_name)
+from perfkernels._c_cpu cimport (PK_CPU_FEATURE_COUNT, PK_FAR_INTO_L1, pk_build_compiler,
+                                 pk_cpu_detect, pk_cpu_feature_name, pk_far_prefetch_mode,
+                                 pk_isa_compiled, pk_isa_name)
 
 def detect():
     """Return ``{feature_name: bool}`` from cpuid and xgetbv (all False off x86-64)."""
@@ -22,3 +23,10 @@ def isa_names():
 
 def build_compiler():
     return pk_build_compiler().decode()
+
+
+def far_prefetch():
+    """Where the lookup kernels prefetch the rows of tables of 16 MiB and more: ``"l1"`` (AMD
+    CPUs) or ``"l2"`` (others), unless the environment variable ``PERFKERNELS_FAR_PREFETCH``
+    (``l1`` or ``l2``, read once per process) says otherwise."""
+    return "l1" if pk_far_prefetch_mode() == PK_FAR_INTO_L1 else "l2"

@@ -142,6 +142,11 @@ def _init_from_environment() -> None:
     _apply(level)
 
 
+def _far_env() -> bool:
+    import os
+    return os.environ.get("PERFKERNELS_FAR_PREFETCH") in ("l1", "l2")
+
+
 def show_runtime() -> None:
     """Print the build, the detected CPU features and the chosen ISA level."""
     import platform
@@ -169,6 +174,8 @@ def show_runtime() -> None:
         f"  not present   {', '.join(lacking) or '-'}",
         f"  available     {', '.join(available_isas())}",
         f"  active        {active_isa()}   [{_chosen_by}]",
+        f"  far prefetch  rows of tables of 16 MiB and more into {_cpu.far_prefetch().upper()}"
+        f"   [{'PERFKERNELS_FAR_PREFETCH' if _far_env() else 'by CPU vendor'}]",
     ]
     for isa in ISAS[1:]:
         missing = _missing(isa)

@@ -106,7 +106,8 @@ def main(argv=None) -> None:
               f"  loop (huge) {med['touch']:7.2f}   torch/ours {ratio('torch', 'ours'):.2f}"
               f"  loop/ours {ratio('touch', 'ours'):.2f}  (loop: distance {best[0]},"
               f" {'L2' if best[1] else 'L1'})", flush=True)
-        del ours, theirs
+        ours.clear()   # (not del: the closures above refer to these names)
+        theirs.clear()
 
 
 if __name__ == "__main__":

@@ -128,7 +128,10 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
     const int split = (NV + has_tail) * 2 <= MAX_VECS / 2;
     const size_t elem = type == TABLE_F32 ? 4 : 2;
     const size_t block_bytes = (size_t)(NV * VL + (has_tail ? v_tail_len(tail) : 0)) * elem;
-    const int64_t distance = far ? FAR_DISTANCE : PREFETCH_DISTANCE(block_bytes);
+    /* near rows into L1, far ones into L2 (`far`), or into L1 48 ahead too: a far table whose
+     * call went to a near loop (where the far-prefetch policy says L1) */
+    const int64_t distance = far || pk_bags_far_table(rows, row_bytes) ? FAR_DISTANCE
+                                                                        : PREFETCH_DISTANCE(block_bytes);
     /* do the blocks span one more line than their length needs?  (Always possible where rows
      * are not whole lines; otherwise every block starts at the same offset in its line.) */
     const size_t line_off = ((uintptr_t)table + (size_t)col * elem) % 64;
@@ -347,7 +350,10 @@ PK_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, int64_
     }
     /* a call without padding_idx (the common one) compiles no padding test and no count */
     const int padded = bags->padding_idx >= 0;
-    const int far = pk_bags_far_table(rows, (uint64_t)row_stride * (type == TABLE_F32 ? 4 : 2));
+    /* far loops prefetch into L2; a far table under the L1 policy takes the near loops (which
+     * look 48 rows ahead for it) */
+    const int far = pk_bags_far_table(rows, (uint64_t)row_stride * (type == TABLE_F32 ? 4 : 2))
+                    && pk_far_prefetch_mode() == PK_FAR_INTO_L2;
     const int weighting = bags->weights == NULL ? UNWEIGHTED : bags->positional ? POSITIONAL : PER_SAMPLE;
     const bags_fn (*fns)[3][2][2] = type == TABLE_F32 ? bags_TABLE_F32
                                     : type == TABLE_F16 ? bags_TABLE_F16 : bags_TABLE_BF16;

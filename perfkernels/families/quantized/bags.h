@@ -18,14 +18,17 @@ typedef struct bag_loop {
     int positional, mean;
     int64_t n_indices, padding_idx, rows;
     const uint8_t *packed;
-    int far;   /* prefetch mode of the call, see prefetch_row */
+    int far;             /* rows into L2, PREFETCH_FAR ahead (see prefetch_row) */
+    int64_t near_ahead;  /* otherwise into L1, this far ahead: PREFETCH_NEAR, or PREFETCH_FAR for a
+                          * far table under the L1 policy (include/perfkernels/bags.h) */
 } bag_loop;
 
 /* Prefetch of the row PREFETCH_NEAR or PREFETCH_FAR indices ahead (the policy of
  * include/perfkernels/bags.h).  Far: T1 (to L2) on the row's first byte, its last byte and every
  * 64th byte from the first that is more than 64 bytes before the last (every line of a row of up
  * to 64 bytes and of a 72-byte row at an 8-byte offset).  Near: T0 on every line: the rows of a
- * smaller table mostly hit in L2/L3, and bringing them to L1 early is what helps there.
+ * smaller table mostly hit in L2/L3, and bringing them to L1 early is what helps there (and the
+ * rows of a far table under the L1 policy, PREFETCH_FAR ahead).
  * Prefetches never fault, so an index not yet checked is harmless here; the address is formed in
  * integers. */
 PK_INLINE void prefetch_row(const uint8_t *packed, int64_t idx, int64_t row_bytes, const int far)
@@ -80,7 +83,7 @@ PK_INLINE int64_t bag_block(const int bits, const int nv, const int has_tail, v_
     const float *weights = a->weights;
     const int64_t wofs = weighted && a->positional ? begin : 0;
     /* the last index that has a row `ahead` positions ahead of it (prefetch: 0 none, 1 near, 2 far) */
-    const int64_t ahead = prefetch == 2 ? PREFETCH_FAR : PREFETCH_NEAR;
+    const int64_t ahead = prefetch == 2 ? PREFETCH_FAR : a->near_ahead;
     const int64_t pf_end = prefetch ? a->n_indices - ahead : 0;
     /* 4-bit codes two vectors at a time: VL bytes give the even columns (low nibbles) and the odd
      * ones (high nibbles) in two accumulators, interleaved once at the store */
@@ -222,9 +225,11 @@ pk_status PK_ISA_FN(pk_embedding_bag_quantized)(int bits, const pk_bags *bags, c
                                                 int64_t rows, int64_t row_bytes, int64_t dim,
                                                 int64_t *bad_pos)
 {
+    const int far_table = pk_bags_far_table(rows, (uint64_t)row_bytes);
+    const int into_l2 = far_table && pk_far_prefetch_mode() == PK_FAR_INTO_L2;
     const bag_loop a = {bags->indices, bags->weights, bags->positional, bags->mean,
-                        bags->n_indices, bags->padding_idx, rows, packed,
-                        pk_bags_far_table(rows, (uint64_t)row_bytes)};
+                        bags->n_indices, bags->padding_idx, rows, packed, into_l2,
+                        far_table ? PREFETCH_FAR : PREFETCH_NEAR};
 #define BY_DIM(BITS)                                                                              \
     switch (row_bytes == (int64_t)pk_quantized_row_bytes(BITS, (size_t)dim) ? dim : 0) {          \
     case 32: return bags_##BITS##bit_d32(&a, bags, dim, row_bytes, bad_pos);                      \
