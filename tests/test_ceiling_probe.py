@@ -91,3 +91,56 @@ def test_many_tables_runs_each_table_kind(capsys):
     for r in rows:
         ratios = [float(r[r.index("torch/ours") + 1]), float(r[r.index("loop/ours") + 1])]
         assert all(x > 0 for x in ratios)
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "ceiling" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("row_bytes", [4, 36, 256, 260])
+def test_row_copy_threads_copies_every_row(tmp_path, threads, row_bytes):
+    """lookup_ceiling.py's copy loop, on OpenMP threads: output row i is table row indices[i]
+    (against NumPy's fancy indexing), whatever the thread count; the read-only loop writes
+    nothing; bad arguments are refused."""
+    dll = _load("lookup_ceiling").build_library(tmp_path, openmp=True)
+    rng = np.random.default_rng(threads)
+    table = rng.integers(0, 255, (500, row_bytes), dtype=np.uint8)
+    idx = rng.integers(0, 500, 1001).astype(np.int64)
+    out = np.zeros((idx.size, row_bytes), np.uint8)
+    args = (table.ctypes.data, row_bytes, idx.ctypes.data, idx.size)
+    assert dll.row_copy_threads(*args, out.ctypes.data, row_bytes, 16, 0, threads) == 0
+    np.testing.assert_array_equal(out, table[idx])
+    before = out.copy()
+    assert dll.row_copy_threads(*args, None, 0, 8, 1, threads) == 0   # read only
+    np.testing.assert_array_equal(out, before)
+    assert dll.row_copy_threads(*args, out.ctypes.data, row_bytes, 16, 0, 0) == -1
+    assert dll.row_copy_threads(*args, out.ctypes.data, row_bytes - 1, 16, 0, threads) == -1
+
+
+def test_spills_counts_stack_vectors_in_inner_loops():
+    """spills.py's counter on hand-written loops: stack vector accesses inside an innermost vector
+    loop count, prefetches and accesses outside the loop do not."""
+    spills = _load("spills")
+    body = [(0x10 + i, "vaddps %ymm1,%ymm0,%ymm0") for i in range(8)]
+    loop = ([(0x00, "vmovaps 0x20(%rsp),%ymm3")] + body
+            + [(0x20, "vmovaps %ymm2,0x40(%rsp)"), (0x21, "vmovaps 0x40(%rsp),%ymm2"),
+               (0x22, "prefetcht0 0x40(%rsp)"), (0x30, "jne    10 <f+0x10>")])
+    assert spills.worst_spills(loop) == 2
+    assert spills.worst_spills([(a, t) for a, t in loop if "rsp" not in t]) == 0
+    assert spills.isa_of(loop) == "avx2"
+
+
+def test_spills_reads_the_built_kernels(capsys):
+    """spills.py on the built bag extensions: a section per extension, and it finds the bag
+    functions (objdump from binutils)."""
+    if shutil.which("objdump") is None:
+        pytest.skip("no objdump (binutils) on PATH")
+    spills = _load("spills")
+    spills.main(["--all"])
+    out = capsys.readouterr().out
+    assert out.count("== ") == 2
+    assert "bags_" in out

@@ -1,4 +1,4 @@
-"""Unpooled lookups (``torch.nn.Embedding``) beside a copy-only loop, one thread.
+"""Unpooled lookups (``torch.nn.Embedding``) beside a copy-only loop, at 1 or more threads.
 
 ``row_copy.c`` copies each index's row to the next output row and does nothing else, with the best
 of several prefetch settings, on the same table, indices and output allocation as the kernels (a
@@ -25,9 +25,14 @@ Every lookup reads its rows and writes its output, so none takes less than the l
 ``read`` and ``write``: ``torch / max(read, write)`` is the most any implementation could gain
 over PyTorch on this machine (the ``bound`` column).
 
-    python benchmarks/ceiling/lookup_ceiling.py [--rounds 9] [--reps 20]
+With ``--threads 2`` (or several counts), torch and perfkernels run at that many threads and the
+three loops split the indices into that many contiguous shares on persistent OpenMP threads
+(``row_copy_threads``; built with ``-fopenmp``), so the bound is that of the same thread count.
 
-Needs a C compiler (``cc``), PyTorch and an installed perfkernels.  Not an asv benchmark.
+    python benchmarks/ceiling/lookup_ceiling.py [--rounds 9] [--reps 20] [--threads 1 2]
+
+Needs a C compiler (``cc``, with OpenMP for more than one thread), PyTorch and an installed
+perfkernels.  Not an asv benchmark.
 """
 from __future__ import annotations
 
@@ -40,21 +45,39 @@ import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
+LOOP_AVX2 = False
 SETTINGS = [(d, l2) for d in (0, 4, 8, 16, 32, 64) for l2 in (0, 1)]  # prefetch distance, hint
 sys.path.insert(0, str(HERE.parent))
 from sequence_lookup import SHAPES, _time, quantized_pair  # noqa: E402  (the plain run's)
 
 
-def build_library(workdir: pathlib.Path) -> ctypes.CDLL:
-    """Compile row_copy.c (baseline flags) into a shared library and load it."""
+def build_library(workdir: pathlib.Path, openmp: bool) -> ctypes.CDLL:
+    """Compile row_copy.c (baseline flags, OpenMP where asked) into a shared library, load it."""
     lib = workdir / "row_copy.so"
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(HERE / "row_copy.c"), "-o", str(lib)],
-                   check=True)
+    flags = ["-fopenmp"] if openmp else []
+    # 32-byte moves where this CPU has AVX2 (the loops are built here, for this machine only)
+    if "avx2" in pathlib.Path("/proc/cpuinfo").read_text().split():
+        flags.append("-mavx2")
+    subprocess.run(["cc", "-O2", *flags, "-shared", "-fPIC", str(HERE / "row_copy.c"), "-o",
+                    str(lib)], check=True)
     dll = ctypes.CDLL(str(lib))
-    dll.row_copy.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
-    dll.row_copy.restype = ctypes.c_int
+    dll.row_copy_threads.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                                     ctypes.c_int, ctypes.c_int]
+    dll.row_copy_threads.restype = ctypes.c_int
     return dll
+
+
+class Loops:
+    """The copy loop at the thread count of the moment (``threads``, set between measurements)."""
+
+    def __init__(self, dll: ctypes.CDLL) -> None:
+        self.dll, self.threads = dll, 1
+
+    def row_copy(self, *args) -> int:
+        if self.dll.row_copy_threads(*args, self.threads) != 0:
+            raise RuntimeError("row_copy refused its arguments")
+        return 0
 
 
 def cases(dll, batch: int, seq: int):
@@ -122,38 +145,50 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--seq", type=int, default=50)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1],
+                    help="thread counts of torch, perfkernels and the loops (default 1)")
+    ap.add_argument("--only", default=None,
+                    help="run only the cases whose name contains this (e.g. '100K x 128 float32')")
     args = ap.parse_args(argv)
+    if min(args.threads) < 1:
+        ap.error(f"--threads must be positive, got {args.threads}")
     import torch
 
     import perfkernels as pk
-    torch.set_num_threads(1)
-    pk.set_num_threads(1)
-    print(f"{args.batch * args.seq} IDs per call, 1 thread; times are medians (us); ratios of "
-          f"times, median of {args.rounds} interleaved rounds")
+    print(f"{args.batch * args.seq} IDs per call; times are medians (us); ratios of times, median "
+          f"of {args.rounds} interleaved rounds")
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
-        dll = build_library(pathlib.Path(tmp))
-        for name, loop, read, sides in cases(dll, args.batch, args.seq):
-            best = min(SETTINGS, key=lambda s: statistics.median(
-                _time(loop(s), 10) for _ in range(5)))
-            best_read = min(SETTINGS, key=lambda s: statistics.median(
-                _time(read(s), 10) for _ in range(5)))
-            sides = {**sides, "loop": loop(best), "read": read(best_read)}
-            per_round = {k: [] for k in sides}
-            for _ in range(args.rounds):
-                for k, fn in sides.items():
-                    per_round[k].append(_time(fn, args.reps))
-            med = {k: statistics.median(v) * 1e6 for k, v in per_round.items()}
+        loops = Loops(build_library(pathlib.Path(tmp), openmp=max(args.threads) > 1))
+        for name, loop, read, sides in cases(loops, args.batch, args.seq):
+            if args.only and args.only not in name:
+                continue
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                pk.set_num_threads(threads)
+                loops.threads = threads
+                measure_case(f"{name} {threads} thr", loop, read, sides, args.rounds, args.reps)
 
-            per_round["bound"] = [max(r, w) for r, w in zip(per_round["read"], per_round["write"])]
 
-            def ratio(a, b):
-                return statistics.median(x / y for x, y in zip(per_round[a], per_round[b]))
-            cols = "  ".join(f"{k} {v:6.1f}" for k, v in med.items() if k != "bound")
-            print(f"{name:20s} {cols}   torch/ours {ratio('torch', 'ours'):.2f}x  "
-                  f"torch/loop {ratio('torch', 'loop'):.2f}x  ours/loop "
-                  f"{ratio('ours', 'loop'):.2f}x  torch/bound {ratio('torch', 'bound'):.2f}x  "
-                  f"ours/bound {ratio('ours', 'bound'):.2f}x  (loop: distance {best[0]}, "
-                  f"{'L2' if best[1] else 'L1'})", flush=True)
+def measure_case(name: str, loop, read, sides: dict, rounds: int, reps: int) -> None:
+    """Pick the loops' best prefetch settings, time every side in interleaved rounds, print."""
+    best = min(SETTINGS, key=lambda s: statistics.median(_time(loop(s), 10) for _ in range(5)))
+    best_read = min(SETTINGS, key=lambda s: statistics.median(
+        _time(read(s), 10) for _ in range(5)))
+    sides = {**sides, "loop": loop(best), "read": read(best_read)}
+    per_round = {k: [] for k in sides}
+    for _ in range(rounds):
+        for k, fn in sides.items():
+            per_round[k].append(_time(fn, reps))
+    med = {k: statistics.median(v) * 1e6 for k, v in per_round.items()}
+    per_round["bound"] = [max(r, w) for r, w in zip(per_round["read"], per_round["write"])]
+
+    def ratio(a, b):
+        return statistics.median(x / y for x, y in zip(per_round[a], per_round[b]))
+    cols = "  ".join(f"{k} {v:6.1f}" for k, v in med.items())
+    print(f"{name:26s} {cols}   torch/ours {ratio('torch', 'ours'):.2f}x  "
+          f"torch/loop {ratio('torch', 'loop'):.2f}x  ours/loop {ratio('ours', 'loop'):.2f}x  "
+          f"torch/bound {ratio('torch', 'bound'):.2f}x  ours/bound {ratio('ours', 'bound'):.2f}x  "
+          f"(loop: distance {best[0]}, {'L2' if best[1] else 'L1'})", flush=True)
 
 
 if __name__ == "__main__":

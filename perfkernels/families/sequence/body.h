@@ -83,6 +83,22 @@ PK_INLINE int seq_next_row(const void *indices, int64_t j, const int idx64, int6
     return 1;
 }
 
+/* Prefetch the rows of indices [0, min(ahead, n)): those that no earlier step of the loop
+ * prefetches.  Every block of a call cut for threads starts there, so without this each block
+ * begins with `ahead` rows of demand misses: on an AMD EPYC (Zen 5), 100K x 128 float32 rows,
+ * about 2 us a block, 7% of a 12,800-ID lookup at 2 threads (8 blocks). */
+PK_INLINE void seq_prime(const void *indices, int64_t n, const int idx64, const char *table,
+                         int64_t row_stride, int64_t nbytes, int64_t ahead, const int far,
+                         const int straddle)
+{
+    const int64_t first = n < ahead ? n : ahead;
+    for (int64_t j = 0; j < first; j++) {
+        const uintptr_t p = (uintptr_t)table
+                            + (uint64_t)seq_index(indices, j, idx64) * (uint64_t)row_stride;
+        seq_prefetch((const char *)p, nbytes, far, straddle);
+    }
+}
+
 /* Copy one row of nbytes (a multiple of 2) from src to dst. */
 PK_INLINE void seq_copy(char *dst, const char *src, const int64_t nbytes)
 {
@@ -117,6 +133,7 @@ PK_INLINE pk_status rows_loop(const char *table, int64_t rows, int64_t row_strid
     const int64_t nbytes = NB ? NB : row_bytes_rt;
     const int64_t ahead = seq_ahead(far, nbytes);
     const int64_t pf_end = n - ahead;
+    seq_prime(indices, n, idx64, table, row_stride, nbytes, ahead, far, straddle);
     for (int64_t j = 0; j < n; j++) {
         int64_t idx;
         if (!seq_next_row(indices, j, idx64, rows, &idx, table, row_stride, nbytes, ahead, pf_end,
@@ -219,6 +236,7 @@ PK_INLINE pk_status qrows_loop(const int bits, const int64_t D, const uint8_t *p
     const int64_t row_bytes = D ? codes_bytes + (bits == 8 ? 8 : 4) : row_bytes_rt;
     const int64_t ahead = seq_ahead(far, row_bytes);
     const int64_t pf_end = n - ahead;
+    seq_prime(indices, n, idx64, (const char *)packed, row_bytes, row_bytes, ahead, far, 1);
     for (int64_t j = 0; j < n; j++) {
         int64_t idx;
         if (!seq_next_row(indices, j, idx64, rows, &idx, (const char *)packed, row_bytes,
