@@ -16,7 +16,6 @@
  * persist between calls, so a call pays no thread start.
  */
 #include <stdint.h>
-#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -24,9 +23,9 @@
 static char hot[1 << 14];   /* the source of a packed row's output bytes */
 
 /* Copy n bytes in 32-byte vectors (GCC's vector extension; lookup_ceiling.py builds this file
- * with -mavx2 where the CPU has AVX2, so each is one AVX move), inline: a call of memcpy per row costs more than
- * a short row's stores (12,800 calls of a few ns each), so the loops would be slower than what
- * they stand for. */
+ * with -mavx2 where the CPU has AVX2, so each is one AVX move), inline: a call of memcpy per row
+ * costs more than a short row's stores (12,800 calls of a few ns each), so the loops would be
+ * slower than what they stand for. */
 typedef char v32 __attribute__((vector_size(32), aligned(1)));
 static inline void copy_bytes(char *dst, const char *src, int64_t n)
 {
