@@ -144,3 +144,23 @@ def test_spills_reads_the_built_kernels(capsys):
     out = capsys.readouterr().out
     assert out.count("== ") == 2
     assert "bags_" in out
+
+
+def test_kernel_ab_times_one_build_against_itself():
+    """kernel_ab.py with the same build on both sides: it checks that both give the same sums,
+    and each row's ratio is a time over a time of the same kernel (near 1, never 0 or NaN)."""
+    import subprocess
+    import sys
+
+    import perfkernels
+
+    tree = pathlib.Path(perfkernels.__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ceiling" / "kernel_ab.py"),
+                          str(tree), str(tree), "--rounds", "2", "--reps", "3", "--only", "tiny"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    rows = [line.split() for line in run.stdout.splitlines()[1:]]
+    assert len(rows) == 6   # float32, float16, bfloat16, 8-, 4-, 2-bit
+    for row in rows:
+        ratio = float(row[-2])
+        assert 0.2 < ratio < 5.0, row

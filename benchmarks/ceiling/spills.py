@@ -13,11 +13,11 @@ count as its cost.
 
 Static functions of the same name exist once per ISA level; each is listed apart.  Without
 ``--all`` only functions with spills are printed, grouped.  Needs ``objdump`` (binutils) and a
-built perfkernels.  Known and measured: 4-bit rows at D = 128 and 256 on AVX2 keep 16
-accumulators in 16 registers (a pass of 16 vectors, some accumulators on the stack: passes of 8
-have no spills but read every index, trailer and row once more, and measured 28-33% slower on
-bags of 20 rows), and AVX2's 16-vector 16-bit passes keep an accumulator on the stack (fewer
-passes over the indices; see docs/benchmarking.md).
+built perfkernels.  Known and measured: AVX2's 16-vector float passes (an unweighted float32
+D = 256, a 16-bit D = 128) keep an accumulator on the stack (fewer passes over the indices; see
+docs/benchmarking.md); packed rows on AVX2 take passes of 8 vectors, none of whose accumulators
+leaves the registers (a pass of 16 needs 18 registers).  A function of any D may show one stack
+access in a "loop" that is the bag's store (the tail mask), not the row loop.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-/* The embedding-bag loops, written once over the SIMD primitives of the vector levels
- * (simd/avx2.h, simd/avx512.h; the generated per-level file includes the primitive header, then this).
+/* The embedding bags of float32, float16 and bfloat16 tables for the vector levels (simd/avx2.h,
+ * simd/avx512.h; the generated per-level file includes the primitive header, then this): the
+ * passes of common/bag_loop.h over each bag's columns.
  *
  * One bag's output row is held in vector registers while its rows are summed (acc = fma(w, x, acc)),
- * FBGEMM style.  `bag_pass` sums NV full VL-float vectors (plus an optional tail vector) of one
+ * FBGEMM style.  A pass sums NV full VL-float vectors (plus an optional tail vector) of one
  * column block; NV and the table / index types are compile-time constants at every call, so each
  * specialisation keeps its accumulators in registers.  D = 16 .. 256 (powers of two) with
  * D <= MAX_VECS * VL are single passes, and so is an unweighted float32 D = 128 on AVX2 (all 16
@@ -15,6 +16,7 @@
 #define PK_EMBEDDING_BODY_H
 
 #include "perfkernels/embedding.h"
+#include "common/bag_loop.h"
 
 /* Accumulators per pass: half the vector registers, the rest hold the weight and the loads. */
 #define MAX_VECS (V_REGS / 2)
@@ -23,163 +25,11 @@
  * row's index, check and prefetches paid once; the first pass no longer prefetches only half of
  * each row).  AVX-512 already sums D <= 256 in one pass and keeps MAX_VECS. */
 #define WIDE_VECS (VL == 8 ? V_REGS : MAX_VECS)
+_Static_assert(WIDE_VECS <= PK_BAG_MAX_BLOCK, "a pass fits the bag loop's accumulators");
 
-enum table_type { TABLE_F32, TABLE_F16, TABLE_BF16 };
-enum weighting { UNWEIGHTED, PER_SAMPLE, POSITIONAL };
-
-/* A block of a row as floats (common/float_rows.h; the table types are its formats). */
-#include "common/float_rows.h"
-#define load_row pk_load_float_row
-#define load_row_tail pk_load_float_row_tail
-_Static_assert(TABLE_F32 == PK_ROW_F32 && TABLE_F16 == PK_ROW_F16 && TABLE_BF16 == PK_ROW_BF16,
-               "the table types are float_rows.h's formats");
-
-/* How many indices ahead a block's row is prefetched: FBGEMM's 16, doubled for blocks of at most
- * 128 bytes (16-bit rows of D <= 64, float rows of D <= 32).  A short row is summed in few cycles,
- * so 16 rows ahead is too little time for an L3 / DRAM miss when most rows hit in cache (skewed
- * indices); for longer blocks 16 is enough, and 32 ahead only evicts rows still to be used.  (On an
- * AMD EPYC, an L3-resident 20K x 128 table: 8 or 28 ahead for blocks of 256 bytes and more were
- * 4-9% slower than 16.) */
-#define PREFETCH_DISTANCE(block_bytes) \
-    ((block_bytes) <= 128 ? 2 * PK_BAGS_PREFETCH_DISTANCE : PK_BAGS_PREFETCH_DISTANCE)
-
-/* Far mode (include/perfkernels/bags.h: tables of PK_BAGS_FAR_MIN_BYTES and more, rows into L2,
- * PK_BAGS_FAR_DISTANCE indices ahead) is chosen once per call and compiled in. */
-#define FAR_DISTANCE PK_BAGS_FAR_DISTANCE
-
-/* One prefetch per 64 bytes from the start of the block (nbytes is a compile-time constant for the
- * fixed-D paths, so this unrolls), as FBGEMM does; where the blocks do not start on a line
- * (`straddle`: NumPy's arrays start 16 bytes past one, or the rows are not whole lines), the
- * block's last byte too, whose line the others then miss.  Without it each row of a 1M x 64
- * float16 NumPy table costs a demand miss to DRAM: 4.5x slower than on a placed table on an AMD
- * EPYC, and behind PyTorch there.  Blocks that start on lines (placed tables, torch's tensors)
- * get no extra prefetch. */
-PK_INLINE void prefetch_bytes(const char *p, size_t nbytes, const int far, const int straddle)
-{
-    if (far) {
-        PK_UNROLL(WIDE_VECS)
-        for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t1(p + off);
-        if (straddle) pk_prefetch_t1(p + nbytes - 1);
-    } else {
-        PK_UNROLL(WIDE_VECS)
-        for (size_t off = 0; off < nbytes; off += 64) pk_prefetch_t0(p + off);
-        if (straddle) pk_prefetch_t0(p + nbytes - 1);
-    }
-}
-
-/* Add row indices[j] (times its weight) to acc: the index is checked before its row is touched;
- * with `prefetch`, the row `distance` indices ahead (which exists) is prefetched.  Padding entries
- * are skipped only where the call has a padding_idx (`padded`), and counted only there (mean
- * divides by the non-padding entries).  Returns 0, or 1 for a bad index. */
-PK_INLINE int add_row(const void *indices, int64_t padding, const float *weights,
-                      const char *table, int64_t rows, size_t row_bytes,
-                      int64_t begin, int64_t j, int64_t col, v_tail tail, vf *acc,
-                      int64_t *skipped, const int NV, const int has_tail, const int type,
-                      const int idx64, const int weighting, const int padded, const int far,
-                      const int straddle, const int64_t distance, const int prefetch)
-{
-    const size_t elem = type == TABLE_F32 ? 4 : 2;
-    const size_t block_bytes = (size_t)(NV * VL + (has_tail ? v_tail_len(tail) : 0)) * elem;
-    const int64_t idx = pk_index_at(indices, j, idx64);
-    if ((uint64_t)idx >= (uint64_t)rows) return 1;
-    if (prefetch) {
-        const int64_t ahead = pk_index_at(indices, j + distance, idx64);
-        if ((uint64_t)ahead < (uint64_t)rows)
-            prefetch_bytes(table + (size_t)ahead * row_bytes + (size_t)col * elem, block_bytes, far,
-                           straddle);
-    }
-    if (padded && idx == padding) {
-        ++*skipped;
-        return 0;
-    }
-    /* the block's start, so that each vector is a constant offset from one register */
-    const char *block = table + (size_t)idx * row_bytes + (size_t)col * elem;
-    if (weighting == UNWEIGHTED) {  /* acc + x is fma(1, x, acc) exactly, and needs no register for 1 */
-        PK_UNROLL(WIDE_VECS)
-        for (int v = 0; v < NV; v++) acc[v] = v_add(acc[v], load_row(block, v * VL, type));
-        if (has_tail) acc[NV] = v_add(acc[NV], load_row_tail(block, NV * VL, tail, type));
-        return 0;
-    }
-    const vf w = v_set1(weights[weighting == POSITIONAL ? j - begin : j]);
-    PK_UNROLL(WIDE_VECS)
-    for (int v = 0; v < NV; v++)
-        acc[v] = v_fmadd(w, load_row(block, v * VL, type), acc[v]);
-    if (has_tail)
-        acc[NV] = v_fmadd(w, load_row_tail(block, NV * VL, tail, type), acc[NV]);
-    return 0;
-}
-
-/* Sum columns [col, col + NV*VL + tail) of bag [begin, end) into out_row.  Narrow blocks (the two
- * sets together at most half the MAX_VECS accumulators) alternate rows between two accumulator
- * sets: two independent FMA chains instead of one, so a short row does not wait for the previous
- * row's FMA latency; row j goes to set (j - begin) % 2, so the sums do not depend on the rest of the
- * call.  The rows that have a row to prefetch ahead of them (all but the call's last few) run in a
- * loop of their own, so only those last few test whether they have one. */
-PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t rows,
-                             size_t row_bytes, int64_t begin, int64_t end, int64_t col,
-                             v_tail tail, float *out_row, int64_t *bad_pos, int prefetch,
-                             const int NV, const int has_tail, const int type, const int idx64,
-                             const int weighting, const int padded, const int far)
-{
-    /* struct fields in locals: the prefetches would otherwise make the compiler reload them */
-    const void *indices = bags->indices;
-    const int64_t padding = bags->padding_idx;
-    const float *weights = bags->weights;
-    const int split = (NV + has_tail) * 2 <= MAX_VECS / 2;
-    const size_t elem = type == TABLE_F32 ? 4 : 2;
-    const size_t block_bytes = (size_t)(NV * VL + (has_tail ? v_tail_len(tail) : 0)) * elem;
-    /* near rows into L1, far ones into L2 (`far`), or into L1 48 ahead too: a far table whose
-     * call went to a near loop (where the far-prefetch policy says L1) */
-    const int64_t distance = far || pk_bags_far_table(rows, row_bytes) ? FAR_DISTANCE
-                                                                        : PREFETCH_DISTANCE(block_bytes);
-    /* do the blocks span one more line than their length needs?  (Always possible where rows
-     * are not whole lines; otherwise every block starts at the same offset in its line.) */
-    const size_t line_off = ((uintptr_t)table + (size_t)col * elem) % 64;
-    const int straddle = row_bytes % 64 != 0
-                         || line_off + block_bytes > (block_bytes + 63) / 64 * 64;
-    const int64_t last_ahead = bags->n_indices - distance;
-    const int64_t pf_end = !prefetch ? begin
-                           : end < last_ahead ? end : (last_ahead > begin ? last_ahead : begin);
-    vf acc[2][WIDE_VECS + 1];  /* constant indices only, so they live in registers */
-    PK_UNROLL(WIDE_VECS + 1)
-    for (int v = 0; v <= NV; v++) acc[0][v] = acc[1][v] = v_zero();
-    int64_t skipped = 0, j = begin;
-#define ADD_ROW(J, SET, PREFETCH)                                                                 \
-    if (add_row(indices, padding, weights, table, rows, row_bytes, begin, (J), col, tail,        \
-                acc[SET], &skipped, NV, has_tail, type, idx64, weighting, padded, far, straddle, \
-                distance, (PREFETCH))) {                                                          \
-        *bad_pos = (J);                                                                           \
-        return PK_ERR_INDEX;                                                                      \
-    }
-    if (split) {  /* row j goes to set (j - begin) % 2 wherever the call's index list ends */
-        for (; j + 1 < pf_end; j += 2) {
-            ADD_ROW(j, 0, 1)
-            ADD_ROW(j + 1, 1, 1)
-        }
-        for (; j + 1 < end; j += 2) {
-            ADD_ROW(j, 0, j < pf_end)
-            ADD_ROW(j + 1, 1, 0)
-        }
-    } else {
-        for (; j < pf_end; j++) {
-            ADD_ROW(j, 0, 1)
-        }
-    }
-    for (; j < end; j++) {
-        ADD_ROW(j, 0, j < pf_end)
-    }
-#undef ADD_ROW
-    if (split) {
-        PK_UNROLL(WIDE_VECS + 1)
-        for (int v = 0; v <= NV; v++) acc[0][v] = v_add(acc[0][v], acc[1][v]);
-    }
-    const int64_t count = end - begin - skipped;
-    const vf scale = v_set1(bags->mean && count > 0 ? 1.0f / (float)count : 1.0f);
-    PK_UNROLL(WIDE_VECS)
-    for (int v = 0; v < NV; v++) v_store(out_row + col + v * VL, v_mul(acc[0][v], scale));
-    if (has_tail) v_store_tail(out_row + col + NV * VL, v_mul(acc[0][NV], scale), tail);
-    return PK_OK;
-}
+/* The table types are the bag loop's float formats; the weightings its first three. */
+enum { TABLE_F32 = PK_BAG_F32, TABLE_F16 = PK_BAG_F16, TABLE_BF16 = PK_BAG_BF16 };
+enum { UNWEIGHTED = PK_BAG_UNWEIGHTED, PER_SAMPLE = PK_BAG_PER_SAMPLE, POSITIONAL = PK_BAG_POSITIONAL };
 
 /* A pass over columns [col, col + NV * VL + tail).  Its rows are prefetched unless the block lies
  * in the lines an earlier pass of the bag prefetched (`fetched`, bytes from the row's start; only
@@ -190,9 +40,8 @@ PK_INLINE pk_status bag_pass(const pk_bags *bags, const char *table, int64_t row
     do {                                                                                          \
         const size_t stop_ = (size_t)(col + (NV_) * VL + ((HAS_TAIL_) ? v_tail_len(TAIL_) : 0)) * elem; \
         const int fetch_ = !lined || stop_ > fetched;                                             \
-        pk_status s_ = bag_pass(bags, tab, rows, row_bytes, begin, end, col, (TAIL_), out,        \
-                                bad_pos, fetch_, (NV_), (HAS_TAIL_), type, idx64, weighting,      \
-                                padded, far);                                                     \
+        pk_status s_ = pk_bag_pass(bags, &t, begin, end, col, (TAIL_), out, bad_pos, fetch_,     \
+                                   (NV_), (HAS_TAIL_), type, idx64, weighting, padded, far);      \
         if (s_ != PK_OK) return s_;                                                               \
         if (fetch_) fetched = (stop_ + 63) / 64 * 64;                                             \
         col += (NV_) * VL;                                                                        \
@@ -204,8 +53,8 @@ PK_INLINE pk_status bags_fixed(const pk_bags *bags, const void *table, int64_t r
                                const int type, const int idx64, const int weighting,
                                const int padded, const int far)
 {
-    const char *tab = (const char *)table;
-    const size_t elem = type == TABLE_F32 ? 4 : 2, row_bytes = (size_t)row_stride * elem;
+    const size_t elem = pk_bag_elem(type);
+    const pk_bag_table t = pk_bag_table_of(table, rows, (size_t)row_stride * elem, 0);
     const int lined = 0;
     for (int64_t b = 0; b < bags->num_bags; b++) {
         const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
@@ -235,10 +84,10 @@ PK_INLINE pk_status bags_generic(const pk_bags *bags, const void *table, int64_t
                                  const int type, const int idx64, const int weighting,
                                  const int padded, const int far)
 {
-    const char *tab = (const char *)table;
-    const size_t elem = type == TABLE_F32 ? 4 : 2, row_bytes = (size_t)row_stride * elem;
+    const size_t elem = pk_bag_elem(type), row_bytes = (size_t)row_stride * elem;
+    const pk_bag_table t = pk_bag_table_of(table, rows, row_bytes, 0);
     const v_tail tail = v_tail_of((uint64_t)dim % VL);
-    const int lined = (uintptr_t)tab % 64 == 0 && row_bytes % 64 == 0;   /* rows start on lines */
+    const int lined = (uintptr_t)table % 64 == 0 && row_bytes % 64 == 0;   /* rows start on lines */
 #if VL == 8
     /* AVX2, unweighted: every register an accumulator (a float row is added straight from
      * memory), or for a 16-bit row all but the one it is widened into, FBGEMM's 15 (D = 120, 240,
@@ -352,7 +201,7 @@ PK_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, int64_
     const int padded = bags->padding_idx >= 0;
     /* far loops prefetch into L2; a far table under the L1 policy takes the near loops (which
      * look 48 rows ahead for it) */
-    const int far = pk_bags_far_table(rows, (uint64_t)row_stride * (type == TABLE_F32 ? 4 : 2))
+    const int far = pk_bags_far_table(rows, (uint64_t)row_stride * pk_bag_elem(type))
                     && pk_far_prefetch_mode() == PK_FAR_INTO_L2;
     const int weighting = bags->weights == NULL ? UNWEIGHTED : bags->positional ? POSITIONAL : PER_SAMPLE;
     const bags_fn (*fns)[3][2][2] = type == TABLE_F32 ? bags_TABLE_F32

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "common/half_bits.h"
+#include "common/packed_rows.h"   /* pk_q_read_trailer, pk_q_codes_bytes */
 
 /* float32 -> float16 bits (round to nearest even) and back for the 4/2-bit trailer.  Portable by
  * default; an ISA file may define both as F16C instructions before including this header. */
@@ -134,28 +135,6 @@ static inline void pk_q_pack(int bits, const uint8_t *codes, size_t n, uint8_t *
         for (size_t k = 0; k < n % per; k++) b |= (unsigned)codes[i * per + k] << (k * bits);
         dst[i] = (uint8_t)b;
     }
-}
-
-/* Trailer of a packed row: scale and bias as float32. */
-static inline void pk_q_read_trailer(int bits, const uint8_t *row, size_t codes_bytes,
-                                     float *scale, float *bias)
-{
-    if (bits == 8) {
-        memcpy(scale, row + codes_bytes, 4);
-        memcpy(bias, row + codes_bytes + 4, 4);
-    } else {
-        uint16_t s, b;
-        memcpy(&s, row + codes_bytes, 2);
-        memcpy(&b, row + codes_bytes + 2, 2);
-        *scale = pk_bits_f32(pk_f16_to_f32_bits(s));
-        *bias = pk_bits_f32(pk_f16_to_f32_bits(b));
-    }
-}
-
-static inline size_t pk_q_codes_bytes(int bits, size_t dim)
-{
-    size_t per = (size_t)(8 / bits);
-    return (dim + per - 1) / per;
 }
 
 #endif

@@ -210,7 +210,7 @@ PK_INLINE float seq_code(const int bits, const uint8_t *row, int64_t c)
     return (float)((row[c / per] >> ((c % per) * (unsigned)bits)) & mask);
 }
 #else
-#include "quantized/codes.h"   /* load_codes, load_codes_tail */
+#include "common/packed_codes.h"   /* load_codes, load_codes_tail */
 #endif
 
 PK_INLINE void seq_dequant(const int bits, const uint8_t *row, int64_t codes_bytes, int64_t dim,

@@ -1,8 +1,9 @@
 /* Block loads of row-wise quantized codes as floats, for the vector levels (the generated
- * per-level file includes simd/<isa>.h first): the quantized bags, dequantize_rowwise and the
- * unpooled quantized lookups (sequence/body.h) read packed rows through these, and nothing else. */
-#ifndef PK_QUANTIZED_CODES_H
-#define PK_QUANTIZED_CODES_H
+ * per-level file includes simd/<isa>.h first): the bag loop (common/bag_loop.h),
+ * dequantize_rowwise and the unpooled quantized lookups (sequence/body.h) read packed rows
+ * (common/packed_rows.h) through these, and nothing else. */
+#ifndef PK_COMMON_PACKED_CODES_H
+#define PK_COMMON_PACKED_CODES_H
 
 /* Codes c .. c + VL - 1 of a row (c a multiple of VL) as floats; reads only the bytes holding them. */
 PK_INLINE vf load_codes(const int bits, const uint8_t *row, int64_t c)
