@@ -14,10 +14,15 @@ target is the level's architecture; every other file (the dispatch tables, the s
 with the baseline flags of the target, so a wheel built here runs on any x86-64 (and the scalar C
 builds on aarch64).  Never -march=native.
 """
+import concurrent.futures
+import hashlib
 import os
 import platform
 import runpy
+import shutil
+import subprocess
 import sysconfig
+import threading
 from glob import glob
 from pathlib import Path
 
@@ -78,12 +83,25 @@ def isa_flags(source: str, arch: str) -> list:
     return []
 
 
+def _is_kernel_source(src: str) -> bool:
+    """Our C files (a family's level files, its scalar.c, csrc/), not Cython's generated C."""
+    return src.endswith(".c") and not os.path.basename(src).startswith("_")
+
+
 class BuildExt(build_ext):
-    """Adds ISA flags per source file, the way NumPy's dispatchable sources are built."""
+    """Adds ISA flags per source file, the way NumPy's dispatchable sources are built, and compiles
+    each distinct translation unit once.
+
+    The native torch library and the Cython extensions compile the same kernel files (the bag
+    kernels are most of the build's time): a C file whose preprocessed text and compiler command
+    are those of one already compiled in this build is not compiled again, its object is copied.
+    And every source of every out-of-date extension is compiled first in one pool of ``-j`` threads,
+    largest files first, rather than one extension per thread (distutils compiles an extension's
+    sources one after another, which left the native library's long list on one core)."""
 
     def finalize_options(self):
         super().finalize_options()
-        if self.parallel is None:
+        if self.parallel is None or self.parallel is True:
             self.parallel = os.cpu_count() or 1
 
     def build_extensions(self):
@@ -91,19 +109,84 @@ class BuildExt(build_ext):
         if compiler.compiler_type == "unix":
             original = compiler._compile
             arch = _target_arch()
+            lock = threading.Lock()
+            units: dict[str, concurrent.futures.Future] = {}   # unit key -> its first object
+            done: set = set()                                   # (object, command) built this run
+
+            def unit_key(src, cc_args, flags, pp_opts):
+                """The preprocessed text and the rest of the command, or None (cannot tell)."""
+                command = list(compiler.compiler_so) + list(cc_args) + flags
+                run = subprocess.run(command + ["-E", "-P", src], capture_output=True)
+                if run.returncode:
+                    return None
+                digest = hashlib.sha256(run.stdout)
+                # include paths and macros act through the preprocessed text
+                digest.update("\0".join(a for a in command if a not in pp_opts).encode())
+                return digest.hexdigest()
 
             def _compile(obj, src, ext, cc_args, extra_postargs, pp_opts):
                 flags = list(extra_postargs)
-                if src.endswith(".c") and not os.path.basename(src).startswith("_"):  # ours, not Cython's
-                    flags = [f for f in flags if f != "-std=c11"] + ["-std=c11"] + isa_flags(src, arch)
+                if _is_kernel_source(src):
+                    # the native library's C++ hides its symbols; the kernels' C is compiled as for
+                    # the Cython extensions, so that each file is compiled once for both
+                    flags = ([f for f in flags if f not in ("-std=c11", "-fvisibility=hidden")]
+                             + ["-std=c11"] + isa_flags(src, arch))
                 elif src.endswith(".cpp"):  # the native torch library (C++17)
                     flags = [f for f in flags if f != "-std=c11"] + ["-std=c++17"]
                 else:  # Cython output: C, but keep warnings from generated code quiet
                     flags = [f for f in flags if f not in ("-std=c11", "-Wall")]
-                return original(obj, src, ext, cc_args, flags, pp_opts)
+                job = (obj, src, tuple(cc_args), tuple(flags))
+                with lock:
+                    if job in done:          # compiled by the pool below
+                        return None
+                key = unit_key(src, cc_args, flags, pp_opts) if _is_kernel_source(src) else None
+                if key is None:
+                    original(obj, src, ext, cc_args, flags, pp_opts)
+                else:
+                    with lock:
+                        first = units.get(key)
+                        mine = first is None
+                        if mine:
+                            first = units[key] = concurrent.futures.Future()
+                    if mine:
+                        try:
+                            original(obj, src, ext, cc_args, flags, pp_opts)
+                        except BaseException as error:
+                            first.set_exception(error)
+                            raise
+                        first.set_result(obj)
+                    elif first.result() != obj:
+                        shutil.copyfile(first.result(), obj)
+                with lock:
+                    done.add(job)
+                return None
 
             compiler._compile = _compile
+            self._compile_all_sources()
         super().build_extensions()
+
+    def _compile_all_sources(self):
+        """Compiles the sources of every extension that is out of date, as build_extension would
+        (same arguments), in a pool of ``self.parallel`` threads, level files first."""
+        from setuptools._distutils.dep_util import newer_group
+
+        jobs = []
+        for ext in self.extensions:
+            sources = sorted(ext.sources)
+            if not (self.force or newer_group(sources + ext.depends, self.get_ext_fullpath(ext.name),
+                                              "newer")):
+                continue
+            macros = ext.define_macros[:] + [(undef,) for undef in ext.undef_macros]
+            for src in sources:
+                jobs.append((ext, macros, src))
+        levels = {f"{level.name}.c" for level in LEVELS if level.flags}
+        jobs.sort(key=lambda job: os.path.basename(job[2]) not in levels)   # the long ones first
+        with concurrent.futures.ThreadPoolExecutor(max(1, int(self.parallel))) as pool:
+            for future in [pool.submit(self.compiler.compile, [src], output_dir=self.build_temp,
+                                       macros=macros, include_dirs=ext.include_dirs,
+                                       debug=self.debug, extra_postargs=ext.extra_compile_args or [],
+                                       depends=ext.depends) for ext, macros, src in jobs]:
+                future.result()
 
 
 def _write_isa_list():
@@ -124,7 +207,9 @@ def _native_library(include, macros, headers) -> Extension:
     in the process's libtorch_cpu when it is loaded), and without libpython, so one build serves
     every torch from 2.10 on and a C++ program can load it.  It compiles the bag kernels of the
     embedding, quantized, interaction, sequence, LSTM and training families itself, every level, through small wrapper files under
-    build/csrc/native/ (the Cython extensions compile the same sources to other object files)."""
+    build/csrc/native/; BuildExt compiles each of those once for both this library and the Cython
+    extensions (same flags: the kernels' C symbols keep default visibility here, the C++ hides its
+    own)."""
     out = os.path.join(GENERATED, "native")
     sources = []
     for family in ("embedding", "quantized", "interaction", "sequence", "lstm", "training"):
