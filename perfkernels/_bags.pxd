@@ -11,10 +11,11 @@
 #                         scratch, BAGS_SCRATCH)
 #     checked = None if out is None else bags_out_for_kernel(out, bags.num_bags, D, table, keep)
 #     dst = bags_output(&bags, out, checked, D)              # sets bags.out / bags.out_stride
-#     call_bags(&bags, dst is out, family_bags_call, &args, rows, row_bytes, D, num_threads, "name")
+#     args = pk_table_bags_float(kernel, table, rows, D, row_stride)    # or pk_table_bags_packed
+#     call_bags(&bags, dst is out, pk_table_bags_call, &args, rows, row_bytes, D, num_threads, "name")
 #
-# (call_bags: the family's kernel through its adapter for the bag splitter, families/<family>/
-# bags_call.h, on up to num_threads threads when the call is big enough; IndexError or
+# (call_bags: the kernel through the bag splitter's one adapter for every table format,
+# csrc/common/bags_call.h, on up to num_threads threads when the call is big enough; IndexError or
 # RuntimeError for a bad status.)
 #
 # `keep` holds the arrays the pointers in `bags` point into: keep it alive until the kernel

@@ -13,7 +13,7 @@ its function-pointer ``typedef`` and its member of the family's table struct
   does not write by hand;
 - ``dispatch.c``: the table ``pk_<family>_table(level)``, one row per level;
 - ``_c_<family>.pxd``: the Cython ``cdef extern`` declarations of the header (its types, constants,
-  functions) and of the family's adapter for the bag splitter (``bags_call.h``) when it has one.
+  functions).
 
 From the wrapper ``_<family>.pyx`` it writes the type stub ``_<family>.pyi`` (the annotated
 signatures of the public functions), and from the registry the level rows of
@@ -323,14 +323,8 @@ def pxd_source(family: str, headers: list[tuple[str, str]], shared: dict[str, st
 
 
 def pxd_headers(root, family: str) -> list[tuple[str, str]]:
-    """(include name, text) of the headers a family's pxd declares: its public header, and its
-    adapter for the bag splitter (``families/<family>/bags_call.h``) when it has one."""
-    root = Path(root)
-    headers = [(f"perfkernels/{family}.h", header_path(root, family).read_text())]
-    adapter = root / "perfkernels" / "families" / family / "bags_call.h"
-    if adapter.exists():
-        headers.append((f"{family}/bags_call.h", adapter.read_text()))
-    return headers
+    """(include name, text) of the headers a family's pxd declares: its public header."""
+    return [(f"perfkernels/{family}.h", header_path(Path(root), family).read_text())]
 
 
 def write_pxd(root, family: str) -> Path:

@@ -50,8 +50,8 @@ from perfkernels._parallel cimport pool, resolve_threads
 from perfkernels._c_bags_parallel cimport pk_bags_part
 from perfkernels._c_parallel cimport pk_parallel_api
 from libc.stdlib cimport malloc, free
-from perfkernels.families.embedding._c_embedding cimport (pk_embedding_bag_fn, pk_embedding_kernels,
-                                                         pk_float_bags_args, pk_float_bags_call)
+from perfkernels.families.embedding._c_embedding cimport pk_embedding_bag_fn, pk_embedding_kernels
+from perfkernels._c_bags_call cimport pk_table_bags_args, pk_table_bags_call, pk_table_bags_float
 from perfkernels.families.sequence._sequence cimport rows_into
 
 cnp.import_array()
@@ -310,7 +310,7 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
     cdef int64_t *dst
     cdef cnp.ndarray norm = None, out
     cdef cnp.npy_intp shape[2]
-    cdef pk_float_bags_args args
+    cdef pk_table_bags_args args
     cdef pk_status status
 
     if _profiler_enabled():     # the full path records the op (``_bags.lookup``)
@@ -422,13 +422,9 @@ cdef object _lookup(weight, input, offsets, per_sample_weights, mode, bint inclu
     bags.out_stride = dim
     if bags.num_bags * dim + n >= TINY_BAGS:
         nt = resolve_threads(None)
-        args.fn = fn
-        args.table = w.data
-        args.rows = rows
-        args.dim = dim
-        args.row_stride = w.stride0
+        args = pk_table_bags_float(fn, w.data, rows, dim, w.stride0)
         with nogil:
-            status = run_bags(&bags, pk_float_bags_call, &args, rows, dim * itemsize, dim, nt,
+            status = run_bags(&bags, pk_table_bags_call, &args, rows, dim * itemsize, dim, nt,
                               NULL, &bad)
     else:
         status = fn(&bags, w.data, rows, dim, w.stride0, &bad)
@@ -517,7 +513,8 @@ def interaction_lookup(dense, list weights, list indices, list offsets, bint inc
     cdef int64_t B, Dd, width, P = 0, count, n, max_len = 0, col, total = 0, bad = -1, pad
     cdef int bad_part = -1, nt
     cdef pk_bags_part *parts = NULL
-    cdef pk_float_bags_args *args = NULL
+    cdef pk_table_bags_args *args = NULL
+    cdef pk_embedding_bag_fn ffn
     cdef int64_t *offs = NULL
     cdef pk_bags *bg
     cdef pk_status status = PK_OK
@@ -538,7 +535,7 @@ def interaction_lookup(dense, list weights, list indices, list offsets, bint inc
         P = ali.shape[0]
         width = Dd + P
     parts = <pk_bags_part *>malloc(F * sizeof(pk_bags_part))
-    args = <pk_float_bags_args *>malloc(F * sizeof(pk_float_bags_args))
+    args = <pk_table_bags_args *>malloc(F * sizeof(pk_table_bags_args))
     # the normalised offsets from the pool (26 tables at batch 2048 need 426 KiB: a fresh
     # malloc of that size can be a new mapping, and page faults, on every call)
     cdef cnp.npy_intp offs_len = F * (B + 1)
@@ -556,11 +553,11 @@ def interaction_lookup(dense, list weights, list indices, list offsets, bint inc
                     or not _readable(weight, &w) or w.ndim != 2):
                 return None
             if w.code == DL_FLOAT and w.bits == 32:
-                args[f].fn = _kernels.embedding_bag_f32
+                ffn = _kernels.embedding_bag_f32
             elif w.code == DL_FLOAT and w.bits == 16:
-                args[f].fn = _kernels.embedding_bag_f16
+                ffn = _kernels.embedding_bag_f16
             elif w.code == DL_BFLOAT and w.bits == 16:
-                args[f].fn = _kernels.embedding_bag_bf16
+                ffn = _kernels.embedding_bag_bf16
             else:
                 return None
             if ((w.stride1 != 1 and w.size1 > 1) or w.stride0 < 0
@@ -582,10 +579,7 @@ def interaction_lookup(dense, list weights, list indices, list offsets, bint inc
             pad = padding_idx[f]
             if pad >= w.size0:
                 return None
-            args[f].table = w.data
-            args[f].rows = w.size0
-            args[f].dim = w.size1
-            args[f].row_stride = w.stride0
+            args[f] = pk_table_bags_float(ffn, w.data, w.size0, w.size1, w.stride0)
             bg = &parts[f].bags
             bg.indices = ix.data
             bg.n_indices = n
@@ -596,7 +590,7 @@ def interaction_lookup(dense, list weights, list indices, list offsets, bint inc
             bg.positional = 0
             bg.mean = 1 if mean[f] else 0
             bg.padding_idx = pad if pad >= 0 else -1
-            parts[f].call = pk_float_bags_call
+            parts[f].call = pk_table_bags_call
             parts[f].args = &args[f]
             parts[f].index_cost = w.size1 * (w.bits // 8) + ix.bits // 8
             parts[f].bag_cost = w.size1 * 4 + 8

@@ -301,4 +301,23 @@ PK_INLINE pk_status pk_bag_pass(const pk_bags *bags, const pk_bag_table *t, int6
     return PK_OK;
 }
 
+/* A compiled loop of the engine: the planner PLAN of a table format (its pass plan over a bag's
+ * columns) for one (format, D class, index width, weighting, padding, prefetch mode), given as the
+ * constants after PLAN's run-time arguments, in a noinline function of its own, named NAME.  The
+ * formats' kernels pick one from a table of these once per call.  Inlined all into one exported
+ * kernel, the loop nests made one function too large for GCC's register allocator to treat each
+ * loop on its own: it kept accumulators on the stack, a load and a store per row each (2 of the 15
+ * of AVX2's 16-bit float pass, 2-4 of the 4-bit packed pass), and left a register unused; apart, no
+ * accumulator of a pass within the register budget leaves the registers.  `row_stride` is the
+ * format's own (elements of a float row, bytes of a packed one). */
+typedef pk_status (*pk_bag_fn)(const pk_bags *bags, const void *table, int64_t rows, int64_t dim,
+                               int64_t row_stride, int64_t *bad_pos);
+#define PK_BAG_FN(NAME, PLAN, ...)                                                                 \
+    static __attribute__((noinline)) pk_status NAME(const pk_bags *bags, const void *table,       \
+                                                    int64_t rows, int64_t dim, int64_t row_stride, \
+                                                    int64_t *bad_pos)                             \
+    {                                                                                              \
+        return PLAN(bags, table, rows, dim, row_stride, bad_pos, __VA_ARGS__);                    \
+    }
+
 #endif

@@ -21,8 +21,8 @@
  * followed by a second read of the caller's array could pass and then see a bad index.
  *
  * Header-only (static functions, baseline flags): included by the Cython modules of both bag
- * families and of the multi-table lookup.  It knows no family: each bag family's adapter (its
- * pk_bags_call and argument struct) is in the family's folder, families/<family>/bags_call.h.
+ * families and of the multi-table lookup.  It knows no table format: the one adapter of the bag
+ * kernels of every format (its pk_bags_call and argument struct) is common/bags_call.h.
  */
 #ifndef PERFKERNELS_BAGS_PARALLEL_H
 #define PERFKERNELS_BAGS_PARALLEL_H

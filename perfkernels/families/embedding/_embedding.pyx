@@ -6,8 +6,8 @@ import numpy as np
 cimport numpy as cnp
 
 from perfkernels._c_bags cimport pk_bags
-from perfkernels.families.embedding._c_embedding cimport (pk_float_bags_args, pk_float_bags_call,
-                                                         pk_embedding_kernels, pk_embedding_table)
+from perfkernels.families.embedding._c_embedding cimport pk_embedding_kernels, pk_embedding_table
+from perfkernels._c_bags_call cimport pk_table_bags_args, pk_table_bags_call, pk_table_bags_float
 from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
 from perfkernels._bags cimport (BAGS_SCRATCH, prepare_bags, bags_out_for_kernel, bags_output,
                                 call_bags)
@@ -158,13 +158,10 @@ def embedding_bag(weight: TableArray, indices: IndexArray, offsets: IndexArray |
         dim)
     cdef int t = cnp.PyArray_TYPE(table)
     cdef const pk_embedding_kernels *k = _kernels
-    cdef pk_float_bags_args args
-    args.fn = k.embedding_bag_f32 if t == cnp.NPY_FLOAT32 else (
-        k.embedding_bag_f16 if t == cnp.NPY_FLOAT16 else k.embedding_bag_bf16)
-    args.table = cnp.PyArray_DATA(table)
-    args.rows = rows
-    args.dim = dim
-    args.row_stride = row_stride
-    call_bags(&bags, dst is out, pk_float_bags_call, &args, rows, dim * cnp.PyArray_ITEMSIZE(table),
+    cdef pk_table_bags_args args = pk_table_bags_float(
+        k.embedding_bag_f32 if t == cnp.NPY_FLOAT32 else (
+            k.embedding_bag_f16 if t == cnp.NPY_FLOAT16 else k.embedding_bag_bf16),
+        cnp.PyArray_DATA(table), rows, dim, row_stride)
+    call_bags(&bags, dst is out, pk_table_bags_call, &args, rows, dim * cnp.PyArray_ITEMSIZE(table),
               dim, nt, "embedding_bag")
     return finish_out(out, dst)

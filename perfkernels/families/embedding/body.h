@@ -153,27 +153,17 @@ PK_INLINE pk_status bags_by_dim(const pk_bags *bags, const void *table, int64_t 
     }
 }
 
-/* bags_by_dim for one (table type, index width, weighting, padding, prefetch mode), in a function
- * of its own.  Inlined all into one exported kernel, the 72 loop nests made one function too large
- * for GCC's register allocator to treat each loop on its own: it kept 2 of the 15 accumulators of
- * AVX2's 16-bit pass on the stack (a load and a store per row each) and left a register unused;
- * apart, no accumulator of a pass of at most 15 vectors leaves the registers. */
-typedef pk_status (*bags_fn)(const pk_bags *, const void *, int64_t, int64_t, int64_t, int64_t *);
+/* The compiled loops (PK_BAG_FN): one per (table type, index width, weighting, padding, prefetch
+ * mode). */
 #define BAGS_FN(TYPE, IDX64, WEIGHTING, PADDED, FAR)                                               \
-    static __attribute__((noinline)) pk_status                                                     \
-    bags_##TYPE##_##IDX64##_##WEIGHTING##_##PADDED##_##FAR(const pk_bags *bags, const void *table, \
-                                                           int64_t rows, int64_t dim,             \
-                                                           int64_t row_stride, int64_t *bad_pos)  \
-    {                                                                                              \
-        return bags_by_dim(bags, table, rows, dim, row_stride, bad_pos, TYPE, IDX64, WEIGHTING,   \
-                           PADDED, FAR);                                                           \
-    }
+    PK_BAG_FN(bags_##TYPE##_##IDX64##_##WEIGHTING##_##PADDED##_##FAR, bags_by_dim, TYPE, IDX64,    \
+              WEIGHTING, PADDED, FAR)
 #define BAGS_FN_PF(T, I, W) BAGS_FN(T, I, W, 0, 0) BAGS_FN(T, I, W, 0, 1) BAGS_FN(T, I, W, 1, 0) \
                             BAGS_FN(T, I, W, 1, 1)
 #define BAGS_FN_W(T, I) BAGS_FN_PF(T, I, UNWEIGHTED) BAGS_FN_PF(T, I, PER_SAMPLE) \
                         BAGS_FN_PF(T, I, POSITIONAL)
 #define BAGS_FNS(T) BAGS_FN_W(T, 0) BAGS_FN_W(T, 1)                                               \
-    static const bags_fn bags_##T[2][3][2][2] = {BAGS_ROW_I(T, 0), BAGS_ROW_I(T, 1)};
+    static const pk_bag_fn bags_##T[2][3][2][2] = {BAGS_ROW_I(T, 0), BAGS_ROW_I(T, 1)};
 #define BAGS_ROW_PF(T, I, W) {{bags_##T##_##I##_##W##_0_0, bags_##T##_##I##_##W##_0_1}, \
                               {bags_##T##_##I##_##W##_1_0, bags_##T##_##I##_##W##_1_1}}
 #define BAGS_ROW_I(T, I) {BAGS_ROW_PF(T, I, UNWEIGHTED), BAGS_ROW_PF(T, I, PER_SAMPLE), \
@@ -204,7 +194,7 @@ PK_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, int64_
     const int far = pk_bags_far_table(rows, (uint64_t)row_stride * pk_bag_elem(type))
                     && pk_far_prefetch_mode() == PK_FAR_INTO_L2;
     const int weighting = bags->weights == NULL ? UNWEIGHTED : bags->positional ? POSITIONAL : PER_SAMPLE;
-    const bags_fn (*fns)[3][2][2] = type == TABLE_F32 ? bags_TABLE_F32
+    const pk_bag_fn (*fns)[3][2][2] = type == TABLE_F32 ? bags_TABLE_F32
                                     : type == TABLE_F16 ? bags_TABLE_F16 : bags_TABLE_BF16;
     return fns[bags->index_64 != 0][weighting][padded][far](bags, table, rows, dim, row_stride, bad_pos);
 }

@@ -21,11 +21,10 @@ from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_INDEX
 from perfkernels._c_bags cimport pk_bags, pk_bags_index
 from perfkernels._c_parallel cimport pk_parallel_api
 from perfkernels._c_bags_parallel cimport pk_bags_part, pk_bags_run
-from perfkernels.families.embedding._c_embedding cimport (pk_embedding_kernels, pk_float_bags_args,
-                                                         pk_float_bags_call)
-from perfkernels.families.quantized._c_quantized cimport (pk_quantized_kernels,
-                                                         pk_quantized_bags_args,
-                                                         pk_quantized_bags_call)
+from perfkernels.families.embedding._c_embedding cimport pk_embedding_kernels
+from perfkernels.families.quantized._c_quantized cimport pk_quantized_kernels
+from perfkernels._c_bags_call cimport (pk_table_bags_args, pk_table_bags_call, pk_table_bags_float,
+                                       pk_table_bags_packed)
 from perfkernels._arrays cimport as_float32, check_out, finish_out
 from perfkernels._bags cimport (as_int_array, lengths_to_offsets, normalise_offsets,
                                 out_via_temporary)
@@ -54,11 +53,6 @@ def _set_isa(int level):
 
 
 _dispatch.register(_set_isa)
-
-# one feature's kernel arguments (float or quantized table)
-ctypedef union _args:
-    pk_float_bags_args f
-    pk_quantized_bags_args q
 
 
 cdef list _per_feature(object value, Py_ssize_t F, str name):
@@ -95,30 +89,24 @@ cdef tuple _checked_tables(object tables, Py_ssize_t F, list bits_f, list dims_f
     return arrays, tdims, kinds
 
 
-cdef void _set_kernel(pk_bags_part *part, _args *arg, cnp.ndarray a_, int kind, int64_t dim,
+cdef void _set_kernel(pk_bags_part *part, pk_table_bags_args *arg, cnp.ndarray a_, int kind, int64_t dim,
                       int idx_bytes):
     """Point a part at its table's kernel (float or packed) and set its costs."""
     part.args = arg
+    part.call = pk_table_bags_call
     part.bag_cost = dim * 4 + 8
     part.rows = a_.shape[0]
     if kind > 0:
-        arg.f.fn = (_float_kernels.embedding_bag_f32 if kind == cnp.NPY_FLOAT32 else
-                    _float_kernels.embedding_bag_f16 if kind == cnp.NPY_FLOAT16 else
-                    _float_kernels.embedding_bag_bf16)
-        arg.f.table = cnp.PyArray_DATA(a_)
-        arg.f.rows = a_.shape[0]
-        arg.f.dim = dim
-        arg.f.row_stride = cnp.PyArray_STRIDE(a_, 0) // cnp.PyArray_ITEMSIZE(a_)
-        part.call = pk_float_bags_call
+        arg[0] = pk_table_bags_float(
+            _float_kernels.embedding_bag_f32 if kind == cnp.NPY_FLOAT32 else
+            _float_kernels.embedding_bag_f16 if kind == cnp.NPY_FLOAT16 else
+            _float_kernels.embedding_bag_bf16,
+            cnp.PyArray_DATA(a_), a_.shape[0], dim,
+            cnp.PyArray_STRIDE(a_, 0) // cnp.PyArray_ITEMSIZE(a_))
         part.index_cost = dim * cnp.PyArray_ITEMSIZE(a_) + idx_bytes
     else:
-        arg.q.fn = _quantized_kernels.embedding_bag_quantized
-        arg.q.bits = -kind
-        arg.q.packed = <const uint8_t *>cnp.PyArray_DATA(a_)
-        arg.q.rows = a_.shape[0]
-        arg.q.row_bytes = a_.shape[1]
-        arg.q.dim = dim
-        part.call = pk_quantized_bags_call
+        arg[0] = pk_table_bags_packed(_quantized_kernels.embedding_bag_quantized, -kind,
+                                      cnp.PyArray_DATA(a_), a_.shape[0], a_.shape[1], dim)
         part.index_cost = a_.shape[1] + idx_bytes
 
 
@@ -336,7 +324,7 @@ def embedding_bags_multi(tables: Sequence[TableArray], indices: IndexArray, *,
 
     # one part per feature: its bags (offsets from f * B, out at its columns), kernel and costs
     cdef pk_bags_part *parts = <pk_bags_part *>malloc(F * sizeof(pk_bags_part))
-    cdef _args *args = <_args *>malloc(F * sizeof(_args))
+    cdef pk_table_bags_args *args = <pk_table_bags_args *>malloc(F * sizeof(pk_table_bags_args))
     cdef pk_bags_part *part
     cdef cnp.ndarray a_, snapshot = None
     cdef void *snap = NULL
@@ -511,7 +499,7 @@ def embedding_bags_interaction(dense: Float32Array, tables: Sequence[TableArray]
         dst = pool_new(shape, cnp.NPY_FLOAT32)
 
     cdef pk_bags_part *parts = <pk_bags_part *>malloc(F * sizeof(pk_bags_part))
-    cdef _args *args = <_args *>malloc(F * sizeof(_args))
+    cdef pk_table_bags_args *args = <pk_table_bags_args *>malloc(F * sizeof(pk_table_bags_args))
     cdef pk_bags_part *part
     cdef int64_t col = Dd, bad = -1
     cdef int bad_part = -1, kind

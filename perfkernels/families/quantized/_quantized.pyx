@@ -10,9 +10,8 @@ from perfkernels._memory cimport pool_new
 
 from perfkernels._c_common cimport pk_status, PK_OK, PK_ERR_NONFINITE
 from perfkernels._c_bags cimport pk_bags
-from perfkernels.families.quantized._c_quantized cimport (pk_quantized_bags_args,
-                                                         pk_quantized_bags_call,
-                                                         pk_quantized_kernels,
+from perfkernels._c_bags_call cimport pk_table_bags_args, pk_table_bags_call, pk_table_bags_packed
+from perfkernels.families.quantized._c_quantized cimport (pk_quantized_kernels,
                                                          pk_quantized_row_bytes,
                                                          pk_quantized_table)
 from perfkernels._arrays cimport as_input, finish_out, kernel_table_getter, register_family
@@ -308,13 +307,8 @@ def embedding_bag_quantized(packed: npt.NDArray[np.uint8], indices: IndexArray,
     cdef cnp.ndarray dst = bags_output(
         &bags, out, None if out is None else bags_out_for_kernel(out, bags.num_bags, d, p, keep),
         d)
-    cdef pk_quantized_bags_args args
-    args.fn = _kernels.embedding_bag_quantized
-    args.bits = b
-    args.packed = <const uint8_t *>cnp.PyArray_DATA(p)
-    args.rows = rows
-    args.row_bytes = row_bytes
-    args.dim = d
-    call_bags(&bags, dst is out, pk_quantized_bags_call, &args, rows, row_bytes, d, nt,
+    cdef pk_table_bags_args args = pk_table_bags_packed(_kernels.embedding_bag_quantized, b,
+                                                        cnp.PyArray_DATA(p), rows, row_bytes, d)
+    call_bags(&bags, dst is out, pk_table_bags_call, &args, rows, row_bytes, d, nt,
               "embedding_bag_quantized")
     return finish_out(out, dst)

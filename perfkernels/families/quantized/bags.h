@@ -41,9 +41,9 @@ PK_INLINE pk_status bag_block(const int bits, const int nv, const int has_tail, 
  * plus a tail (a pass more reads every index, trailer and prefetch of the bag again, dearer for
  * packed rows than for float ones: the float planner's blocks of 8, 4, 2, 1 vectors measured
  * 11-27% slower at D = 100 and 129).  Only the first pass prefetches: it brings whole rows. */
-PK_INLINE pk_status bags_loop(const int bits, const int D, const int index_64, const int weighted,
-                              const int far, const pk_bags *g, const uint8_t *packed,
-                              int64_t rows, int64_t dim_rt, int64_t row_bytes_rt, int64_t *bad_pos)
+PK_INLINE pk_status bags_loop(const pk_bags *g, const void *packed, int64_t rows, int64_t dim_rt,
+                              int64_t row_bytes_rt, int64_t *bad_pos, const int bits, const int D,
+                              const int index_64, const int weighted, const int far)
 {
     const int64_t dim = D ? D : dim_rt;
     const int64_t codes_bytes = bits == 8 ? dim : (int64_t)pk_q_codes_bytes(bits, (size_t)dim);
@@ -87,30 +87,21 @@ PK_INLINE pk_status bags_loop(const int bits, const int D, const int index_64, c
     return PK_OK;
 }
 
-/* One function per (bits, D, far, index width, weighting), each on its own (noinline): inlined
- * into one function per (bits, D, far), the four loop nests of each made a function too large for
- * GCC's register allocator to treat each loop apart, and it kept accumulators of the 4-bit AVX2
- * passes on the stack (a load and a store per row each).  The index width and whether there are
- * weights are picked once per call. */
+/* The compiled loops (PK_BAG_FN): one per (bits, D, far, index width, weighting); the index width
+ * and whether there are weights are picked once per call. */
 #define BAGS_ONE(BITS, D, FAR, IDX64, WEIGHTED)                                                   \
-    static __attribute__((noinline)) pk_status                                                    \
-    bags_##BITS##bit_d##D##_##FAR##_##IDX64##_##WEIGHTED(const pk_bags *g, const uint8_t *packed, \
-                                                         int64_t rows, int64_t dim,               \
-                                                         int64_t row_bytes, int64_t *bad)         \
-    {                                                                                             \
-        return bags_loop(BITS, D, IDX64, WEIGHTED, FAR, g, packed, rows, dim, row_bytes, bad);    \
-    }
+    PK_BAG_FN(bags_##BITS##bit_d##D##_##FAR##_##IDX64##_##WEIGHTED, bags_loop, BITS, D, IDX64,    \
+              WEIGHTED, FAR)
 #define BAGS_FOR_FAR(BITS, D, FAR)                                                                \
     BAGS_ONE(BITS, D, FAR, 0, 0) BAGS_ONE(BITS, D, FAR, 0, 1)                                     \
     BAGS_ONE(BITS, D, FAR, 1, 0) BAGS_ONE(BITS, D, FAR, 1, 1)
 #define BAGS_FOR(BITS, D)                                                                         \
     BAGS_FOR_FAR(BITS, D, 0) BAGS_FOR_FAR(BITS, D, 1)                                             \
-    static const bags_fn bags_##BITS##bit_d##D[2][2][2] = {                                       \
+    static const pk_bag_fn bags_##BITS##bit_d##D[2][2][2] = {                                       \
         {{bags_##BITS##bit_d##D##_0_0_0, bags_##BITS##bit_d##D##_0_0_1},                          \
          {bags_##BITS##bit_d##D##_0_1_0, bags_##BITS##bit_d##D##_0_1_1}},                         \
         {{bags_##BITS##bit_d##D##_1_0_0, bags_##BITS##bit_d##D##_1_0_1},                          \
          {bags_##BITS##bit_d##D##_1_1_0, bags_##BITS##bit_d##D##_1_1_1}}};
-typedef pk_status (*bags_fn)(const pk_bags *, const uint8_t *, int64_t, int64_t, int64_t, int64_t *);
 BAGS_FOR(8, 0) BAGS_FOR(8, 32) BAGS_FOR(8, 64) BAGS_FOR(8, 128) BAGS_FOR(8, 256)
 BAGS_FOR(4, 0) BAGS_FOR(4, 32) BAGS_FOR(4, 64) BAGS_FOR(4, 128) BAGS_FOR(4, 256)
 BAGS_FOR(2, 0)

@@ -26,10 +26,9 @@
 #include "torch_api.h"
 
 extern "C" {
-#include "embedding/bags_call.h"
+#include "common/bags_call.h"
 #include "perfkernels/cpu.h"
 #include "perfkernels/lstm.h"
-#include "quantized/bags_call.h"
 #include "multi/fused.h"
 #include "perfkernels/interaction.h"
 #include "perfkernels/sequence.h"
@@ -375,8 +374,7 @@ void run(const Bags &b, const pk_bags_part *parts, int n_parts, const int64_t *r
  * unit-stride elements, copied otherwise) when bits is 0, else rows of packed codes of `dim`
  * columns at 8, 4 or 2 bits.  The copies live here as long as the part is used. */
 struct TablePart {
-    pk_float_bags_args fargs;
-    pk_quantized_bags_args qargs;
+    pk_table_bags_args args;
     int64_t rows = 0, dim = 0, elem = 4;
     bool packed = false;
     std::vector<uint32_t> c32;
@@ -391,14 +389,15 @@ void table_part(const Tensor &weight, int64_t bits, int64_t packed_dim, const st
     T.rows = w.size[0];
     if (bits == 0) {
         const pk_embedding_kernels *k = pk_embedding_table(g_isa.load(std::memory_order_relaxed));
+        pk_embedding_bag_fn fn;
         if (w.dtype == api.aoti_torch_dtype_float32()) {
-            T.fargs.fn = k->embedding_bag_f32;
+            fn = k->embedding_bag_f32;
             T.elem = 4;
         } else if (w.dtype == api.aoti_torch_dtype_float16()) {
-            T.fargs.fn = k->embedding_bag_f16;
+            fn = k->embedding_bag_f16;
             T.elem = 2;
         } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
-            T.fargs.fn = k->embedding_bag_bf16;
+            fn = k->embedding_bag_bf16;
             T.elem = 2;
         } else {
             fail("perfkernels: " + name + " must be float32, float16 or bfloat16; got " +
@@ -412,10 +411,7 @@ void table_part(const Tensor &weight, int64_t bits, int64_t packed_dim, const st
                                : (const void *)contiguous<uint16_t>(w, T.c16);
             row_stride = T.dim;
         }
-        T.fargs.table = data;
-        T.fargs.rows = T.rows;
-        T.fargs.dim = T.dim;
-        T.fargs.row_stride = row_stride;
+        T.args = pk_table_bags_float(fn, data, T.rows, T.dim, row_stride);
         return;
     }
     if (bits != 8 && bits != 4 && bits != 2)
@@ -433,12 +429,9 @@ void table_part(const Tensor &weight, int64_t bits, int64_t packed_dim, const st
     T.packed = true;
     T.elem = 1;
     T.dim = packed_dim;
-    T.qargs.fn = pk_quantized_table(g_isa.load(std::memory_order_relaxed))->embedding_bag_quantized;
-    T.qargs.bits = (int)bits;
-    T.qargs.packed = contiguous<uint8_t>(w, T.c8);
-    T.qargs.rows = T.rows;
-    T.qargs.row_bytes = row_bytes;
-    T.qargs.dim = packed_dim;
+    T.args = pk_table_bags_packed(
+        pk_quantized_table(g_isa.load(std::memory_order_relaxed))->embedding_bag_quantized,
+        (int)bits, contiguous<uint8_t>(w, T.c8), T.rows, row_bytes, packed_dim);
 }
 
 /* The part of feature f: `num_bags` bags of `T`, offsets (num_bags + 1, into `ix`'s entries). */
@@ -457,9 +450,9 @@ pk_bags_part make_part(const TablePart &T, const Ints &ix, const int64_t *offset
     b.positional = 0;
     b.mean = mean ? 1 : 0;
     b.padding_idx = padding_idx < 0 ? -1 : padding_idx;
-    part.call = T.packed ? pk_quantized_bags_call : pk_float_bags_call;
-    part.args = T.packed ? (const void *)&T.qargs : (const void *)&T.fargs;
-    part.index_cost = (T.packed ? T.qargs.row_bytes : T.dim * T.elem) + (ix.is64 ? 8 : 4);
+    part.call = pk_table_bags_call;
+    part.args = &T.args;
+    part.index_cost = (T.packed ? T.args.row_stride : T.dim * T.elem) + (ix.is64 ? 8 : 4);
     part.bag_cost = T.dim * 4 + 8;
     part.rows = T.rows;
     return part;
@@ -825,9 +818,7 @@ Tensor interaction(const float *dense, int64_t batch, int64_t dense_dim,
     int64_t width = dense_dim;
     const Pairs *pairs = nullptr;
     for (int f = 0; f < n_parts; f++) {
-        const int64_t dim = parts[(size_t)f].call == pk_quantized_bags_call
-            ? static_cast<const pk_quantized_bags_args *>(parts[(size_t)f].args)->dim
-            : static_cast<const pk_float_bags_args *>(parts[(size_t)f].args)->dim;
+        const int64_t dim = static_cast<const pk_table_bags_args *>(parts[(size_t)f].args)->dim;
         if (cat) {
             width += dim;
         } else if (dim != dense_dim) {
@@ -857,9 +848,7 @@ Tensor interaction(const float *dense, int64_t batch, int64_t dense_dim,
             pk_bags_part &p = parts[(size_t)f];
             p.bags.out = o + col;
             p.bags.out_stride = width;
-            col += p.call == pk_quantized_bags_call
-                ? static_cast<const pk_quantized_bags_args *>(p.args)->dim
-                : static_cast<const pk_float_bags_args *>(p.args)->dim;
+            col += static_cast<const pk_table_bags_args *>(p.args)->dim;
         }
         if (n_parts > 0 && batch > 0)
             s = pk_bags_run(&g_pool, torch_threads(), parts.data(), n_parts, nullptr, &bad, &bad_part);
@@ -1263,9 +1252,10 @@ void embedding_quantized(StableIValue *stack, uint64_t, uint64_t)
         pk_sequence_table(g_isa.load(std::memory_order_relaxed))->embedding_rows_quantized;
     const size_t isz = ix.ints.is64 ? 8 : 4;
     std::atomic<int> failed{0};
-    split_rows(ix.ints.n, ix.ints.n * (T.qargs.row_bytes + dim * 4), [&](int64_t lo, int64_t hi) {
+    const uint8_t *rows = static_cast<const uint8_t *>(T.args.table);
+    split_rows(ix.ints.n, ix.ints.n * (T.args.row_stride + dim * 4), [&](int64_t lo, int64_t hi) {
         int64_t bad = 0;
-        if (fn((int)bits, T.qargs.packed, T.rows, T.qargs.row_bytes, dim,
+        if (fn((int)bits, rows, T.rows, T.args.row_stride, dim,
                static_cast<const char *>(ix.ints.data) + (size_t)lo * isz, ix.ints.is64, hi - lo,
                o + lo * dim, &bad) != PK_OK)
             failed.store(1);
@@ -1330,7 +1320,8 @@ void dequantize_rowwise(StableIValue *stack, uint64_t, uint64_t)
     table_part(packed, bits, dim, "packed", T);
     Tensor out = new_output(T.rows, dim);
     pk_quantized_table(g_isa.load(std::memory_order_relaxed))
-        ->dequantize_rowwise((int)bits, T.qargs.packed, (size_t)T.rows, (size_t)T.qargs.row_bytes,
+        ->dequantize_rowwise((int)bits, static_cast<const uint8_t *>(T.args.table), (size_t)T.rows,
+                             (size_t)T.args.row_stride,
                              (size_t)dim, output_data(out));
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
