@@ -40,7 +40,8 @@ PK_INLINE int pk_bag_bits(const int format)
 enum { PK_BAG_UNWEIGHTED, PK_BAG_PER_SAMPLE, PK_BAG_POSITIONAL, PK_BAG_WEIGHTED };
 
 /* The widest block a planner may ask for: 16 vectors (AVX2's unweighted float pass and 16-bit
- * D = 128, packed D = 128 / 256 blocks; AVX-512's half of its registers). */
+ * D = 128; AVX-512's half of its registers, its packed D = 128 / 256 blocks).  AVX2's packed
+ * blocks are at most 8 vectors (quantized/bags.h). */
 #define PK_BAG_MAX_BLOCK 16
 /* Narrow blocks alternate rows between two accumulator sets when both fit in a quarter of the
  * registers (below). */
