@@ -119,24 +119,6 @@ PK_INLINE void pk_bag_prefetch(uintptr_t p, size_t nbytes, const int format, con
     }
 }
 
-/* A packed row's scale and bias.  The 4/2-bit trailer's float16 values go through the level's
- * conversion (F16C: one instruction each, where common/packed_rows.h's portable conversion takes
- * about twenty per value): the same value for every non-NaN (quantize never writes a NaN). */
-PK_INLINE void pk_bag_trailer(const int bits, const uint8_t *row, size_t codes_bytes, float *scale,
-                              float *bias)
-{
-    if (bits == 8) {
-        memcpy(scale, row + codes_bytes, 4);
-        memcpy(bias, row + codes_bytes + 4, 4);
-        return;
-    }
-    uint16_t s, b;
-    memcpy(&s, row + codes_bytes, 2);
-    memcpy(&b, row + codes_bytes + 2, 2);
-    *scale = s_from_f16(s);
-    *bias = s_from_f16(b);
-}
-
 /* Add the block of row indices[j] (times its weight, and for packed rows its scale) to acc: the
  * index is checked before its row is touched; with `prefetch`, the row `distance` indices ahead
  * (which exists) is prefetched.  Padding entries are skipped only where the call may have a
@@ -188,7 +170,7 @@ PK_INLINE int pk_bag_add_row(const void *indices, int64_t padding, const float *
     const int bits = pk_bag_bits(format);
     const uint8_t *codes = (const uint8_t *)block;
     float scale, bias;
-    pk_bag_trailer(bits, codes, codes_bytes, &scale, &bias);
+    pk_packed_trailer(bits, codes, codes_bytes, &scale, &bias);
     const vf ws = v_set1(weighting == PK_BAG_UNWEIGHTED ? scale : w * scale);
     *bias_sum += weighting == PK_BAG_UNWEIGHTED ? bias : w * bias;
     if (bits == 4 && NV % 2 == 0 && !has_tail) {

@@ -1,9 +1,29 @@
-/* Block loads of row-wise quantized codes as floats, for the vector levels (the generated
- * per-level file includes simd/<isa>.h first): the bag loop (common/bag_loop.h),
- * dequantize_rowwise and the unpooled quantized lookups (sequence/body.h) read packed rows
- * (common/packed_rows.h) through these, and nothing else. */
+/* Block loads of row-wise quantized codes as floats, and the row's scale and bias, for the
+ * vector levels (the generated per-level file includes simd/<isa>.h first): the bag loop
+ * (common/bag_loop.h), dequantize_rowwise and the unpooled quantized lookups (sequence/body.h)
+ * read packed rows (common/packed_rows.h) through these, and nothing else. */
 #ifndef PK_COMMON_PACKED_CODES_H
 #define PK_COMMON_PACKED_CODES_H
+
+#include <string.h>
+
+/* A packed row's scale and bias.  The 4/2-bit trailer's float16 values go through the level's
+ * conversion (F16C: one instruction each, where common/packed_rows.h's portable conversion takes
+ * about twenty per value): the same value for every non-NaN (quantize never writes a NaN). */
+PK_INLINE void pk_packed_trailer(const int bits, const uint8_t *row, size_t codes_bytes,
+                                 float *scale, float *bias)
+{
+    if (bits == 8) {
+        memcpy(scale, row + codes_bytes, 4);
+        memcpy(bias, row + codes_bytes + 4, 4);
+        return;
+    }
+    uint16_t s, b;
+    memcpy(&s, row + codes_bytes, 2);
+    memcpy(&b, row + codes_bytes + 2, 2);
+    *scale = s_from_f16(s);
+    *bias = s_from_f16(b);
+}
 
 /* Codes c .. c + VL - 1 of a row (c a multiple of VL) as floats; reads only the bytes holding them. */
 PK_INLINE vf load_codes(const int bits, const uint8_t *row, int64_t c)

@@ -25,7 +25,7 @@ void PK_ISA_FN(pk_dequantize_rowwise)(int bits, const uint8_t *packed, size_t ro
         const uint8_t *row = packed + r * row_bytes;
         float *o = out + r * dim;
         float scale, bias;
-        pk_q_read_trailer(bits, row, codes_bytes, &scale, &bias);
+        pk_packed_trailer(bits, row, codes_bytes, &scale, &bias);
         const vf vscale = v_set1(scale), vbias = v_set1(bias);
         size_t c;
         for (c = 0; c + VL <= dim; c += VL)

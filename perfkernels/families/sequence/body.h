@@ -217,10 +217,11 @@ PK_INLINE void seq_dequant(const int bits, const uint8_t *row, int64_t codes_byt
                            float *o)
 {
     float scale, bias;
-    pk_q_read_trailer(bits, row, (size_t)codes_bytes, &scale, &bias);
 #if VL == 1
+    pk_q_read_trailer(bits, row, (size_t)codes_bytes, &scale, &bias);
     for (int64_t c = 0; c < dim; c++) o[c] = seq_code(bits, row, c) * scale + bias;
 #else
+    pk_packed_trailer(bits, row, (size_t)codes_bytes, &scale, &bias);
     const vf vscale = v_set1(scale), vbias = v_set1(bias);
     int64_t c = 0;
     for (; c + VL <= dim; c += VL) v_store(o + c, v_fmadd(load_codes(bits, row, c), vscale, vbias));
