@@ -96,7 +96,7 @@ class BuildExt(build_ext):
     kernels are most of the build's time): a C file whose preprocessed text and compiler command
     are those of one already compiled in this build is not compiled again, its object is copied.
     And every source of every out-of-date extension is compiled first in one pool of ``-j`` threads,
-    largest files first, rather than one extension per thread (distutils compiles an extension's
+    the ISA level files (the long ones) first, rather than one extension per thread (distutils compiles an extension's
     sources one after another, which left the native library's long list on one core)."""
 
     def finalize_options(self):
@@ -168,7 +168,10 @@ class BuildExt(build_ext):
     def _compile_all_sources(self):
         """Compiles the sources of every extension that is out of date, as build_extension would
         (same arguments), in a pool of ``self.parallel`` threads, level files first."""
-        from setuptools._distutils.dep_util import newer_group
+        try:
+            from setuptools.modified import newer_group          # setuptools >= 69
+        except ImportError:
+            from setuptools._distutils.dep_util import newer_group
 
         jobs = []
         for ext in self.extensions:
