@@ -11,7 +11,8 @@
  * where rows do not start on lines), with the bag kernels' policy (perfkernels/bags.h): into L1
  * (T0) 16 ahead for a table under PK_BAGS_FAR_MIN_BYTES (32 for rows of at most 128 bytes); a
  * larger one's rows come from DRAM, and go 48 ahead into L2 (T1), or, where pk_far_prefetch_mode
- * says L1, into L1 SEQ_FAR_L1 ahead (64 for rows of at most 128 bytes).  On an AMD EPYC (Zen 5),
+ * says L1, into L1 SEQ_FAR_L1 ahead (64 for rows of at most 128 bytes, fewer for rows of more
+ * than 256: seq_ahead).  On an AMD EPYC (Zen 5),
  * one thread, 12,800 IDs: T0 32 / 64 ahead against T1 48 ahead, 1M x 64 float32 1.0-1.2x,
  * bfloat16 1.2-1.3x, 8-bit 1.2x, 100K x 128 float32 1.1x faster; 24 / 48 and 48 / 48 ahead were
  * within 5% of it, but each was 5-10% slower on one of those shapes.
@@ -33,12 +34,21 @@
 /* Prefetch modes, compile-time constants of each loop: near (T0), far into L2 (T1), far into L1 */
 enum { SEQ_PF_NEAR = 0, SEQ_PF_FAR_L2 = PK_FAR_INTO_L2, SEQ_PF_FAR_L1 = PK_FAR_INTO_L1 };
 
-/* How many indices ahead rows of nbytes are prefetched in mode pf. */
+/* How many indices ahead rows of nbytes are prefetched in mode pf.  Far rows into L1 keep about
+ * SEQ_FAR_L1 * 4 lines in flight: rows longer than 256 bytes go fewer indices ahead (16 of 512
+ * bytes, 8 of 1024), as 32 rows of 512 bytes (256 lines) asked for more than the core's L1 misses
+ * in flight can hold: on an AMD EPYC (Zen 3), one thread, 12,800 IDs of a 100K x 128 float32
+ * table, 16 ahead took 0.78-0.88x the time of 32, and 8 ahead 0.94x. */
 PK_INLINE int64_t seq_ahead(const int pf, const int64_t nbytes)
 {
-    const int64_t base = pf == SEQ_PF_FAR_L2 ? PK_BAGS_FAR_DISTANCE
-                         : pf == SEQ_PF_FAR_L1 ? SEQ_FAR_L1 : SEQ_NEAR;
-    return pf != SEQ_PF_FAR_L2 && nbytes <= 128 ? 2 * base : base;
+    if (pf == SEQ_PF_FAR_L2) return PK_BAGS_FAR_DISTANCE;
+    const int64_t base = pf == SEQ_PF_FAR_L1 ? SEQ_FAR_L1 : SEQ_NEAR;
+    if (nbytes <= 128) return 2 * base;
+    if (pf == SEQ_PF_FAR_L1 && nbytes > 256) {
+        const int64_t lines_kept = base * 256 / nbytes;
+        return lines_kept < 4 ? 4 : lines_kept;
+    }
+    return base;
 }
 
 /* The prefetch mode of a call over a table of rows x row_stride bytes. */
