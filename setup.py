@@ -205,6 +205,14 @@ def _write_isa_list():
             f.write(new)
 
 
+def _write_wrapper(wrapper: str, src: str) -> None:
+    """A one-line C file under build/ that includes src by a path relative to itself: a clone
+    built elsewhere preprocesses to the same text, line markers included, so a compiler cache
+    (ccache, as CI uses) hits across clones."""
+    target = os.path.relpath(os.path.join(HERE, src), os.path.dirname(os.path.join(HERE, wrapper)))
+    CODEGEN["write_if_changed"](Path(HERE, wrapper), f'#include "{target}"\n')
+
+
 def _native_library(include, macros, headers) -> Extension:
     """``perfkernels/torch/_native*.so``: the torch ops, registered from C++ on PyTorch's stable
     C ABI (perfkernels/torch/native/).  Built always, with no torch headers and no torch library
@@ -223,11 +231,10 @@ def _native_library(include, macros, headers) -> Extension:
                                              REGISTRY["NAMES"]):
             # named as the original (a level's file keeps the level's name and flags)
             wrapper = os.path.join(out, family, os.path.basename(str(src)))
-            CODEGEN["write_if_changed"](Path(HERE, wrapper), f'#include "{os.path.abspath(src)}"\n')
+            _write_wrapper(wrapper, str(src))
             sources.append(wrapper)
     wrapper = os.path.join(out, "cpu", "features.c")
-    CODEGEN["write_if_changed"](Path(HERE, wrapper), '#include "%s"\n' % os.path.join(
-        HERE, "perfkernels", "csrc", "cpu", "features.c"))
+    _write_wrapper(wrapper, os.path.join(HERE, "perfkernels", "csrc", "cpu", "features.c"))
     sources.append(wrapper)
     rows = [f'static const char *const pk_level_requires_{i}[] = {{'
             + "".join(f'"{r}", ' for r in level.requires) + "NULL};" for i, level in enumerate(LEVELS)]
