@@ -121,6 +121,22 @@ def test_row_copy_threads_copies_every_row(tmp_path, threads, row_bytes):
     assert dll.row_copy_threads(*args, out.ctypes.data, row_bytes - 1, 16, 0, threads) == -1
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("row_bytes", [1, 36, 256, 260])
+def test_fill_rows_threads_writes_every_byte_and_no_more(tmp_path, threads, row_bytes):
+    """lookup_ceiling.py's write-only loop: every byte of the n rows becomes 0, the bytes around
+    them are untouched, whatever the thread count; bad arguments are refused."""
+    dll = _load("lookup_ceiling").build_library(tmp_path, openmp=True)
+    n = 1001
+    buf = np.full(n * row_bytes + 128, 7, np.uint8)
+    start = buf.ctypes.data + 64
+    assert dll.fill_rows_threads(start, row_bytes, n, threads) == 0
+    assert (buf[64:64 + n * row_bytes] == 0).all()
+    assert (buf[:64] == 7).all() and (buf[64 + n * row_bytes:] == 7).all()
+    assert dll.fill_rows_threads(start, row_bytes, n, 0) == -1
+    assert dll.fill_rows_threads(start, -1, n, threads) == -1
+
+
 def test_spills_counts_stack_vectors_in_inner_loops():
     """spills.py's counter on hand-written loops: stack vector accesses inside an innermost vector
     loop count, prefetches and accesses outside the loop do not."""

@@ -11,6 +11,8 @@
  * fastest, so the loop is the best this simple copy can do.  Plain C; the copy is inline, in
  * 32-byte vectors (copy_bytes).
  *
+ * fill_bytes / fill_rows_threads only write: the output of a lookup, stored from a register.
+ *
  * row_copy_threads runs the same loop on `threads` OpenMP threads, each on one contiguous share
  * of the indices (and of the output), the split the lookups use: built with -fopenmp, its workers
  * persist between calls, so a call pays no thread start.
@@ -64,6 +66,45 @@ int row_copy(const void *table, int64_t row_bytes, const int64_t *indices, int64
         if (out_bytes != 0) copy_bytes(dst, hot, out_bytes);
     }
     return (int)(sink & 0);
+}
+
+/* Write n bytes at out and read nothing: 32-byte stores of a zero vector, then single bytes.  The
+ * least any lookup's output costs with ordinary stores (the `write` side of the bound). */
+int fill_bytes(void *out, int64_t n)
+{
+    if (n < 0 || (n > 0 && out == 0)) return -1;
+    char *dst = (char *)out;
+    const v32 zero = {0};
+    int64_t off = 0;
+    for (; off + 128 <= n; off += 128) {
+        *(v32 *)(dst + off) = zero;
+        *(v32 *)(dst + off + 32) = zero;
+        *(v32 *)(dst + off + 64) = zero;
+        *(v32 *)(dst + off + 96) = zero;
+    }
+    for (; off + 32 <= n; off += 32) *(v32 *)(dst + off) = zero;
+    for (; off < n; off++) dst[off] = 0;
+    return 0;
+}
+
+/* fill_bytes on `threads` OpenMP threads, each on one contiguous share of n_rows rows of
+ * row_bytes (the split of row_copy_threads). */
+int fill_rows_threads(void *out, int64_t row_bytes, int64_t n_rows, int threads)
+{
+    if (threads < 1 || row_bytes < 0 || n_rows < 0) return -1;
+    if (threads == 1) return fill_bytes(out, row_bytes * n_rows);
+    int bad = 0;
+#pragma omp parallel num_threads(threads) reduction(| : bad)
+    {
+#ifdef _OPENMP
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int64_t t = 0, nt = 1;
+#endif
+        const int64_t lo = n_rows * t / nt, hi = n_rows * (t + 1) / nt;
+        bad |= fill_bytes((char *)out + lo * row_bytes, (hi - lo) * row_bytes);
+    }
+    return bad;
 }
 
 int row_copy_threads(const void *table, int64_t row_bytes, const int64_t *indices, int64_t n,
