@@ -68,6 +68,19 @@ int row_copy(const void *table, int64_t row_bytes, const int64_t *indices, int64
     return (int)(sink & 0);
 }
 
+/* This OpenMP thread's contiguous share [*lo, *hi) of n items (all of them outside a parallel
+ * region or without OpenMP). */
+static void my_share(int64_t n, int64_t *lo, int64_t *hi)
+{
+#ifdef _OPENMP
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int64_t t = 0, nt = 1;
+#endif
+    *lo = n * t / nt;
+    *hi = n * (t + 1) / nt;
+}
+
 /* Write n bytes at out and read nothing: 32-byte stores of a zero vector, then single bytes.  The
  * least any lookup's output costs with ordinary stores (the `write` side of the bound). */
 int fill_bytes(void *out, int64_t n)
@@ -96,12 +109,8 @@ int fill_rows_threads(void *out, int64_t row_bytes, int64_t n_rows, int threads)
     int bad = 0;
 #pragma omp parallel num_threads(threads) reduction(| : bad)
     {
-#ifdef _OPENMP
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-        const int64_t t = 0, nt = 1;
-#endif
-        const int64_t lo = n_rows * t / nt, hi = n_rows * (t + 1) / nt;
+        int64_t lo, hi;
+        my_share(n_rows, &lo, &hi);
         bad |= fill_bytes((char *)out + lo * row_bytes, (hi - lo) * row_bytes);
     }
     return bad;
@@ -116,12 +125,8 @@ int row_copy_threads(const void *table, int64_t row_bytes, const int64_t *indice
     int bad = 0;
 #pragma omp parallel num_threads(threads) reduction(| : bad)
     {
-#ifdef _OPENMP
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-        const int64_t t = 0, nt = 1;
-#endif
-        const int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+        int64_t lo, hi;
+        my_share(n, &lo, &hi);
         bad |= row_copy(table, row_bytes, indices + lo, hi - lo,
                         out ? (char *)out + lo * out_bytes : out, out_bytes, distance, into_l2);
     }
