@@ -18,6 +18,13 @@ from perfkernels._variants import (  # noqa: F401
     AWKWARD_DIMS, BITS, CONVERSIONS, GATE_ORDERS, INDEX_DTYPES, MODES, QUANTIZE_DTYPES,
     SPECIALISED_DIMS, TABLE_DTYPES)
 
+# PERFKERNELS_EMULATE_AVX512=1: the AVX-512 kernels run under Bochs' CPU emulator, so their cases
+# below run on a CPU without AVX-512 (tests/emulated/avx512.py; tests/test_emulated_avx512.py).
+if os.environ.get("PERFKERNELS_EMULATE_AVX512") == "1":
+    sys.path.insert(0, str(Path(__file__).parent / "emulated"))
+    import avx512 as _avx512_emulation
+    _avx512_emulation.install()
+
 ALL_ISAS = _dispatch.ISAS
 
 
