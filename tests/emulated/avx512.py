@@ -103,6 +103,7 @@ class Emulator:
         self._session = None
         self.seconds_mapping = self.seconds_running = 0.0  # where the emulator's time went
         self.restarts = 0            # calls run again after a page fault on a page mapped since
+        self.routed = self.checked = 0  # table entries routed here; those checked by symbol
         self.calls = 0
         # the call's stack (1 MiB) and its return page of hlt bytes, allocated once
         self._stack = ctypes.create_string_buffer(1 << 20)
@@ -345,6 +346,13 @@ def install(isa: str = "avx512") -> Emulator:
         slots = (ctypes.c_uint64 * len(kernels)).from_address(row)
         for i, (member, fn) in enumerate(kernels):
             native = slots[i]
+            # the row holds this level's own functions (pk_<member>_<level>), never another's
+            symbol = getattr(lib, f"pk_{member}_{isa}", None)
+            emulator.routed += 1
+            emulator.checked += symbol is not None
+            if symbol is not None and ctypes.cast(symbol, ctypes.c_void_p).value != native:
+                raise RuntimeError(f"{family}'s {isa} row holds {native:#x} for {member}, "
+                                   f"not pk_{member}_{isa}")
             returns = fn.ret.strip() != "void"
             prototype = ctypes.CFUNCTYPE(ctypes.c_int64 if returns else None,
                                          *([ctypes.c_uint64] * len(fn.params)))
@@ -396,6 +404,7 @@ def self_check(isa: str = "avx2") -> None:
     with perfkernels.use_isa(isa):
         native = _sample_calls()
     emulator = install(isa)
+    print(f"{emulator.checked} of {emulator.routed} {isa} table entries checked against their symbols")
     with perfkernels.use_isa(isa):
         emulated = _sample_calls()
     assert emulator.calls >= len(native), (emulator.calls, len(native))
