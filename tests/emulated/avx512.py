@@ -25,7 +25,6 @@ import atexit
 import ctypes
 import glob
 import mmap
-import os
 import queue
 import subprocess
 import sys
