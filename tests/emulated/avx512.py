@@ -55,11 +55,13 @@ def _glibc_shim() -> None:
         " { return strtoull(s, e, b); }\n"
         "int __isoc23_sscanf(const char *s, const char *f, ...)"
         " { va_list a; va_start(a, f); int r = vsscanf(s, f, a); va_end(a); return r; }\n")
-    folder = Path(tempfile.mkdtemp(prefix="perfkernels-bochs-"))
-    (folder / "shim.c").write_text(source)
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(folder / "shim.c"), "-o",
-                    str(folder / "shim.so")], check=True, capture_output=True)
-    ctypes.CDLL(str(folder / "shim.so"), mode=ctypes.RTLD_GLOBAL)
+    # the loaded library stays mapped once its file is gone: nothing is left in the temp folder
+    with tempfile.TemporaryDirectory(prefix="perfkernels-bochs-") as name:
+        folder = Path(name)
+        (folder / "shim.c").write_text(source)
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(folder / "shim.c"), "-o",
+                        str(folder / "shim.so")], check=True, capture_output=True)
+        ctypes.CDLL(str(folder / "shim.so"), mode=ctypes.RTLD_GLOBAL)
 
 
 def import_bochscpu():
