@@ -2,6 +2,7 @@
 
     python benchmarks/sequence_lookup.py                 # 1 and 2 threads, every table
     python benchmarks/sequence_lookup.py --rounds 5 --threads 1
+    python benchmarks/sequence_lookup.py --isa avx2 avx512   # also ours held to each level
 
 Each side in its default placement: ``torch`` is ``torch.nn.functional.embedding`` on a table
 torch allocated (``torch.nn.Embedding``'s weight), ``ours`` is ``perfkernels.torch.Embedding`` with
@@ -13,17 +14,20 @@ requested); ``torch-placed`` is torch's function on our placed table (the same m
 
 Interleaved: every round times each side once (the median of ``--reps`` calls), in turn; the
 reported ratio is the median over rounds of torch's time / ours, so drifts of a busy machine hit
-both sides alike.
+both sides alike.  ``--isa`` adds ours held to each named level (``perfkernels.use_isa``) as more
+sides of the same rounds: two levels' kernels compared in one process.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 import warnings
 
 import torch
 
+import perfkernels
 import perfkernels.torch as pkt
 
 SHAPES = (("1M x 64", 1_000_000, 64), ("100K x 128", 100_000, 128))
@@ -45,7 +49,9 @@ def measure(sides: dict, rounds: int, reps: int) -> dict:
     per_round = {name: [] for name in sides}
     for _ in range(rounds):
         for name, fn in sides.items():
-            per_round[name].append(_time(fn, reps))
+            level = getattr(fn, "isa", None)
+            with perfkernels.use_isa(level) if level else contextlib.nullcontext():
+                per_round[name].append(_time(fn, reps))
     med = {name: statistics.median(v) for name, v in per_round.items()}
     ratio = {name: statistics.median(t / s for t, s in zip(per_round["torch"], v))
              for name, v in per_round.items() if name != "torch"}
@@ -81,6 +87,15 @@ def cases(batch: int, seq: int, items: int | None):
                                   "ours": lambda m=ours_q, i=ids: m(i)})
 
 
+def at_isa(fn, level: str):
+    """fn, to be timed with every kernel held to ``level`` (``measure`` enters the level around
+    a side's calls, not each call: entering it costs more than a small lookup)."""
+    def run():
+        return fn()
+    run.isa = level
+    return run
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -89,11 +104,14 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--seq", type=int, default=50)
     ap.add_argument("--items", type=int, default=None, help="cap the table rows (CI runs)")
+    ap.add_argument("--isa", nargs="+", default=[], metavar="LEVEL",
+                    help="also time ours held to each of these ISA levels (e.g. avx2 avx512)")
     args = ap.parse_args(argv)
     print(f"{args.batch * args.seq} IDs per call; times are medians (us); ratio = torch / side, "
           f"median of {args.rounds} interleaved rounds")
     with torch.no_grad():
         for name, sides in cases(args.batch, args.seq, args.items):
+            sides.update({f"ours@{lv}": at_isa(sides["ours"], lv) for lv in args.isa})
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 med, ratio = measure(sides, args.rounds, args.reps)

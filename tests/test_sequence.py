@@ -40,6 +40,20 @@ def test_float_tables_every_dim(isa, rng, D, dtype):
 
 
 @pytest.mark.parametrize("dtype", TABLE_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_no_write_past_the_last_row(isa, rng, dtype):
+    """out= the leading rows of a larger buffer: the bytes after the last output row (where a
+    partial vector's move ends) keep their sentinel, for every D."""
+    for D in DIMS:
+        w = table(rng, 11, D, dtype)
+        ix = rng.integers(0, 11, 5)
+        buf = np.full(5 * D + 64, 3.0, np.float32).astype(dtype)
+        out = buf[:5 * D].reshape(5, D)
+        assert embedding(w, ix, out=out) is out
+        same_bits(out, w[ix])
+        assert (buf[5 * D:].astype(np.float32) == 3.0).all(), D
+
+
+@pytest.mark.parametrize("dtype", TABLE_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_long_runs_and_prefetch_distance(isa, rng, dtype):
     """More indices than any prefetch distance, repeated indices, both table sizes of the
     prefetch modes (near and far: a table of 16 MiB and more)."""
