@@ -3,8 +3,9 @@
  *
  * embedding_rows copies rows as stored: a float32 / float16 / bfloat16 row is `row_bytes` bytes,
  * moved in float vectors (plain loads and stores, masked for the last partial vector: no value is
- * converted, so NaN payloads survive) plus a last 2-byte piece for an odd 16-bit D.  The portable
- * level (VL == 1) copies with memcpy.  embedding_rows_quantized dequantises each row,
+ * converted, so NaN payloads survive) plus a last 2-byte piece for an odd 16-bit D; the AVX-512
+ * level moves 256 bits at a time (seq_copy says why).  The portable level (VL == 1) copies with
+ * memcpy.  embedding_rows_quantized dequantises each row,
  * fma(q, scale, bias) per element, as the quantized family's dequantize_rowwise.
  *
  * Both prefetch a row some indices ahead, one prefetch per 64-byte line (plus the row's last byte
