@@ -173,9 +173,11 @@ PK_INLINE int pk_bag_add_row(const void *indices, int64_t padding, const float *
     pk_packed_trailer(bits, codes, codes_bytes, &scale, &bias);
     const vf ws = v_set1(weighting == PK_BAG_UNWEIGHTED ? scale : w * scale);
     *bias_sum += weighting == PK_BAG_UNWEIGHTED ? bias : w * bias;
-    if (bits == 4 && NV % 2 == 0 && !has_tail) {
+    if (bits == 4 && NV % 2 == 0) {
         /* VL bytes give the block's even columns (low nibbles) and odd ones (high nibbles) of two
-         * vectors, in two accumulators, interleaved once at the store */
+         * vectors, in two accumulators, interleaved once at the store; a tail after them on its
+         * own.  (Without the pairs where there is a tail, D = 100 and 129 on AVX-512 took
+         * 1.10-1.49x the time of the build before the one bag loop on an AMD EPYC Zen 4.) */
         PK_UNROLL(PK_BAG_MAX_BLOCK)
         for (int v = 0; v < NV; v += 2) {
             vf lo, hi;
@@ -183,6 +185,8 @@ PK_INLINE int pk_bag_add_row(const void *indices, int64_t padding, const float *
             acc[v] = v_fmadd(lo, ws, acc[v]);
             acc[v + 1] = v_fmadd(hi, ws, acc[v + 1]);
         }
+        if (has_tail)
+            acc[NV] = v_fmadd(load_codes_tail(bits, codes, col + VL * NV, tail), ws, acc[NV]);
         return 0;
     }
     PK_UNROLL(PK_BAG_MAX_BLOCK)
@@ -267,7 +271,7 @@ PK_INLINE pk_status pk_bag_pass(const pk_bags *bags, const pk_bag_table *t, int6
         PK_UNROLL(PK_BAG_MAX_BLOCK + 1)
         for (int v = 0; v <= NV; v++) acc[0][v] = v_add(acc[0][v], acc[1][v]);
     }
-    if (packed && pk_bag_bits(format) == 4 && NV % 2 == 0 && !has_tail) {
+    if (packed && pk_bag_bits(format) == 4 && NV % 2 == 0) {
         PK_UNROLL(PK_BAG_MAX_BLOCK)
         for (int v = 0; v < NV; v += 2) v_zip(acc[0][v], acc[0][v + 1], &acc[0][v], &acc[0][v + 1]);
     }
