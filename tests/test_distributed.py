@@ -510,10 +510,41 @@ def worker(scenario: str, rank: int, world: int, directory: Path) -> None:
 
 # ------------------------------------------------------------------------- launching worlds
 
+_PORTS_GIVEN: set = set()
+
+
+def _ephemeral_range() -> tuple:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for one world's store: free now, below the kernel's ephemeral range and never given
+    to another world of this test run.
+
+    A port that the kernel hands out for ``bind(0)`` was released at once and stays in the
+    ephemeral range: the outgoing connections of worlds already running (gloo opens many) could
+    take it before this world's rank 0 listened there (EADDRINUSE), and a later ``bind(0)`` could
+    hand it out again, so that a rank of one world joined another's store.  Several worlds run at
+    once here (the main checks beside the failure worlds)."""
+    import random
+    low = max(1024, min(_ephemeral_range()[0], 32768) - 12000)
+    high = min(_ephemeral_range()[0], 32768) - 1
+    for _ in range(200):
+        port = random.randint(low, high)
+        if port in _PORTS_GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PORTS_GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port in {low}-{high} for a test world")
 
 
 def start_world(scenario: str, world: int, directory: Path, timeout: float = 60,
