@@ -84,8 +84,24 @@ typedef struct pk_bags {
  * finds it twice, alike). */
 static int pk_far_prefetch_setting;
 
-/* Finds the setting: the environment, else the CPU's vendor (cpuid leaf 0).  Out of line, so that
- * the kernels that ask inline only a load and a test. */
+/* The CPU's family (cpuid leaf 1's, the extended family added) where it is AMD's ("AuthenticAMD"
+ * in cpuid leaf 0), else 0. */
+static inline unsigned pk_cpu_amd_family(void)
+{
+#if PK_X86_64 && (defined(__GNUC__) || defined(__clang__))
+    unsigned a, b, c, d;   /* "AuthenticAMD" in ebx, edx, ecx */
+    if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u &&
+        c == 0x444d4163u && __get_cpuid(1, &a, &b, &c, &d)) {
+        unsigned family = (a >> 8) & 0xFu;
+        if (family == 0xFu) family += (a >> 20) & 0xFFu;
+        return family;
+    }
+#endif
+    return 0;
+}
+
+/* Finds the setting: the environment, else the CPU's vendor (pk_cpu_amd_family).  Out of line, so
+ * that the kernels that ask inline only a load and a test. */
 #if defined(__GNUC__)
 __attribute__((noinline, cold))
 #endif
@@ -97,13 +113,8 @@ static int pk_far_prefetch_find(void)
         m = PK_FAR_INTO_L1;
     } else if (env && strcmp(env, "l2") == 0) {
         m = PK_FAR_INTO_L2;
-    } else {
-#if PK_X86_64 && (defined(__GNUC__) || defined(__clang__))
-        unsigned a, b, c, d;   /* "AuthenticAMD" in ebx, edx, ecx */
-        if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u &&
-            c == 0x444d4163u)
-            m = PK_FAR_INTO_L1;
-#endif
+    } else if (pk_cpu_amd_family() != 0) {
+        m = PK_FAR_INTO_L1;
     }
     __atomic_store_n(&pk_far_prefetch_setting, m, __ATOMIC_RELAXED);
     return m;

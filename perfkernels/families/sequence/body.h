@@ -55,16 +55,7 @@ __attribute__((noinline, cold))
 #endif
 static int seq_far_l1_find(void)
 {
-    int r = -1;
-#if PK_X86_64 && (defined(__GNUC__) || defined(__clang__))
-    unsigned a, b, c, d;   /* "AuthenticAMD" in ebx, edx, ecx; the family in leaf 1's eax */
-    if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u &&
-        c == 0x444d4163u && __get_cpuid(1, &a, &b, &c, &d)) {
-        unsigned family = (a >> 8) & 0xFu;
-        if (family == 0xFu) family += (a >> 20) & 0xFFu;
-        if (family == 0x19u) r = SEQ_FAR_L1_19H;
-    }
-#endif
+    const int r = pk_cpu_amd_family() == 0x19u ? SEQ_FAR_L1_19H : -1;
     __atomic_store_n(&seq_far_l1_setting, r, __ATOMIC_RELAXED);
     return r;
 }
