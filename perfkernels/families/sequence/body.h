@@ -47,9 +47,10 @@ static int seq_far_l1_setting;
  * stay in L2 / L3 between calls, 16 ahead against the default 64 and 32 (a measuring build switching
  * the distance between interleaved rounds): 1M x 64 float16 and bfloat16 1.09x faster (two
  * threads 1.07-1.09x), float32 1.04-1.05x, 8-bit 1.05-1.06x, 100K x 128 float16 and bfloat16
- * 1.03-1.07x; with new rows every call (from DRAM) 0.97-1.06x, level.  On a Zen 3 the 8-bit rows
- * (1M x 64) were 1.01-1.07x faster at 8-48 ahead than at 64.  A Zen 5 (family 1Ah) measured 64
- * and 32 ahead best, and keeps them. */
+ * 1.03-1.07x; with new rows every call (from DRAM) 0.97-1.06x, level.  On a Zen 3 (family 19h,
+ * model 01h; kernel against kernel, benchmarks/ceiling/lookup_ab.py) 16 ahead took 0.90-1.03x
+ * the time of the default on the 1M x 64 and 100K x 128 rows, with rows from L2 / L3 and from
+ * DRAM alike, but for one noisy run's 1.08x (float32 1M x 64).  A Zen 5 (family 1Ah) measured 64 and 32 ahead best, and keeps them. */
 #if defined(__GNUC__)
 __attribute__((noinline, cold))
 #endif
