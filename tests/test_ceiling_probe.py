@@ -187,3 +187,29 @@ def test_kernel_ab_times_one_build_against_itself():
         assert ratio == pytest.approx(b_us / a_us, rel=0.05, abs=0.002), row
         # with 2 rounds, (b1 + b2) / (a1 + a2) lies between b1 / a1 and b2 / a2
         assert 0 < lo <= hi and lo - 0.002 <= ratio <= hi + 0.002, row
+
+
+def test_lookup_ab_times_two_builds_kernel_against_kernel(tmp_path):
+    """benchmarks/ceiling/lookup_ab.py with this build on both sides at a tiny size: a row per
+    table format, each with two positive times and their ratio; a tree without a build is refused
+    by name."""
+    import os
+    import subprocess
+    import sys
+
+    import perfkernels
+
+    tree = str(pathlib.Path(perfkernels.__file__).resolve().parent.parent)
+    script = str(ROOT / "benchmarks" / "ceiling" / "lookup_ab.py")
+    env = dict(os.environ, PYTHONPATH=tree)
+    run = subprocess.run([sys.executable, script, tree, tree, "--ids", "64", "--rounds", "2",
+                          "--only", "100K"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [line.split() for line in run.stdout.splitlines() if "100K x 128" in line]
+    assert [r[0] for r in rows] == ["f32", "f16", "bf16", "q8"]
+    for r in rows:
+        a, b, ratio = float(r[4]), float(r[5]), float(r[6])
+        assert a > 0 and b > 0 and ratio == pytest.approx(b / a, rel=0.02)  # times printed to 0.1 us
+    bad = subprocess.run([sys.executable, script, str(tmp_path), tree, "--ids", "64"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode != 0 and str(tmp_path) in bad.stderr
