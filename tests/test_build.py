@@ -79,16 +79,16 @@ def test_no_march_native_anywhere():
 @pytest.mark.skipif(not __import__("platform").machine().lower() in ("x86_64", "amd64"),
                     reason="x86-64 only")
 def test_only_isa_files_contain_wide_vector_instructions(tmp_path, sources, generated):
-    for src in sources:
-        level = level_of(src)
-        isa_flags = list(level.flags) if level else []
+    baseline = [src for src in sources if level_of(src) is None]
+    assert baseline
+    # the ISA files may (and do) use YMM/ZMM: they are not compiled here (the bag kernels' level
+    # files take minutes each, and the build compiles them anyway)
+    for src in baseline:
         obj = tmp_path / (src.parent.name + "_" + src.stem + ".o")
-        proc = compile_c("gcc", src, obj, BASE_FLAGS + isa_flags + ["-fPIC"], generated)
+        proc = compile_c("gcc", src, obj, BASE_FLAGS + ["-fPIC"], generated)
         assert proc.returncode == 0, f"{src}:\n{proc.stderr}"
         asm = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True).stdout
         wide = re.findall(r"%[yz]mm\d+", asm)
-        if isa_flags:
-            continue  # allowed (and expected) to use YMM/ZMM
         assert not wide, f"{src} is built with baseline flags but uses {sorted(set(wide))[:5]}"
 
 
