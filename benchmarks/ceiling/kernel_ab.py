@@ -9,8 +9,11 @@ median time per call of A and of B, B/A (below 1: B is faster) and the range of 
 ratios.  Both builds must give the same sums (checked before timing).  What it answers is whether a
 change to the loops moved their speed, free of the Python frontend and of PyTorch's time, which
 moves by tens of percent between processes on a shared VM."""
-import argparse, ctypes, glob, os, statistics, sys, time
+import argparse, ctypes, glob, os, sys, time
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_rounds import time_ab  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("a"); ap.add_argument("b")
@@ -132,13 +135,5 @@ for name, spec in cases:
     assert np.allclose(ref, out, rtol=1e-5, atol=1e-4), name
     t0 = time.perf_counter(); call(A); dt = time.perf_counter() - t0
     reps = args.reps or max(3, min(2000, int(0.02 / max(dt, 1e-7))))
-    ta, tb, ratios = [], [], []
-    for r in range(args.rounds):
-        for which, fns, acc in ((0, A, ta), (1, B, tb)) if r % 2 == 0 else ((1, B, tb), (0, A, ta)):
-            t0 = time.perf_counter_ns()
-            for _ in range(reps):
-                call(fns)
-            acc.append((time.perf_counter_ns() - t0) / reps / 1e3)
-        ratios.append(tb[-1] / ta[-1])
-    ma, mb = statistics.median(ta), statistics.median(tb)
+    ma, mb, ratios = time_ab(call, A, B, args.rounds, reps)
     print(f"{name:40s} {ma:9.1f} {mb:9.1f} {mb / ma:6.3f}  ({min(ratios):.3f}-{max(ratios):.3f})", flush=True)

@@ -16,10 +16,13 @@ import argparse
 import ctypes
 import glob
 import os
-import statistics
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_rounds import time_ab  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("a", help="tree of build A (a checkout built in place, or site-packages)")
@@ -118,16 +121,7 @@ for name, fmt, rows, dim in cases:
     call(A)
     dt = time.perf_counter() - t0
     reps = max(5, min(400, int(0.03 / max(dt, 1e-7))))
-    ta, tb, ratios = [], [], []
-    for r in range(args.rounds):
-        order = ((A, ta), (B, tb)) if r % 2 == 0 else ((B, tb), (A, ta))
-        for fns, acc in order:
-            t0 = time.perf_counter_ns()
-            for _ in range(reps):
-                call(fns)
-            acc.append((time.perf_counter_ns() - t0) / reps / 1e3)
-        ratios.append(tb[-1] / ta[-1])
-    ma, mb = statistics.median(ta), statistics.median(tb)
+    ma, mb, ratios = time_ab(call, A, B, args.rounds, reps)
     print(f"{name:18s} {ma:8.1f} {mb:8.1f} {mb / ma:6.3f}  ({min(ratios):.3f}-{max(ratios):.3f})",
           flush=True)
     del table
