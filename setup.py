@@ -71,6 +71,14 @@ def sanitizer_flags(value: str) -> tuple[list[str], list[str]]:
 SANITIZE_COMPILE, SANITIZE_LINK = sanitizer_flags(os.environ.get("PERFKERNELS_SANITIZE", ""))
 
 
+try:
+    # PERFKERNELS_LEVELS: a development build of some levels only (the registry's omitted_levels)
+    LEVEL_MACROS = [(f"PK_OMIT_{name}", "1")
+                    for name in REGISTRY["omitted_levels"](os.environ.get("PERFKERNELS_LEVELS", ""))]
+except ValueError as error:
+    raise SystemExit(str(error)) from None
+
+
 def _target_arch() -> str:
     plat = (sysconfig.get_platform() + " " + platform.machine()).lower()
     return "x86_64" if ("x86_64" in plat or "amd64" in plat) else platform.machine().lower()
@@ -292,7 +300,7 @@ def _native_library(include, macros, headers) -> Extension:
 
 def _extensions():
     _write_isa_list()
-    macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+    macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")] + LEVEL_MACROS
     families = REGISTRY["FAMILIES_DIR"]
     # "simd/avx2.h" from csrc/, "embedding/body.h" from the families' folder, the generated
     # "embedding/levels.h" from build/csrc/

@@ -402,23 +402,31 @@ def write_stub(root, family: str, functions) -> Path:
 
 # --- the C list of levels -------------------------------------------------------------------------
 
-_ISA_LIST = re.compile(r"#define PK_ISA_LIST\(X, A\)[^\n]*\n(?:[^\n]*\\\n)*[^\n]*\n")
+_ISA_LIST = re.compile(r"/\* The generated rows: begin[^\n]*\n.*?/\* The generated rows: end \*/\n", re.S)
 
 
 def isa_list_source(text: str, levels) -> str:
     """``include/perfkernels/isa_list.h`` (its current ``text``) with the rows of ``PK_ISA_LIST``
     written from the registry's ``levels``: ``X(A, name, built)``, built 1 for a level of any
-    architecture, else the header's ``PK_<ARCH>`` macro (1 when the compiler targets it).  The
-    rest of the header is hand-written; setup.py rewrites the list when a level row changes."""
-    built = {level.name: "1" if level.arch == "any" else f"PK_{level.arch.upper()}"
+    architecture, else ``PK_BUILT_<name>``: 1 when the compiler targets the level's architecture
+    (the header's ``PK_<ARCH>`` macro) and the build does not leave the level out (setup.py's
+    ``PERFKERNELS_LEVELS`` defines ``PK_OMIT_<name>`` for each level it omits).  The rest of the
+    header is hand-written; setup.py rewrites the rows when a level row changes."""
+    built = {level.name: "1" if level.arch == "any" else f"PK_BUILT_{level.name}"
              for level in levels}
-    for macro in set(built.values()) - {"1"}:
+    arch = {level.name: f"PK_{level.arch.upper()}" for level in levels if level.arch != "any"}
+    for macro in sorted(set(arch.values())):
         if f"#define {macro} " not in text:
             raise ValueError(f"isa_list.h defines no {macro} (1 when the target is that "
                              "architecture); add it beside PK_X86_64")
+    gates = "".join(f"#if {macro} && !defined(PK_OMIT_{name})\n#define PK_BUILT_{name} 1\n#else\n"
+                    f"#define PK_BUILT_{name} 0\n#endif\n" for name, macro in arch.items())
     lines = ["#define PK_ISA_LIST(X, A)"] + [f"    X(A, {name}, {b})" for name, b in built.items()]
     width = max(len(line) for line in lines) + 4
-    block = "".join(line.ljust(width) + "\\\n" for line in lines[:-1]) + lines[-1] + "\n"
+    block = ("/* The generated rows: begin (perfkernels/_codegen.py, isa_list_source) */\n" + gates
+             + "".join(line.ljust(width) + "\\\n" for line in lines[:-1]) + lines[-1] + "\n"
+             + "/* The generated rows: end */\n")
     if not _ISA_LIST.search(text):
-        raise ValueError("isa_list.h has no #define PK_ISA_LIST(X, A)")
+        raise ValueError("isa_list.h has no block of generated rows (/* The generated rows: begin "
+                         "... end */)")
     return _ISA_LIST.sub(lambda _: block, text, count=1)

@@ -77,7 +77,8 @@ def _check_runnable(isa: object, source: str) -> int:
     isa = isa.lower()
     if not _compiled(isa):
         raise RuntimeError(f"{source}={isa!r}: this build of perfkernels does not contain {isa} kernels "
-                           f"(not an x86-64 build); valid choices here: {', '.join(available_isas())}")
+                           f"(not an x86-64 build, or a build that left it out with PERFKERNELS_LEVELS); "
+                           f"valid choices here: {', '.join(available_isas())}")
     missing = _missing(isa)
     if missing:
         raise RuntimeError(f"{source}={isa!r} cannot run on this CPU: missing {', '.join(missing)}; "

@@ -51,6 +51,28 @@ NAMES: tuple[str, ...] = tuple(level.name for level in LEVELS)
 BY_NAME: dict[str, IsaLevel] = {level.name: level for level in LEVELS}
 
 
+def omitted_levels(value: str) -> tuple[str, ...]:
+    """The levels a build leaves out for ``PERFKERNELS_LEVELS=value`` (e.g. ``scalar,avx2``: the
+    levels a development build contains; unset or empty, every level, as a wheel always has).
+
+    setup.py defines ``PK_OMIT_<level>`` for each: the level's files compile to nothing and its
+    dispatch rows are NULL, so ``available_isas()`` and ``use_isa()`` treat it as not built.  The
+    sanitizer run leaves out the levels its CPU cannot run (their tests would skip there), which
+    saves the slowest compiles of its build.  Raises ValueError for an unknown name or a list
+    without scalar (every kernel's fallback)."""
+    names = [n.strip().lower() for n in value.split(",") if n.strip()]
+    if not names:
+        return ()
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise ValueError(f"PERFKERNELS_LEVELS={value!r}: unknown level(s) {', '.join(unknown)}; "
+                         f"valid: {', '.join(NAMES)}")
+    if "scalar" not in names:
+        raise ValueError(f"PERFKERNELS_LEVELS={value!r}: scalar must be one of the levels (it is "
+                         "every kernel's fallback)")
+    return tuple(name for name in NAMES if name not in names)
+
+
 # --- the kernel families ---------------------------------------------------------------------------
 
 

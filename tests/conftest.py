@@ -32,9 +32,11 @@ def _isa_param(isa):
     available = perfkernels.available_isas()
     if isa in available:
         return pytest.param(isa, id=isa)
-    missing = _dispatch._missing(isa) or ["not in this build"]
-    return pytest.param(isa, id=isa, marks=pytest.mark.skip(
-        reason=f"{isa} cannot run here: missing {', '.join(missing)}"))
+    if not _dispatch._compiled(isa):
+        reason = f"{isa} is not in this build (another architecture, or PERFKERNELS_LEVELS)"
+    else:
+        reason = f"{isa} cannot run here: missing {', '.join(_dispatch._missing(isa))}"
+    return pytest.param(isa, id=isa, marks=pytest.mark.skip(reason=reason))
 
 
 ISA_PARAMS = [_isa_param(isa) for isa in ALL_ISAS]

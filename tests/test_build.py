@@ -2,7 +2,7 @@
 
 These compile the C sources directly (not through setup.py) with the flags setup.py uses, so they
 check the sources themselves: an AVX instruction leaking into a baseline file, or x86-only code
-outside `#if PK_X86_64`, fails here.
+outside `#if PK_BUILT_<level>` (`PK_X86_64` and the level not omitted), fails here.
 """
 import json
 import os
@@ -148,8 +148,55 @@ def test_c_isa_list_matches_the_registry():
     assert CODEGEN["isa_list_source"](text, LEVELS) == text
     rows = re.findall(r"^\s*X\(A, (\w+), (\w+)\)", text, re.M)
     assert [name for name, _ in rows] == [lv.name for lv in LEVELS]
-    arch_macro = {"any": "1", "x86_64": "PK_X86_64"}
-    assert [built for _, built in rows] == [arch_macro[lv.arch] for lv in LEVELS]
+    assert [built for _, built in rows] == ["1" if lv.arch == "any" else f"PK_BUILT_{lv.name}"
+                                            for lv in LEVELS]
+    for lv in LEVELS:
+        if lv.arch != "any":    # built on the level's architecture unless the build omits it
+            assert (f"#if PK_{lv.arch.upper()} && !defined(PK_OMIT_{lv.name})\n"
+                    f"#define PK_BUILT_{lv.name} 1\n") in text, lv.name
+
+
+def test_levels_option_names_the_levels_left_out():
+    """PERFKERNELS_LEVELS lists the levels a development build keeps: the rest are omitted; unset,
+    none is; a typo or a list without scalar is refused (never a build that silently lacks one)."""
+    omitted = REGISTRY["omitted_levels"]
+    assert omitted("") == () and omitted(" , ") == ()
+    assert omitted(",".join(lv.name for lv in LEVELS)) == ()
+    assert omitted("scalar") == tuple(lv.name for lv in LEVELS[1:])
+    assert omitted(" Scalar, " + LEVELS[-1].name) == tuple(lv.name for lv in LEVELS[1:-1])
+    with pytest.raises(ValueError, match=r"unknown level\(s\) avx3; valid: scalar"):
+        omitted("scalar,avx3")
+    with pytest.raises(ValueError, match="scalar must be one of the levels"):
+        omitted(LEVELS[-1].name)
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None,
+                    reason="needs gcc and nm")
+@pytest.mark.skipif(not __import__("platform").machine().lower() in ("x86_64", "amd64"),
+                    reason="x86-64 only (elsewhere the x86 levels are never built)")
+def test_an_omitted_level_compiles_to_nothing_and_leaves_its_table_rows_empty(tmp_path, generated):
+    """With PK_OMIT_<level> (what PERFKERNELS_LEVELS gives setup.py) a level file, even with its
+    flags, defines no symbol, and the dispatch table refers to no symbol of that level; without it
+    the file defines the level's kernels and the table refers to them (so the check can fail)."""
+    family = "interaction"      # a family with a small body: compiled at every level in seconds
+    folder = FAMILY_DIR / family
+    srcs = {p.name: p for p in CODEGEN["family_sources"](folder, family, generated, REGISTRY["NAMES"])}
+    for level in LEVELS[1:]:
+        for omit in (False, True):
+            flags = BASE_FLAGS + ["-fPIC"] + (["-DPK_OMIT_" + level.name] if omit else [])
+            symbols = {}
+            for name, extra in ((f"{level.name}.c", list(level.flags)), ("dispatch.c", [])):
+                obj = tmp_path / f"{level.name}_{omit}_{name}.o"
+                proc = compile_c("gcc", srcs[name], obj, flags + extra, generated)
+                assert proc.returncode == 0, proc.stderr
+                symbols[name] = subprocess.run(["nm", str(obj)], capture_output=True,
+                                               text=True).stdout
+            defined = re.findall(rf" T (pk_\w+_{level.name})$", symbols[f"{level.name}.c"], re.M)
+            wanted = re.findall(rf" U (pk_\w+_{level.name})$", symbols["dispatch.c"], re.M)
+            if omit:
+                assert not defined and not wanted, (level.name, defined, wanted)
+            else:
+                assert defined and set(wanted) <= set(defined), (level.name, defined, wanted)
 
 
 def test_asv_matrix_matches_the_registry():

@@ -54,8 +54,10 @@ def test_forcing_each_level_in_a_subprocess(isa):
     if isa in pk.available_isas():
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == isa
-    else:
+    elif _dispatch._compiled(isa):
         assert proc.returncode != 0 and "cannot run on this CPU" in proc.stderr
+    else:
+        assert proc.returncode != 0 and f"does not contain {isa} kernels" in proc.stderr
 
 
 def test_unknown_isa_fails_at_import_with_the_choices():
@@ -65,6 +67,13 @@ def test_unknown_isa_fails_at_import_with_the_choices():
     assert "valid choices: scalar, avx2, avx512" in proc.stderr
 
 
+#: a build that lacks avx512 (off x86-64, or PERFKERNELS_LEVELS left it out) refuses it as not
+#: built before it looks at the CPU
+needs_avx512_built = pytest.mark.skipif(not _dispatch._compiled("avx512"),
+                                        reason="this build does not contain the avx512 kernels")
+
+
+@needs_avx512_built
 def test_level_the_cpu_lacks_fails_at_import_naming_the_missing_features():
     proc = run_python("import perfkernels", PERFKERNELS_ISA="avx512",
                       PERFKERNELS_DISABLE_CPU_FEATURES="avx512bw,f16c")
@@ -148,11 +157,28 @@ def test_use_isa_rejects_bad_names():
             pass
 
 
+@needs_avx512_built
 def test_use_isa_rejects_a_level_the_cpu_lacks(monkeypatch):
     monkeypatch.setitem(_dispatch._features, "avx512f", False)
     with pytest.raises(RuntimeError, match="missing avx512f"):
         with pk.use_isa("avx512"):
             pass
+
+
+def test_a_level_the_build_left_out_is_refused_as_not_built():
+    """A development build of some levels (PERFKERNELS_LEVELS; the sanitizer run builds only the
+    levels its CPU runs) reports the rest as not built, and use_isa / PERFKERNELS_ISA refuse them
+    naming the reason, whatever the CPU can run."""
+    left_out = [isa for isa in _registry.NAMES if not _dispatch._compiled(isa)]
+    if not left_out:
+        pytest.skip("this build contains every level")
+    for isa in left_out:
+        assert isa not in pk.available_isas()
+        with pytest.raises(RuntimeError, match=f"does not contain {isa} kernels"):
+            with pk.use_isa(isa):
+                pass
+        proc = run_python("import perfkernels", PERFKERNELS_ISA=isa)
+        assert proc.returncode != 0 and f"does not contain {isa} kernels" in proc.stderr
 
 
 def test_show_runtime_and_queries(capsys):

@@ -450,6 +450,7 @@ def test_automatic_thread_count_follows_torchs_on_its_threads():
     """With perfkernels.torch imported and no explicit perfkernels count, the default is capped by
     torch's thread count (OMP_NUM_THREADS, torch.set_num_threads); an explicit count is kept;
     without perfkernels.torch the default is the cores."""
+    pytest.importorskip("torch")
     code = """if True:
         import os, perfkernels
         cores = len(os.sched_getaffinity(0))

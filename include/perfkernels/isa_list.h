@@ -4,7 +4,10 @@
  *
  * name:  the level (PERFKERNELS_ISA value), the suffix of its C symbols (pk_lstm_forward_avx2) and
  *        the stem of its files (build/csrc/<family>/<name>.c, perfkernels/csrc/simd/<name>.h);
- * built: 1 when the target compiles the level (setup.py builds its files only there);
+ * built: 1 when the build contains the level: always for scalar; for another level,
+ *        PK_BUILT_<name>, 1 when the target is the level's architecture and the build does not
+ *        leave the level out (setup.py's PERFKERNELS_LEVELS defines PK_OMIT_<name> for each level
+ *        it omits; the level's files then compile to nothing and its table rows are NULL);
  * A:     passed through unchanged, so one list serves every generator below.
  *
  * The rows are written from perfkernels/_registry.py by the build (perfkernels/_codegen.py,
@@ -21,10 +24,22 @@
 #define PK_X86_64 0
 #endif
 
-#define PK_ISA_LIST(X, A)      \
-    X(A, scalar, 1)            \
-    X(A, avx2, PK_X86_64)      \
-    X(A, avx512, PK_X86_64)
+/* The generated rows: begin (perfkernels/_codegen.py, isa_list_source) */
+#if PK_X86_64 && !defined(PK_OMIT_avx2)
+#define PK_BUILT_avx2 1
+#else
+#define PK_BUILT_avx2 0
+#endif
+#if PK_X86_64 && !defined(PK_OMIT_avx512)
+#define PK_BUILT_avx512 1
+#else
+#define PK_BUILT_avx512 0
+#endif
+#define PK_ISA_LIST(X, A)            \
+    X(A, scalar, 1)                  \
+    X(A, avx2, PK_BUILT_avx2)        \
+    X(A, avx512, PK_BUILT_avx512)
+/* The generated rows: end */
 
 /* PK_WHEN(c)(tokens): the tokens when c expands to 1, nothing when it expands to 0. */
 #define PK_WHEN(c) PK_WHEN_(c)

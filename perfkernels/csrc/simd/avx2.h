@@ -44,7 +44,7 @@
 
 #include "simd/common.h"
 
-#if PK_X86_64
+#if PK_BUILT_avx2
 #if !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #error "files including simd/avx2.h must be compiled with -mavx2 -mfma -mf16c"
 #endif
@@ -267,5 +267,5 @@ PK_INLINE void vb_store_bits(int bits, vb q, uint8_t *dst)
     }
 }
 
-#endif /* PK_X86_64 */
+#endif /* PK_BUILT_avx2 */
 #endif

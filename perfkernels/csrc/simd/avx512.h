@@ -6,7 +6,7 @@
 
 #include "simd/common.h"
 
-#if PK_X86_64
+#if PK_BUILT_avx512
 #if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) \
       && defined(__FMA__) && defined(__F16C__))
 #error "files including simd/avx512.h must be compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c"
@@ -185,5 +185,5 @@ PK_INLINE void vb_store_bits(int bits, vb q, uint8_t *dst)
     }
 }
 
-#endif /* PK_X86_64 */
+#endif /* PK_BUILT_avx512 */
 #endif
