@@ -88,7 +88,11 @@ PK_INLINE int64_t seq_ahead(const int pf, const int64_t nbytes)
     return base;
 }
 
-/* The prefetch mode of a call over a table of rows x row_stride bytes. */
+/* The prefetch mode of a call over a table of rows x row_stride bytes.  Intel CPUs take far rows
+ * into L2 (T1): on a 2-core Xeon (2 MiB of L2 a core), one thread, 12,800 IDs, T0 took 0.80-0.97x
+ * the time of T1 on 1M x 64 float rows only when the call's rows were in L2 already (the same
+ * indices every call), and 1.06-1.31x with rows from L3, 1.14-1.27x from DRAM (10M-row tables);
+ * 8-bit rows were level from DRAM. */
 PK_INLINE int seq_mode(int64_t rows, int64_t row_stride)
 {
     return pk_bags_far_table(rows, (uint64_t)row_stride) ? pk_far_prefetch_mode() : SEQ_PF_NEAR;
