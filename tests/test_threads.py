@@ -425,6 +425,45 @@ def test_torch_threads_environment_variable_off():
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
 
 
+IDLE_SCRIPT = r"""
+import os, time
+import numpy as np
+import perfkernels as pk
+from perfkernels import _parallel
+ticks = os.sysconf("SC_CLK_TCK")
+def cpu_ticks():
+    used = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        used[tid] = int(fields[11]) + int(fields[12])   # utime + stime
+    return used
+table = np.ones((4096, 64), np.float32)
+ix = np.arange(4096 * 64, dtype=np.int64) % 4096
+for _ in range(20):
+    pk.embedding(table, ix, num_threads=8)
+assert _parallel._num_workers() >= 1, "no worker started"
+time.sleep(0.05)                  # past the spin: every worker should be asleep now
+before = cpu_ticks()
+time.sleep(0.5)
+after = cpu_ticks()
+main = str(os.getpid())
+spun = {t: after[t] - before.get(t, 0) for t in after if t != main}
+print("max", max(spun.values()) / ticks)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc/self/task")
+def test_an_idle_pool_sleeps():
+    """After a burst of calls the workers spin only briefly, then sleep: over half a second of
+    idleness no worker uses more than a tenth of a second of CPU (a spin that never ended, say a
+    deadline that never passed, would use all of it)."""
+    r = run_python(["-c", IDLE_SCRIPT], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("max "), r.stdout + r.stderr
+    assert float(r.stdout.split()[1]) < 0.1, r.stdout
+
+
 def test_busy_pool_runs_the_call_on_its_own_thread(rng):
     """A call made while the pool serves another (here: from inside the user thread that is
     waiting on the GIL-free kernel of another) still completes and is right."""
