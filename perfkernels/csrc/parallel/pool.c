@@ -63,6 +63,7 @@ static inline int spin_step(spin *s)
     if (s->deadline == 0) s->deadline = t + SPIN_NS;
     return t < s->deadline;
 }
+
 #define BLOCKS_PER_THREAD PK_PARALLEL_BLOCKS_PER_THREAD
 
 typedef struct pool {
