@@ -360,6 +360,7 @@ def build_table(source: Any, fmt: Any, *, block_rows: int = DEFAULT_BLOCK_ROWS,
         ``[rows, row_bytes]``) or a float dtype (``[rows, D]``).
     block_rows : int
         Rows per block; each thread holds one block of float rows (plus its packed rows) at a time.
+        From a :class:`SeededInit`, a multiple of :data:`INIT_CHUNK_ROWS` draws each row once.
     threads : int, optional
         Blocks built at once (default :func:`perfkernels.get_num_threads`); each block is
         quantized by one thread, so the bytes do not depend on it.

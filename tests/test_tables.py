@@ -83,11 +83,12 @@ def test_build_quantized_equals_torch_prepack_of_the_whole_table(bits, threads):
     assert pk.placement_of(packed) is not None or packed.nbytes < (2 << 20)
 
 
-@pytest.mark.parametrize("block_rows", [1, 777, 4096, 50_000])
-def test_build_does_not_depend_on_the_block_size(block_rows):
-    src = T.SeededInit(5_000, 20, seed=11)
+@pytest.mark.parametrize("rows, block_rows", [(300, 1), (5000, 777), (5000, 4096),
+                                              (5000, 50_000)])
+def test_build_does_not_depend_on_the_block_size(rows, block_rows):
+    src = T.SeededInit(rows, 20, seed=11)
     np.testing.assert_array_equal(T.build_table(src, 4, block_rows=block_rows, threads=2),
-                                  pk.quantize_rowwise(_documented_init(11, 5_000, 20), 4))
+                                  pk.quantize_rowwise(_documented_init(11, rows, 20), 4))
 
 
 def test_build_float_formats():
