@@ -2,8 +2,8 @@
 
 The model of the MLPerf reference: 26 tables of D = 128 with the rows of
 :data:`perfkernels.datasets.DLRM_V2_ROWS` divided by ``--scale`` (1: full size, 204M rows), bags of
-:data:`~perfkernels.datasets.DLRM_V2_BAG_SIZES` IDs (214 lookups a pair); a bottom MLP 13-512-256-128;
-a low-rank cross network (3 layers, rank 512) on the concatenation of the bottom MLP's output and
+:data:`~perfkernels.datasets.DLRM_V2_BAG_SIZES` IDs (214 lookups a pair); a bottom MLP
+13-512-256-128; a low-rank cross network (3 layers, rank 512) on the concatenation of the bottom MLP's output and
 the 26 pooled rows (27 x 128 = 3456 columns); a top MLP 1024-1024-512-256-1.
 
 The tables never exist in float32: each is built block by block from a seeded initialiser
