@@ -228,6 +228,17 @@ class EmbeddingBagCollection(torch.nn.Module):
             for feature in (cfg.feature_names or [cfg.name]):
                 self._feature_table.append((feature, cfg.name, cfg.embedding_dim))
 
+    @classmethod
+    def from_files(cls, files: Any, *, feature_names: Optional[Any] = None, pooling: str = "sum",
+                   is_weighted: bool = False) -> "EmbeddingBagCollection":
+        """A collection over float table files of :mod:`perfkernels.tables` (``{table name:
+        path}``, in order; ``feature_names``: ``{table name: [feature, ...]}``, default the table's
+        name), each mapped copy-on-write and shared between processes, as
+        :meth:`EmbeddingBag.from_file` maps it; rows, D and dtype come from the files."""
+        from ._table_files import collection_from_files
+        return collection_from_files(cls, files, feature_names=feature_names, pooling=pooling,
+                                     is_weighted=is_weighted)
+
     def is_weighted(self) -> bool:
         return self._is_weighted
 

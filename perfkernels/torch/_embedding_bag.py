@@ -101,6 +101,22 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         new.weighted_mean, new.strict_offsets = weighted_mean, strict_offsets
         return new
 
+    @classmethod
+    def from_file(cls, path, *, dtype=None, dim: Optional[int] = None,
+                  rows: Optional[int] = None, mode: str = "mean",
+                  include_last_offset: bool = False, padding_idx: Optional[int] = None,
+                  **kwargs) -> "EmbeddingBag":
+        """Over a float table file of :mod:`perfkernels.tables` (``save_table``,
+        ``build_table_file``), mapped copy-on-write and shared with every process that maps it:
+        nothing is read or copied now, and the weight does not require grad (a write copies the
+        pages it touches into this process, never into the file).  ``dtype``/``dim``/``rows``:
+        what the file must hold (:class:`~perfkernels.tables.TableFileError` naming the file
+        otherwise); other keywords go to the constructor.  ``table_file`` names the file."""
+        from ._table_files import float_bag_from_file
+        return float_bag_from_file(cls, path, dtype=dtype, dim=dim, rows=rows, mode=mode,
+                                   include_last_offset=include_last_offset,
+                                   padding_idx=padding_idx, **kwargs)
+
     def set_fused_optimizer(self, spec: Optional[_fused.FusedOptimizerSpec]) -> None:
         """Update the table during backward with ``spec`` = ``(name, {"lr": ..., ...})`` (see
         :class:`~perfkernels.torch.FusedOptimizer`); None returns to ordinary gradients.  The

@@ -260,6 +260,21 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
         return new
 
     @classmethod
+    def from_file(cls, path, *, bits: Optional[int] = None, dim: Optional[int] = None,
+                  rows: Optional[int] = None, mode: str = "sum",
+                  include_last_offset: bool = False, padding_idx: Optional[int] = None
+                  ) -> "QuantizedEmbeddingBag":
+        """Over a quantized table file of :mod:`perfkernels.tables` (``save_table``,
+        ``build_table_file``), mapped copy-on-write and shared with every process that maps it:
+        nothing is read or copied now.  ``bits``/``dim``/``rows``: what the file must hold
+        (:class:`~perfkernels.tables.TableFileError` naming the file otherwise).  ``mode="mean"``
+        averages (``average_mean``).  The module's ``table_file`` names the file."""
+        from ._table_files import quantized_bag_from_file
+        return quantized_bag_from_file(cls, path, bits=bits, dim=dim, rows=rows, mode=mode,
+                                       include_last_offset=include_last_offset,
+                                       padding_idx=padding_idx)
+
+    @classmethod
     def from_float(cls, mod: torch.nn.Module, use_precomputed_fake_quant: bool = False, *,
                    bits: Optional[int] = None, placement: str = "auto"
                    ) -> "QuantizedEmbeddingBag":

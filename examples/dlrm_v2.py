@@ -1,0 +1,251 @@
+"""MLPerf's DLRM-v2 (Criteo 1TB, multi-hot, DCNv2) on perfkernels' tables, at any size.
+
+The model of the MLPerf reference: 26 tables of D = 128 with the rows of
+:data:`perfkernels.datasets.DLRM_V2_ROWS` divided by ``--scale`` (1: full size, 204M rows), bags of
+:data:`~perfkernels.datasets.DLRM_V2_BAG_SIZES` IDs (214 lookups a pair); a bottom MLP
+13-512-256-128; a low-rank cross network (3 layers, rank 512) on the concatenation of the bottom MLP's output and
+the 26 pooled rows (27 x 128 = 3456 columns); a top MLP 1024-1024-512-256-1.
+
+The tables never exist in float32: each is built block by block from a seeded initialiser
+(TorchRec's uniform(-sqrt(1/rows), sqrt(1/rows))) in the format ``--bits`` asks for:
+
+``--bits 4`` / ``8`` / ``float16`` / ``float32``
+    every table in that format;
+``--bits 4:big,8:small``
+    the six big tables (a million rows and more at full size) in 4-bit rows, the others in 8-bit.
+
+With ``--tables-dir DIR`` the tables are table files there (built on the first run, mapped by
+every later one, shared between processes). The lookups of all 26 tables are one
+:func:`perfkernels.embedding_bags_multi` call that writes the pooled rows straight into their
+columns of the cross network's input.  Inputs are :class:`perfkernels.datasets.CriteoLike`
+samples (power-law IDs, MLPerf's multi-hot bags, 100-700 pairs a sample).
+
+With TorchRec installed, ``--check-torchrec`` builds TorchRec's ``DLRM_DCN`` with the same
+weights (its float tables: our tables dequantized, so only where float32 tables fit) and checks
+that the predictions agree.
+
+    python examples/dlrm_v2.py --scale 64 --bits 4:big,8:small --samples 20
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+import perfkernels as pk
+from perfkernels import datasets, tables
+
+DIM = 128
+BOTTOM = (512, 256, DIM)
+TOP = (1024, 1024, 512, 256, 1)
+CROSS_LAYERS, CROSS_RANK = 3, 512
+#: full-size rows from which a table counts as big for ``--bits 4:big,8:small``
+BIG_ROWS = 1_000_000
+
+
+def table_formats(spec: str, full_rows: Sequence[int]) -> list:
+    """Each table's format from ``--bits``: one format for all, or ``A:big,B:small``."""
+    if ":" not in spec:
+        return [tables.table_format(int(spec) if spec.isdigit() else spec)] * len(full_rows)
+    parts = dict(p.split(":")[::-1] for p in spec.split(","))
+    if set(parts) != {"big", "small"}:
+        raise ValueError(f"--bits with ':' must name big and small, e.g. 4:big,8:small; got "
+                         f"{spec!r}")
+    big, small = (tables.table_format(int(parts[k]) if parts[k].isdigit() else parts[k])
+                  for k in ("big", "small"))
+    return [big if r >= BIG_ROWS else small for r in full_rows]
+
+
+def build_or_map_tables(rows: Sequence[int], fmts: Sequence, seed: int,
+                        tables_dir: Optional[str], progress: Optional[bool] = None) -> list:
+    """The 26 tables: built in memory, or table files in ``tables_dir`` (built once, then
+    mapped read-only)."""
+    sources = {f"t{i}": tables.SeededInit(r, DIM, seed=seed + i, dist="uniform")
+               for i, r in enumerate(rows)}
+    if tables_dir is None:
+        built = tables.build_tables(sources, dict(zip(sources, fmts)), progress=progress)
+        return [built[n] for n in sources]
+    os.makedirs(tables_dir, exist_ok=True)
+    out = []
+    for (name, src), fmt in zip(sources.items(), fmts):
+        path = os.path.join(tables_dir, f"{name}_{src.rows}x{DIM}_{fmt}_seed{src.seed}.pkt")
+        if not os.path.exists(path):
+            tables.build_table_file(path, src, fmt, progress=progress)
+        out.append(tables.load_table(path, fmt=fmt, rows=src.rows, dim=DIM))
+    return out
+
+
+def mlp(sizes: Sequence[int], in_features: int, last_relu: bool = True) -> nn.Sequential:
+    layers: list = []
+    for i, n in enumerate(sizes):
+        layers.append(nn.Linear(in_features, n))
+        if last_relu or i < len(sizes) - 1:
+            layers.append(nn.ReLU())
+        in_features = n
+    return nn.Sequential(*layers)
+
+
+class LowRankCrossNet(nn.Module):
+    """DCNv2's low-rank cross layers: ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``."""
+
+    def __init__(self, width: int, layers: int, rank: int) -> None:
+        super().__init__()
+        self.V = nn.ParameterList(nn.Parameter(nn.init.xavier_normal_(torch.empty(rank, width)))
+                                  for _ in range(layers))
+        self.W = nn.ParameterList(nn.Parameter(nn.init.xavier_normal_(torch.empty(width, rank)))
+                                  for _ in range(layers))
+        self.b = nn.ParameterList(nn.Parameter(torch.zeros(width)) for _ in range(layers))
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        x = x0
+        for V, W, b in zip(self.V, self.W, self.b):
+            x = x0 * (nn.functional.linear(nn.functional.linear(x, V), W) + b) + x
+        return x
+
+
+class DLRMv2(nn.Module):
+    """The model; ``tables`` are NumPy tables (packed uint8 rows or float), looked up by one
+    :func:`perfkernels.embedding_bags_multi` call into the cross network's input."""
+
+    def __init__(self, tables_: Sequence[np.ndarray], fmts: Sequence, dense: int = 13) -> None:
+        super().__init__()
+        self.tables = list(tables_)
+        self.bits = [f if isinstance(f, int) else None for f in fmts]
+        self.dims = [DIM] * len(self.tables)
+        self.bottom = mlp(BOTTOM, dense)
+        self.cross = LowRankCrossNet((len(self.tables) + 1) * DIM, CROSS_LAYERS, CROSS_RANK)
+        self.top = mlp(TOP, (len(self.tables) + 1) * DIM, last_relu=False)
+        self.lookup_s = 0.0
+
+    def interaction_input(self, dense: torch.Tensor, values: torch.Tensor,
+                          lengths: torch.Tensor) -> torch.Tensor:
+        """``[B, 27 * 128]``: the bottom MLP's output, then each table's pooled rows."""
+        x = torch.empty(dense.shape[0], (len(self.tables) + 1) * DIM)
+        x[:, :DIM] = self.bottom(dense)
+        t = time.perf_counter()
+        pk.embedding_bags_multi(self.tables, values.numpy(), lengths=lengths.numpy(),
+                                bits=self.bits, dims=self.dims, out=x[:, DIM:].numpy())
+        self.lookup_s += time.perf_counter() - t
+        return x
+
+    def forward(self, dense: torch.Tensor, values: torch.Tensor,
+                lengths: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, 1]``."""
+        return self.top(self.cross(self.interaction_input(dense, values, lengths)))
+
+
+def torchrec_twin(model: DLRMv2, keys: Sequence[str]):
+    """TorchRec's ``DLRM_DCN`` with ``model``'s weights: float32 tables (the packed ones
+    dequantized), the same MLPs and cross layers."""
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.models.dlrm import DLRM_DCN
+    configs = [EmbeddingBagConfig(num_embeddings=t.shape[0], embedding_dim=DIM, name=f"t{i}",
+                                  feature_names=[keys[i]])
+               for i, t in enumerate(model.tables)]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+    twin = DLRM_DCN(ebc, dense_in_features=model.bottom[0].in_features,
+                    dense_arch_layer_sizes=list(BOTTOM), over_arch_layer_sizes=list(TOP),
+                    dcn_num_layers=CROSS_LAYERS, dcn_low_rank_dim=CROSS_RANK)
+    with torch.no_grad():
+        for i, (t, bits) in enumerate(zip(model.tables, model.bits)):
+            w = (pk.dequantize_rowwise(t, bits, dim=DIM) if bits else
+                 np.asarray(t).astype(np.float32))
+            ebc.embedding_bags[f"t{i}"].weight.copy_(torch.from_numpy(w))
+        ours = [m for m in model.bottom if isinstance(m, nn.Linear)]
+        theirs = [m for m in twin.dense_arch.model.modules() if isinstance(m, nn.Linear)]
+        ours += [m for m in model.top if isinstance(m, nn.Linear)]
+        theirs += [m for m in twin.over_arch.model.modules() if isinstance(m, nn.Linear)]
+        assert len(ours) == len(theirs)
+        for a, b in zip(ours, theirs):
+            b.weight.copy_(a.weight)
+            b.bias.copy_(a.bias)
+        cn = twin.inter_arch.crossnet
+        for i in range(CROSS_LAYERS):
+            cn.V_kernels[i].copy_(model.cross.V[i])
+            cn.W_kernels[i].copy_(model.cross.W[i])
+            cn.bias[i].copy_(model.cross.b[i])
+    return twin.eval()
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", type=float, default=64,
+                   help="divide the row counts by this (1: full size, 204M rows)")
+    p.add_argument("--bits", default="4:big,8:small",
+                   help="4, 8, 2, float16, float32, or A:big,B:small")
+    p.add_argument("--samples", type=int, default=20, help="MLPerf-style samples to run")
+    p.add_argument("--exponent", type=float, default=1.05, help="the IDs' power law")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tables-dir", default=None, help="keep the tables as files here")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--check-torchrec", action="store_true",
+                   help="compare with TorchRec's DLRM_DCN (float32 tables: small --scale only)")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.threads:
+        pk.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
+    rows = datasets.dlrm_v2_rows(args.scale)
+    fmts = table_formats(args.bits, datasets.DLRM_V2_ROWS)
+    torch.manual_seed(args.seed)
+    t = time.perf_counter()
+    tabs = build_or_map_tables(rows, fmts, args.seed, args.tables_dir)
+    result = {"rows": sum(rows), "table_bytes": sum(t.nbytes for t in tabs),
+              "tables_s": time.perf_counter() - t}
+    model = DLRMv2(tabs, fmts).eval()
+    gen = datasets.CriteoLike(rows, exponent=args.exponent, seed=args.seed)
+    latencies, pairs, preds = [], 0, []
+    with torch.inference_mode():
+        for sample in gen.samples(args.samples):
+            dense = torch.from_numpy(sample.dense)
+            values, lengths = torch.from_numpy(sample.values), torch.from_numpy(sample.lengths)
+            t = time.perf_counter()
+            logits = model(dense, values, lengths)
+            latencies.append(time.perf_counter() - t)
+            pairs += sample.batch_size
+            preds.append((sample, logits))
+    total = sum(latencies)
+    result.update(pairs=pairs, pairs_per_s=pairs / total if total else 0.0,
+                  p50_ms=1e3 * float(np.percentile(latencies, 50)) if latencies else 0.0,
+                  p99_ms=1e3 * float(np.percentile(latencies, 99)) if latencies else 0.0,
+                  lookup_share=model.lookup_s / total if total else 0.0)
+    if args.check_torchrec:
+        twin = torchrec_twin(model, gen.keys)
+        diff = scale = 0.0
+        with torch.inference_mode():
+            for sample, logits in preds:
+                theirs = twin(torch.from_numpy(sample.dense), sample.to_kjt(torchrec=True))
+                diff = max(diff, float((theirs - logits).abs().max()))
+                scale = max(scale, float(logits.abs().max()))
+        result["torchrec_max_abs_diff"] = diff
+        result["torchrec_rel_diff"] = diff / scale if scale else diff
+    return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    r = run(args)
+    print(f"DLRM-v2 at 1/{args.scale:g} size, tables {args.bits}: {r['rows']:,} rows, "
+          f"{r['table_bytes'] / 2**30:.2f} GiB, ready in {r['tables_s']:.1f} s")
+    print(f"{r['pairs']} pairs in {args.samples} samples: {r['pairs_per_s']:,.0f} pairs/s, "
+          f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms a sample, lookups "
+          f"{100 * r['lookup_share']:.0f}% of the time")
+    if "torchrec_max_abs_diff" in r:
+        print(f"TorchRec DLRM_DCN, same weights: largest logit difference "
+              f"{r['torchrec_max_abs_diff']:.2e} ({r['torchrec_rel_diff']:.1e} of the largest "
+              f"logit)")
+        if r["torchrec_rel_diff"] > 1e-3:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""examples/dlrm_v2.py at a tiny --scale: the tables' formats, the lookups into the cross
+network's input against torch's own bag ops, and (slow) TorchRec's DLRM_DCN with the same
+weights."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "dlrm_v2.py"
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("dlrm_v2_example", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_table_formats():
+    ex = _example()
+    from perfkernels.datasets import DLRM_V2_ROWS
+    mixed = ex.table_formats("4:big,8:small", DLRM_V2_ROWS)
+    assert [i for i, f in enumerate(mixed) if f == 4] == [0, 9, 10, 19, 20, 21]
+    assert set(mixed) == {4, 8}
+    assert ex.table_formats("float16", DLRM_V2_ROWS) == ["float16"] * 26
+    with pytest.raises(ValueError, match="big and small"):
+        ex.table_formats("4:huge,8:small", DLRM_V2_ROWS)
+
+
+@pytest.mark.parametrize("bits", ["4:big,8:small", "float16"])
+def test_lookups_into_the_cross_input_match_torch(tmp_path, bits):
+    ex = _example()
+    from perfkernels import datasets
+    import torch.nn.functional as F
+    rows = datasets.dlrm_v2_rows(20_000)
+    fmts = ex.table_formats(bits, datasets.DLRM_V2_ROWS)
+    tabs = ex.build_or_map_tables(rows, fmts, 0, str(tmp_path))
+    again = ex.build_or_map_tables(rows, fmts, 0, str(tmp_path))     # mapped from the files
+    assert all(np.array_equal(a, b) for a, b in zip(tabs, again))
+    model = ex.DLRMv2(again, fmts).eval()
+    b = datasets.CriteoLike(rows, seed=1).batch(7)
+    dense, values, lengths = (torch.from_numpy(a) for a in (b.dense, b.values, b.lengths))
+    with torch.no_grad():
+        x = model.interaction_input(dense, values, lengths)
+        torch.testing.assert_close(x[:, :128], model.bottom(dense))
+        for f, (t, fmt) in enumerate(zip(tabs, fmts)):
+            v, offs = (torch.from_numpy(a) for a in b.feature(b.keys[f]))
+            if fmt == 4:
+                want = torch.ops.quantized.embedding_bag_4bit_rowwise_offsets(
+                    torch.from_numpy(t.copy()), v, offs[:-1])
+            elif fmt == 8:
+                want = torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
+                    torch.from_numpy(t.copy()), v, offs[:-1])
+            else:
+                w = torch.from_numpy(np.asarray(t).astype(np.float32))
+                want = F.embedding_bag(v, w, offs[:-1], mode="sum")
+            torch.testing.assert_close(x[:, 128 * (f + 1):128 * (f + 2)], want,
+                                       rtol=1e-5, atol=1e-5)
+        logits = model(dense, values, lengths)
+    assert logits.shape == (7, 1) and torch.isfinite(logits).all()
+
+
+@pytest.mark.slow            # TorchRec's import and its model take tens of seconds
+def test_predictions_agree_with_torchrec_dlrm_dcn():
+    pytest.importorskip("torchrec")
+    ex = _example()
+    r = ex.run(ex.parse_args(["--scale", "20000", "--samples", "2", "--check-torchrec",
+                              "--bits", "4:big,8:small"]))
+    assert r["pairs"] >= 200 and r["torchrec_rel_diff"] < 1e-4, r
