@@ -1,6 +1,7 @@
-"""perfkernels.torch.optimize: whole models (a faithful copy of facebookresearch's DLRM_Net and a
-TorchRec-style DLRM over perfkernels' collection) against their own stock forward: predictions,
-errors, a training step, torch.compile(fullgraph=True) and torch.export."""
+"""perfkernels.torch.optimize: whole models (a DLRM running the torch operations of
+facebookresearch's DLRM_Net and a TorchRec-shaped DLRM over perfkernels' collection) against their
+own stock forward: predictions, errors, a training step, torch.compile(fullgraph=True) and
+torch.export."""
 import copy
 
 import numpy as np
