@@ -1,6 +1,6 @@
-"""Whole-model latency of the reference DLRM (facebookresearch ``DLRM_Net``, Criteo Kaggle shape:
-26 tables x 16 dims, bottom MLP 13-512-256-64-16, top MLP 512-256-1, one-hot lookups, inference)
-for stock eager, ``torch.compile(stock)``, ``convert()``, ``optimize()`` and
+"""Whole-model latency of the reference DLRM (facebookresearch ``DLRM_Net``'s operations, Criteo
+Kaggle shape: 26 tables x 16 dims, bottom MLP 13-512-256-64-16, top MLP 512-256-1, one-hot lookups,
+inference) for stock eager, ``torch.compile(stock)``, ``convert()``, ``optimize()`` and
 ``torch.compile(optimize())``, and the 26-table embedding stage alone (stock's loop of
 ``nn.EmbeddingBag``, convert()'s loop of ours, and one fused lookup writing ``[B, 16 + 26 * 16]``,
 called as optimize()'s eager graph calls it and as the registered op).
@@ -13,8 +13,8 @@ median of the per-round ratios stock eager / variant.
     python benchmarks/optimize_dlrm.py [--batch 1 128 2048] [--rounds 200] [--max-rows 100000]
 
 The tables' rows are Criteo Kaggle's cardinalities capped at ``--max-rows`` (memory on a small
-machine).  The DLRM model is the faithful copy in examples/dlrm_reference.py (built by
-tests/dlrm_models.py).
+machine).  The DLRM model is examples/dlrm_reference.py (facebookresearch's architecture and torch
+operations, written here; built by tests/dlrm_models.py).
 """
 from __future__ import annotations
 

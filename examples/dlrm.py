@@ -51,9 +51,9 @@ What it does:
     python examples/dlrm.py --optimize --train-steps 0   # inference of optimize()'s model
     python examples/dlrm.py --optimize --fused-optimizer adam --lr 0.001 --infer-batches 0
 
-``--latency`` measures serving latency instead, of facebookresearch's reference ``DLRM_Net``
-(``dlrm_reference.py``) at Criteo Kaggle's shape, for batches 1 to 2048: stock eager, stock
-``torch.compile``, ``convert()`` and ``optimize()`` (``dlrm_latency.py`` says how).
+``--latency`` measures serving latency instead, of the reference DLRM (``dlrm_reference.py``:
+facebookresearch's ``DLRM_Net``'s operations) at Criteo Kaggle's shape, for batches 1 to 2048: stock
+eager, stock ``torch.compile``, ``convert()`` and ``optimize()`` (``dlrm_latency.py`` says how).
 ``--optimize`` trains and times the converted model after ``perfkernels.torch.optimize`` (its
 lookups and the dot interaction one fused op, whose backward steps each table by its own rule;
 in inference the "emb" columns still time the converted modules' lookups alone).

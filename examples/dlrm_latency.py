@@ -1,10 +1,10 @@
 """Serving latency of the reference DLRM (``examples/dlrm.py --latency``, ``python -m perfkernels
 bench --family dlrm --latency``).
 
-The model is facebookresearch's ``DLRM_Net`` (``dlrm_reference.py`` beside this file) at Criteo
-Kaggle's shape: 26 tables x 16 (the dataset's sizes, capped by ``--max-rows``), bottom MLP
-13-512-256-64-16, top MLP 367-512-256-1, dot interaction, one index per table and sample;
-inference.  Columns, each a copy of the same model:
+The model is ``dlrm_reference.py`` beside this file (the architecture and torch operations of
+facebookresearch's ``DLRM_Net``) at Criteo Kaggle's shape: 26 tables x 16 (the dataset's sizes,
+capped by ``--max-rows``), bottom MLP 13-512-256-64-16, top MLP 367-512-256-1, dot interaction, one
+index per table and sample; inference.  Columns, each a copy of the same model:
 
 ``stock``            the model as written, eager
 ``stock compiled``   ``torch.compile(stock)``
@@ -117,13 +117,13 @@ def run_latency(args: argparse.Namespace) -> dict:
     dim = args.dim or 16
     bag_size = args.bag_size or 1
     max_rows = args.max_rows or 1_000_000
-    stock = ref.kaggle_model(max_rows, m_spa=dim, seed=args.seed).eval()
+    stock = ref.kaggle_model(max_rows, dim=dim, seed=args.seed).eval()
     rows = [e.num_embeddings for e in stock.emb_l]
     compile_ = not args.no_compile
     inputs = {b: [ref.kaggle_batch(stock, b, rng, bag_size) for _ in range(args.distinct)]
               for b in batches}
-    print(f"reference DLRM (facebookresearch DLRM_Net), {len(rows)} tables x {dim} (max "
-          f"{max(rows):,} rows), bottom MLP 13-512-256-64-{dim}, top MLP "
+    print(f"reference DLRM (facebookresearch DLRM_Net's operations), {len(rows)} tables x {dim} "
+          f"(max {max(rows):,} rows), bottom MLP 13-512-256-64-{dim}, top MLP "
           f"{stock.top_l[0].in_features}-512-256-1, dot interaction, {bag_size} index per table "
           f"and sample; inference; torch threads {torch.get_num_threads()}")
     result: dict = {"threads": torch.get_num_threads(), "batches": {}}

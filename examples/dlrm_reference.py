@@ -1,21 +1,42 @@
-"""The reference DLRM: a small, faithful copy of ``DLRM_Net`` from facebookresearch/dlrm's
-``dlrm_s_pytorch.py`` (the model code users run), without its multi-device, quotient-remainder,
-mixed-dimension and quantized-embedding options, which the Criteo Kaggle inference configuration
-leaves off.  What is kept is kept as written there: ``create_mlp`` (Linear + ReLU, a Sigmoid at
-``sigmoid_layer``, a ``Sequential``, Xavier-style normal initialisation), ``create_emb`` (one
-``nn.EmbeddingBag(n, m, mode="sum", sparse=True)`` per table, uniform +-sqrt(1/n)),
-``apply_mlp``, ``apply_emb`` (a Python loop over the tables, optional per-sample weights),
-``interact_features`` with ``"dot"`` (the pairwise dot products of the concatenated features,
-the index lists built per call, with or without each feature's product with itself:
-``arch_interaction_itself``) and ``"cat"``, and ``sequential_forward`` (with the optional
-``loss_threshold`` clamp).
+"""A reference-shaped DLRM: the architecture of facebookresearch/dlrm's ``DLRM_Net``
+(``dlrm_s_pytorch.py``, single-device inference path), written here, running the same torch
+operations in the same order, so that what ``perfkernels.torch.optimize`` must recognise in that
+model's graph is what this model's graph holds.
 
-Criteo Kaggle's configuration (the repository's ``bench/dlrm_s_criteo_kaggle.sh``):
-``--arch-sparse-feature-size=16 --arch-mlp-bot="13-512-256-64-16" --arch-mlp-top="512-256-1"``
-with the dataset's 26 table sizes, dot interaction, one index per table and sample; see
-:func:`kaggle_model` and :func:`kaggle_batch`.
+The torch operations of :meth:`ReferenceDLRM.forward`, in order (``B`` the batch, ``d`` the
+embedding dimension, ``F`` the number of tables):
+
+1. Bottom MLP: one ``nn.Sequential`` of ``nn.Linear`` (with bias) each followed by ``nn.ReLU``,
+   except an ``nn.Sigmoid`` after the Linear at index ``sigmoid_bottom`` (-1: none), called on the
+   dense features.
+2. Embeddings: one ``nn.EmbeddingBag(rows, d, mode="sum", sparse=True)`` per table, called in a
+   Python loop as ``bag(indices[k], offsets[k], per_sample_weights=w)``, ``w`` ``None``, or with
+   per-row pooling weights ``weights[k].gather(0, indices[k])``.
+3. Interaction ``"dot"``: ``torch.cat([x] + pooled, dim=1).view((B, -1, d))``, then
+   ``torch.bmm(T, torch.transpose(T, 1, 2))``, then two index lists built on every call with
+   ``torch.tensor`` (the pairs ``(i, j)``, ``j < i``, or ``j <= i`` with the self-interaction,
+   row by row) and the advanced index ``Z[:, rows, cols]``, then ``torch.cat([x] + [pairs],
+   dim=1)``.  Interaction ``"cat"``: ``torch.cat([x] + pooled, dim=1)``.
+4. Top MLP: as the bottom one, the Sigmoid after its last Linear by default.
+5. ``torch.clamp(p, min=t, max=1 - t)`` when the loss threshold ``t`` is in (0, 1).
+
+Facts kept from the reference besides the operations: its attribute names ``bot_l``, ``emb_l``,
+``top_l`` and ``v_W_l`` (so its checkpoints' state-dict keys load), its call convention
+``model(dense, offsets, indices)``, the width of the top MLP's input (``d`` plus the number of
+pairs, or ``(F + 1) * d`` for ``"cat"``) and its initialisation (Linear weights normal with
+standard deviation ``sqrt(2 / (fan_in + fan_out))``, biases ``sqrt(1 / fan_out)``, tables
+uniform in ``+-sqrt(1 / rows)``).  Left out, as the Criteo Kaggle inference configuration leaves
+them off: multi-device execution, quotient-remainder and mixed-dimension embeddings, quantized
+tables and the argument parsing.
+
+Criteo Kaggle's configuration (the reference's ``bench/dlrm_s_criteo_kaggle.sh``): embedding
+dimension 16, bottom MLP 13-512-256-64-16, top MLP 512-256-1, the dataset's 26 table sizes, dot
+interaction, one index per table and sample; see :func:`kaggle_model` and :func:`kaggle_batch`.
 """
 from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -27,223 +48,148 @@ CRITEO_KAGGLE_ROWS = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 9314
                       142572]
 
 
-class DLRM_Net(nn.Module):  # noqa: N801  (the reference's name)
-    def create_mlp(self, ln, sigmoid_layer):
-        # build MLP layer by layer
-        layers = nn.ModuleList()
-        for i in range(0, ln.size - 1):
-            n = ln[i]
-            m = ln[i + 1]
+def interaction_width(num_tables: int, dim: int, interaction: str = "dot",
+                      self_interaction: bool = False) -> int:
+    """Width of the interaction's output (the top MLP's input): ``dim`` plus one dot product per
+    pair of the ``num_tables + 1`` feature vectors (``j < i``; ``j <= i`` with
+    ``self_interaction``) for ``"dot"``, the ``num_tables + 1`` vectors side by side for
+    ``"cat"``."""
+    vectors = num_tables + 1
+    if interaction == "dot":
+        return dim + vectors * (vectors + 1 if self_interaction else vectors - 1) // 2
+    if interaction == "cat":
+        return vectors * dim
+    raise ValueError(f"interaction must be 'dot' or 'cat'; got {interaction!r}")
 
-            # construct fully connected operator
-            LL = nn.Linear(int(n), int(m), bias=True)
 
-            # initialize the weights
-            # custom Xavier input, output or two-sided fill
-            mean = 0.0  # std_dev = np.sqrt(variance)
-            std_dev = np.sqrt(2 / (m + n))  # np.sqrt(1 / m) # np.sqrt(1 / n)
-            W = np.random.normal(mean, std_dev, size=(m, n)).astype(np.float32)
-            std_dev = np.sqrt(1 / m)  # np.sqrt(2 / (m + 1))
-            bt = np.random.normal(mean, std_dev, size=m).astype(np.float32)
-            LL.weight.data = torch.tensor(W, requires_grad=True)
-            LL.bias.data = torch.tensor(bt, requires_grad=True)
-            layers.append(LL)
+def _mlp(sizes: Sequence[int], sigmoid_at: int, g: torch.Generator) -> nn.Sequential:
+    """Linear layers ``sizes[0] -> sizes[1] -> ...``, each followed by a ReLU, or by a Sigmoid at
+    Linear number ``sigmoid_at``."""
+    modules: list[nn.Module] = []
+    for k, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        linear = nn.Linear(int(fan_in), int(fan_out), bias=True)
+        with torch.no_grad():
+            linear.weight.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)), generator=g)
+            linear.bias.normal_(0.0, math.sqrt(1.0 / fan_out), generator=g)
+        modules += [linear, nn.Sigmoid() if k == sigmoid_at else nn.ReLU()]
+    return nn.Sequential(*modules)
 
-            # construct sigmoid or relu operator
-            if i == sigmoid_layer:
-                layers.append(nn.Sigmoid())
-            else:
-                layers.append(nn.ReLU())
 
-        # use Sequential container to wrap all layers
-        return torch.nn.Sequential(*layers)
+class ReferenceDLRM(nn.Module):
+    """Bottom MLP, one sum-pooled EmbeddingBag per table, dot or cat interaction, top MLP, with
+    the torch operations of facebookresearch's ``DLRM_Net`` (listed in this module's docstring).
 
-    def create_emb(self, m, ln, weighted_pooling=None):
-        emb_l = nn.ModuleList()
-        v_W_l = []
-        for i in range(0, ln.size):
-            n = ln[i]
-            # construct embedding operator
-            EE = nn.EmbeddingBag(n, m, mode="sum", sparse=True)
-            # initialize embeddings
-            W = np.random.uniform(
-                low=-np.sqrt(1 / n), high=np.sqrt(1 / n), size=(n, m)
-            ).astype(np.float32)
-            EE.weight.data = torch.tensor(W, requires_grad=True)
-            if weighted_pooling is None:
-                v_W_l.append(None)
-            else:
-                v_W_l.append(torch.ones(n, dtype=torch.float32))
-            emb_l.append(EE)
-        return emb_l, v_W_l
+    Parameters
+    ----------
+    table_rows : sequence of int
+        Rows of each embedding table.
+    dim : int
+        Embedding dimension; also the bottom MLP's output width.
+    bottom : sequence of int
+        Bottom MLP sizes, from the number of dense features to ``dim``.
+    top : sequence of int
+        Top MLP sizes after the interaction (its input width is computed, see
+        :func:`interaction_width`), e.g. ``(512, 256, 1)``.
+    interaction : {"dot", "cat"}
+    self_interaction : bool
+        With ``"dot"``: include each vector's dot product with itself.
+    sigmoid_bottom, sigmoid_top : int or None
+        The Linear (counted from 0) followed by a Sigmoid instead of a ReLU; -1 for none.  The
+        top MLP's default, None, is its last Linear.
+    loss_threshold : float
+        When in (0, 1), the prediction is clamped to ``[loss_threshold, 1 - loss_threshold]``.
+    pooling_weights : None, "fixed" or "learned"
+        Per-row weights of the pooled rows (all ones to start): none, constant tensors, or
+        Parameters.
+    seed : int
+        Seed of the initialisation.
+    """
 
-    def __init__(
-        self,
-        m_spa=None,
-        ln_emb=None,
-        ln_bot=None,
-        ln_top=None,
-        arch_interaction_op=None,
-        arch_interaction_itself=False,
-        sigmoid_bot=-1,
-        sigmoid_top=-1,
-        loss_threshold=0.0,
-        weighted_pooling=None,
-    ):
-        super(DLRM_Net, self).__init__()
-
-        if (
-            (m_spa is not None)
-            and (ln_emb is not None)
-            and (ln_bot is not None)
-            and (ln_top is not None)
-            and (arch_interaction_op is not None)
-        ):
-            # save arguments
-            self.output_d = 0
-            self.parallel_model_batch_size = -1
-            self.parallel_model_is_not_prepared = True
-            self.arch_interaction_op = arch_interaction_op
-            self.arch_interaction_itself = arch_interaction_itself
-            self.loss_threshold = loss_threshold
-            if weighted_pooling is not None and weighted_pooling != "fixed":
-                self.weighted_pooling = "learned"
-            else:
-                self.weighted_pooling = weighted_pooling
-            self.quantize_emb = False
-
-            # create operators
-            self.emb_l, w_list = self.create_emb(m_spa, ln_emb, weighted_pooling)
-            if self.weighted_pooling == "learned":
-                self.v_W_l = nn.ParameterList()
-                for w in w_list:
-                    self.v_W_l.append(nn.Parameter(w))
-            else:
-                self.v_W_l = w_list
-            self.bot_l = self.create_mlp(ln_bot, sigmoid_bot)
-            self.top_l = self.create_mlp(ln_top, sigmoid_top)
-
-    def apply_mlp(self, x, layers):
-        # use Sequential container to wrap all layers
-        return layers(x)
-
-    def apply_emb(self, lS_o, lS_i, emb_l, v_W_l):
-        # WARNING: notice that we are processing the batch at once. We implicitly
-        # assume that the data is laid out such that:
-        # 1. each embedding is indexed with a group of sparse indices,
-        #   corresponding to a single lookup
-        # 2. for each embedding the lookups are further organized into a batch
-        # 3. for a list of embedding tables there is a list of batched lookups
-
-        ly = []
-        for k, sparse_index_group_batch in enumerate(lS_i):
-            sparse_offset_group_batch = lS_o[k]
-
-            # embedding lookup
-            # We are using EmbeddingBag, which implicitly uses sum operator.
-            # The embeddings are represented as tall matrices, with sum
-            # happening vertically across 0 axis, resulting in a row vector
-            if v_W_l[k] is not None:
-                per_sample_weights = v_W_l[k].gather(0, sparse_index_group_batch)
-            else:
-                per_sample_weights = None
-
-            E = emb_l[k]
-            V = E(
-                sparse_index_group_batch,
-                sparse_offset_group_batch,
-                per_sample_weights=per_sample_weights,
-            )
-
-            ly.append(V)
-
-        return ly
-
-    def interact_features(self, x, ly):
-
-        if self.arch_interaction_op == "dot":
-            # concatenate dense and sparse features
-            (batch_size, d) = x.shape
-            T = torch.cat([x] + ly, dim=1).view((batch_size, -1, d))
-            # perform a dot product
-            Z = torch.bmm(T, torch.transpose(T, 1, 2))
-            # append dense feature with the interactions (into a row vector)
-            # approach 2: unique
-            _, ni, nj = Z.shape
-            # approach 2: custom
-            offset = 1 if self.arch_interaction_itself else 0
-            li = torch.tensor([i for i in range(ni) for j in range(i + offset)])
-            lj = torch.tensor([j for i in range(nj) for j in range(i + offset)])
-            Zflat = Z[:, li, lj]
-            # concatenate dense features and interactions
-            R = torch.cat([x] + [Zflat], dim=1)
-        elif self.arch_interaction_op == "cat":
-            # concatenation features (into a row vector)
-            R = torch.cat([x] + ly, dim=1)
+    def __init__(self, table_rows: Sequence[int], dim: int, bottom: Sequence[int],
+                 top: Sequence[int], *, interaction: str = "dot", self_interaction: bool = False,
+                 sigmoid_bottom: int = -1, sigmoid_top: Optional[int] = None,
+                 loss_threshold: float = 0.0, pooling_weights: Optional[str] = None,
+                 seed: int = 0) -> None:
+        super().__init__()
+        if int(bottom[-1]) != dim:
+            raise ValueError(f"bottom must end with dim={dim}; got {list(bottom)}")
+        if pooling_weights not in (None, "fixed", "learned"):
+            raise ValueError("pooling_weights must be None, 'fixed' or 'learned'; "
+                             f"got {pooling_weights!r}")
+        g = torch.Generator().manual_seed(seed)
+        self.interaction = interaction
+        self.self_interaction = bool(self_interaction)
+        self.loss_threshold = float(loss_threshold)
+        top_sizes = [interaction_width(len(table_rows), dim, interaction, self_interaction),
+                     *top]
+        self.emb_l = nn.ModuleList()   # registered first, as there (the parameters' order)
+        for rows in table_rows:
+            bag = nn.EmbeddingBag(int(rows), dim, mode="sum", sparse=True)
+            bound = math.sqrt(1.0 / int(rows))
+            with torch.no_grad():
+                bag.weight.uniform_(-bound, bound, generator=g)
+            self.emb_l.append(bag)
+        ones = [torch.ones(int(rows)) for rows in table_rows]
+        if pooling_weights == "learned":
+            self.v_W_l = nn.ParameterList(nn.Parameter(w) for w in ones)
         else:
-            raise ValueError(
-                "ERROR: --arch-interaction-op="
-                + self.arch_interaction_op
-                + " is not supported"
-            )
+            self.v_W_l = ones if pooling_weights == "fixed" else [None] * len(ones)
+        self.bot_l = _mlp(list(bottom), sigmoid_bottom, g)
+        self.top_l = _mlp(top_sizes, len(top_sizes) - 2 if sigmoid_top is None else sigmoid_top,
+                          g)
 
-        return R
+    def _pooled(self, offsets, indices) -> list[torch.Tensor]:
+        out = []
+        for k, bag in enumerate(self.emb_l):
+            weights = self.v_W_l[k]
+            if weights is not None:
+                weights = weights.gather(0, indices[k])
+            out.append(bag(indices[k], offsets[k], per_sample_weights=weights))
+        return out
 
-    def forward(self, dense_x, lS_o, lS_i):
-        return self.sequential_forward(dense_x, lS_o, lS_i)
+    def _interact(self, x: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
+        if self.interaction == "cat":
+            return torch.cat([x] + pooled, dim=1)
+        if self.interaction != "dot":
+            raise ValueError(f"interaction must be 'dot' or 'cat'; got {self.interaction!r}")
+        batch, dim = x.shape
+        stacked = torch.cat([x] + pooled, dim=1).view((batch, -1, dim))
+        gram = torch.bmm(stacked, torch.transpose(stacked, 1, 2))
+        n = gram.shape[1]
+        diagonal = 1 if self.self_interaction else 0
+        pairs = [(i, j) for i in range(n) for j in range(i + diagonal)]
+        rows = torch.tensor([i for i, _ in pairs])
+        cols = torch.tensor([j for _, j in pairs])
+        return torch.cat([x] + [gram[:, rows, cols]], dim=1)
 
-    def sequential_forward(self, dense_x, lS_o, lS_i):
-        # process dense features (using bottom mlp), resulting in a row vector
-        x = self.apply_mlp(dense_x, self.bot_l)
-
-        # process sparse features(using embeddings), resulting in a list of row vectors
-        ly = self.apply_emb(lS_o, lS_i, self.emb_l, self.v_W_l)
-
-        # interact features (dense and sparse)
-        z = self.interact_features(x, ly)
-
-        # obtain probability of a click (using top mlp)
-        p = self.apply_mlp(z, self.top_l)
-
-        # clamp output if needed
-        if 0.0 < self.loss_threshold and self.loss_threshold < 1.0:
-            z = torch.clamp(p, min=self.loss_threshold, max=(1.0 - self.loss_threshold))
-        else:
-            z = p
-
-        return z
-
-
-def kaggle_model(max_rows: int | None = None, m_spa: int = 16, interaction: str = "dot",
-                 interaction_itself: bool = False, seed: int = 0) -> DLRM_Net:
-    """DLRM_Net as ``dlrm_s_pytorch.py`` builds it for Criteo Kaggle: 26 tables of the dataset's
-    sizes (capped at ``max_rows`` when given) x ``m_spa``, bottom MLP 13-512-256-64-m_spa, top MLP
-    (interactions)-512-256-1 with a sigmoid last.  ``np.random.seed(seed)`` first, as the
-    reference seeds its initialisation."""
-    np.random.seed(seed)
-    ln_emb = np.array([min(n, max_rows) if max_rows else n for n in CRITEO_KAGGLE_ROWS])
-    ln_bot = np.array([13, 512, 256, 64, m_spa])
-    num_fea = ln_emb.size + 1  # sparse features + dense feature
-    if interaction == "dot":   # as the reference computes the top MLP's input size
-        num_int = (num_fea * (num_fea + 1)) // 2 if interaction_itself else (
-            num_fea * (num_fea - 1)) // 2
-        num_int += m_spa
-    else:
-        num_int = num_fea * m_spa
-    ln_top = np.array([num_int, 512, 256, 1])
-    return DLRM_Net(m_spa, ln_emb, ln_bot, ln_top, arch_interaction_op=interaction,
-                    arch_interaction_itself=interaction_itself, sigmoid_bot=-1,
-                    sigmoid_top=ln_top.size - 2)
+    def forward(self, dense: torch.Tensor, offsets, indices) -> torch.Tensor:
+        """Click probability ``[B, 1]`` of ``dense`` ``[B, bottom[0]]`` and, per table, the
+        ``offsets`` and ``indices`` of its bags (lists, or ``[F, B]`` / ``[F, N]`` tensors)."""
+        p = self.top_l(self._interact(self.bot_l(dense), self._pooled(offsets, indices)))
+        t = self.loss_threshold
+        if 0.0 < t < 1.0:
+            p = torch.clamp(p, min=t, max=1.0 - t)
+        return p
 
 
-def kaggle_batch(model: DLRM_Net, batch: int, rng: np.random.Generator, bag_size: int = 1,
+def kaggle_model(max_rows: int | None = None, dim: int = 16, interaction: str = "dot",
+                 self_interaction: bool = False, seed: int = 0) -> ReferenceDLRM:
+    """The model at Criteo Kaggle's shape: 26 tables of the dataset's sizes (capped at
+    ``max_rows`` when given) x ``dim``, bottom MLP 13-512-256-64-dim, top MLP
+    (interaction)-512-256-1 with a Sigmoid last."""
+    rows = [min(n, max_rows) if max_rows else n for n in CRITEO_KAGGLE_ROWS]
+    return ReferenceDLRM(rows, dim, [13, 512, 256, 64, dim], [512, 256, 1],
+                         interaction=interaction, self_interaction=self_interaction, seed=seed)
+
+
+def kaggle_batch(model: ReferenceDLRM, batch: int, rng: np.random.Generator, bag_size: int = 1,
                  zipf_a: float = 1.1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One batch as the reference's Criteo data loader hands it to the model: dense [B, 13]
-    (log(1 + x) of count features), offsets lS_o [26, B] and indices lS_i [26, B * bag_size]
-    (one-hot: bag_size 1).  Indices are Zipf-distributed over each table (a few hot rows)."""
+    (log(1 + x) of count features), offsets [26, B] and indices [26, B * bag_size] (one-hot:
+    bag_size 1).  Indices are Zipf-distributed over each table (a few hot rows)."""
     dense = torch.from_numpy(np.log1p(rng.lognormal(0, 1, (batch, 13))).astype(np.float32))
     rows = [e.num_embeddings for e in model.emb_l]
-    lS_i = torch.from_numpy(np.stack([((rng.zipf(zipf_a, batch * bag_size) - 1) * 2654435761) % n
-                                      for n in rows]).astype(np.int64))
-    lS_o = torch.arange(0, batch * bag_size, bag_size).repeat(len(rows), 1)
-    return dense, lS_o, lS_i
+    indices = torch.from_numpy(np.stack([((rng.zipf(zipf_a, batch * bag_size) - 1) * 2654435761)
+                                         % n for n in rows]).astype(np.int64))
+    offsets = torch.arange(0, batch * bag_size, bag_size).repeat(len(rows), 1)
+    return dense, offsets, indices

@@ -1,14 +1,20 @@
-"""The two public DLRM implementations of the whole-model tests.
+"""The two DLRM shapes of the whole-model tests, written here from the public models'
+architectures and the torch operations their forwards run (what ``optimize()`` must recognise).
 
-``DLRM_Net``: facebookresearch/dlrm ``dlrm_s_pytorch.py``'s model, the faithful copy in
-``examples/dlrm_reference.py`` (the single-device path: ``create_mlp``, ``create_emb``,
-``apply_mlp``, ``apply_emb``, ``interact_features`` with "dot", with and without
-``arch_interaction_itself``, and "cat", ``sequential_forward``), without the QR / MD embeddings,
-the distributed and multi-GPU paths and the argument parsing; :func:`dlrm_net` builds it.
+``ReferenceDLRM`` (``examples/dlrm_reference.py``): facebookresearch/dlrm ``dlrm_s_pytorch.py``'s
+model, its operation sequence listed in that module's docstring; :func:`dlrm_net` builds it,
+:func:`dlrm_inputs` makes its inputs.
 
-``TorchRecDLRM``: TorchRec's ``torchrec.models.dlrm`` (``SparseArch``, ``DenseArch``,
-``InteractionArch``, ``OverArch``) over perfkernels' own ``EmbeddingBagCollection``,
-``KeyedJaggedTensor`` and ``KeyedTensor`` stand-ins (TorchRec is not needed).
+``TorchRecDLRM``: the architecture of TorchRec's ``torchrec.models.dlrm.DLRM`` over perfkernels'
+own ``EmbeddingBagCollection``, ``KeyedJaggedTensor`` and ``KeyedTensor`` (TorchRec is not
+needed).  Its forward runs, in order: the dense MLP (Linear + ReLU per layer) on the dense
+features; the collection on the sparse features, its ``KeyedTensor.to_dict()`` read in feature
+order, ``torch.cat(..., dim=1).reshape(-1, F, D)``; the interaction
+``C = torch.cat((x.unsqueeze(1), S), dim=1)``, ``torch.bmm(C, torch.transpose(C, 1, 2))``,
+indexed by the two rows of a non-persistent ``torch.triu_indices(F + 1, F + 1, offset=1)``
+buffer (the pairs above the diagonal), ``torch.cat((x, pairs), dim=1)``; the over MLP (Linear +
+ReLU per layer but the last, a plain Linear last).  Its top input width is
+``D + F * (F + 1) / 2``.
 """
 from __future__ import annotations
 
@@ -16,7 +22,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn as nn
 
@@ -38,115 +43,95 @@ def _reference():
     return sys.modules[name]
 
 
-DLRM_Net = _reference().DLRM_Net
+ReferenceDLRM = _reference().ReferenceDLRM
 
 
-def dlrm_net(rows, dim, bottom, top, interaction="dot", itself=False, seed=0) -> DLRM_Net:
-    """A DLRM_Net as dlrm_s_pytorch.py builds it from its command line (``ln_top`` gets the
-    interaction's width in front, as the script computes it)."""
-    np.random.seed(seed)
-    F = len(rows)
-    if interaction == "dot":
-        num_fea = F + 1
-        num_int = (num_fea * (num_fea + 1)) // 2 + dim if itself else \
-            (num_fea * (num_fea - 1)) // 2 + dim
-    else:
-        num_int = F * dim + bottom[-1]
-    return DLRM_Net(dim, np.array(rows), np.array(bottom), np.array([num_int] + list(top)),
-                    arch_interaction_op=interaction, arch_interaction_itself=itself,
-                    sigmoid_top=len(top) - 1)   # the script: ln_top.size - 2
+def dlrm_net(rows, dim, bottom, top, interaction="dot", itself=False, seed=0) -> ReferenceDLRM:
+    """A reference-shaped DLRM: tables of ``rows`` x ``dim``, ``bottom`` MLP sizes (ending with
+    ``dim``), ``top`` MLP sizes after the interaction (a Sigmoid last)."""
+    return ReferenceDLRM(rows, dim, bottom, top, interaction=interaction, self_interaction=itself,
+                         seed=seed)
 
 
 def dlrm_inputs(rows, batch, dense_dim, bag=1, seed=0, index_dtype=torch.int64):
-    """(dense_x, lS_o, lS_i) as DLRM's random data generator makes them: per table, B offsets
+    """(dense, offsets, indices) as DLRM's random data generator makes them: per table, B offsets
     and the indices of B bags of ``bag`` entries each (1: one-hot)."""
     g = torch.Generator().manual_seed(seed)
     dense = torch.rand(batch, dense_dim, generator=g)
-    lS_o = [torch.arange(batch, dtype=index_dtype) * bag for _ in rows]
-    lS_i = [torch.randint(0, r, (batch * bag,), generator=g, dtype=index_dtype) for r in rows]
-    return dense, lS_o, lS_i
+    offsets = [torch.arange(batch, dtype=index_dtype) * bag for _ in rows]
+    indices = [torch.randint(0, r, (batch * bag,), generator=g, dtype=index_dtype) for r in rows]
+    return dense, offsets, indices
 
 
-# --------------------------------------------------------------------------- TorchRec's DLRM
+# --------------------------------------------------------------------- TorchRec's architecture
 
 
-def _mlp(sizes):
-    layers = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers)
+def _relu_layers(width: int, sizes) -> list[nn.Module]:
+    layers: list[nn.Module] = []
+    for size in sizes:
+        layers += [nn.Linear(width, size), nn.ReLU()]
+        width = size
+    return layers
 
 
-class SparseArch(nn.Module):
-    def __init__(self, embedding_bag_collection):
+class _PooledFeatures(nn.Module):
+    """The collection's pooled vector of every feature, as ``[B, F, D]``."""
+
+    def __init__(self, collection, features: list[str], dim: int) -> None:
         super().__init__()
-        self.embedding_bag_collection = embedding_bag_collection
-        self.sparse_feature_names = [
-            name for conf in embedding_bag_collection.embedding_bag_configs()
-            for name in (conf.feature_names or [conf.name])]
-        self.F = len(self.sparse_feature_names)
+        self.embedding_bag_collection = collection
+        self.features, self.dim = features, dim
 
-    def forward(self, features):
-        sparse_features = self.embedding_bag_collection(features)
-        B = features.stride()
-        sparse = sparse_features.to_dict()
-        sparse_values = []
-        for name in self.sparse_feature_names:
-            sparse_values.append(sparse[name])
-        return torch.cat(sparse_values, dim=1).reshape(B, self.F, -1)
+    def forward(self, kjt):
+        by_feature = self.embedding_bag_collection(kjt).to_dict()
+        flat = torch.cat([by_feature[f] for f in self.features], dim=1)
+        return flat.reshape(-1, len(self.features), self.dim)
 
 
-class DenseArch(nn.Module):
-    def __init__(self, in_features, layer_sizes):
+class _PairsAboveDiagonal(nn.Module):
+    """The dense vector, then the dot products of the pairs (i, j), i < j, of the dense vector
+    and the F pooled ones (the dense vector first)."""
+
+    def __init__(self, num_features: int) -> None:
         super().__init__()
-        self.model = _mlp([in_features] + list(layer_sizes))
-
-    def forward(self, features):
-        return self.model(features)
-
-
-class InteractionArch(nn.Module):
-    def __init__(self, num_sparse_features):
-        super().__init__()
-        self.F = num_sparse_features
-        self.register_buffer("triu_indices",
-                             torch.triu_indices(self.F + 1, self.F + 1, offset=1),
+        self.num_features = num_features
+        self.register_buffer("triu_indices", torch.triu_indices(num_features + 1,
+                                                                num_features + 1, offset=1),
                              persistent=False)
 
-    def forward(self, dense_features, sparse_features):
-        if self.F <= 0:
-            return dense_features
-        (B, D) = dense_features.shape
-        combined_values = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)
-        interactions = torch.bmm(combined_values, torch.transpose(combined_values, 1, 2))
-        interactions_flat = interactions[:, self.triu_indices[0], self.triu_indices[1]]
-        return torch.cat((dense_features, interactions_flat), dim=1)
-
-
-class OverArch(nn.Module):
-    def __init__(self, in_features, layer_sizes):
-        super().__init__()
-        self.model = nn.Sequential(_mlp([in_features] + list(layer_sizes[:-1])),
-                                   nn.Linear(layer_sizes[-2], layer_sizes[-1], bias=True))
-
-    def forward(self, features):
-        return self.model(features)
+    def forward(self, x, pooled):
+        if self.num_features == 0:
+            return x
+        vectors = torch.cat((x.unsqueeze(1), pooled), dim=1)
+        gram = torch.bmm(vectors, torch.transpose(vectors, 1, 2))
+        pairs = gram[:, self.triu_indices[0], self.triu_indices[1]]
+        return torch.cat((x, pairs), dim=1)
 
 
 class TorchRecDLRM(nn.Module):
-    def __init__(self, embedding_bag_collection, dense_in_features, dense_arch_layer_sizes,
-                 over_arch_layer_sizes):
+    """TorchRec's DLRM architecture (see the module docstring) over ``embedding_bag_collection``
+    (all tables of one dimension D, the last of ``dense_arch_layer_sizes``)."""
+
+    def __init__(self, embedding_bag_collection, dense_in_features: int,
+                 dense_arch_layer_sizes, over_arch_layer_sizes) -> None:
         super().__init__()
-        self.sparse_arch = SparseArch(embedding_bag_collection)
-        num_sparse_features = len(self.sparse_arch.sparse_feature_names)
-        self.dense_arch = DenseArch(dense_in_features, dense_arch_layer_sizes)
-        self.inter_arch = InteractionArch(num_sparse_features)
-        over_in = dense_arch_layer_sizes[-1] + (num_sparse_features + 1) * num_sparse_features // 2
-        self.over_arch = OverArch(over_in, over_arch_layer_sizes)
+        configs = embedding_bag_collection.embedding_bag_configs()
+        dims = {c.embedding_dim for c in configs}
+        if len(dims) != 1 or dense_arch_layer_sizes[-1] not in dims:
+            raise ValueError("the tables' dimensions and the dense MLP's last size must be one "
+                             f"value; got {sorted(dims)} and {dense_arch_layer_sizes[-1]}")
+        if len(over_arch_layer_sizes) < 2:
+            raise ValueError("over_arch_layer_sizes needs two sizes or more; got "
+                             f"{list(over_arch_layer_sizes)}")
+        features = [f for c in configs for f in (c.feature_names or [c.name])]
+        dim, n = dense_arch_layer_sizes[-1], len(features)
+        self.sparse_arch = _PooledFeatures(embedding_bag_collection, features, dim)
+        self.dense_arch = nn.Sequential(*_relu_layers(dense_in_features, dense_arch_layer_sizes))
+        self.inter_arch = _PairsAboveDiagonal(n)
+        *hidden, out = over_arch_layer_sizes
+        self.over_arch = nn.Sequential(*_relu_layers(dim + n * (n + 1) // 2, hidden),
+                                       nn.Linear(hidden[-1], out))
 
     def forward(self, dense_features, sparse_features):
-        embedded_dense = self.dense_arch(dense_features)
-        embedded_sparse = self.sparse_arch(sparse_features)
-        concatenated_dense = self.inter_arch(dense_features=embedded_dense,
-                                             sparse_features=embedded_sparse)
-        return self.over_arch(concatenated_dense)
+        x = self.dense_arch(dense_features)
+        return self.over_arch(self.inter_arch(x, self.sparse_arch(sparse_features)))

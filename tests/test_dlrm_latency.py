@@ -1,5 +1,6 @@
-"""examples/dlrm.py --latency at a CI size: the reference DLRM (a copy of facebookresearch's
-DLRM_Net) predicts the same through every column, and the table has p50 / p99 per batch."""
+"""examples/dlrm.py --latency at a CI size: the reference DLRM (the torch operations of
+facebookresearch's DLRM_Net) predicts the same through every column, and the table has p50 / p99
+per batch."""
 import importlib.util
 from pathlib import Path
 
@@ -21,13 +22,13 @@ def load(name):
 
 
 def test_reference_dlrm_matches_its_formulas():
-    """DLRM_Net's forward, recomputed from the paper's formulas with plain tensor ops: bottom MLP,
-    one-hot sums, the lower triangle of the pairwise dot products (without / with the diagonal
-    under arch_interaction_itself), top MLP with a sigmoid."""
+    """The reference DLRM's forward, recomputed from the paper's formulas with plain tensor ops:
+    bottom MLP, one-hot sums, the lower triangle of the pairwise dot products (without / with the
+    diagonal with the self-interaction), top MLP with a sigmoid."""
     ref = load("dlrm_reference")
     rng = np.random.default_rng(0)
     for itself in (False, True):
-        m = ref.kaggle_model(max_rows=50, m_spa=4, interaction_itself=itself).eval()
+        m = ref.kaggle_model(max_rows=50, dim=4, self_interaction=itself).eval()
         assert m.top_l[0].in_features == 27 * (28 if itself else 26) // 2 + 4
         dense, lS_o, lS_i = ref.kaggle_batch(m, 5, rng, bag_size=2)
         with torch.no_grad():
@@ -40,7 +41,7 @@ def test_reference_dlrm_matches_its_formulas():
             want = m.top_l(torch.cat([x.double()] + [v[:, None] for v in z], 1).float())
         assert got.shape == (5, 1) and bool(((got > 0) & (got < 1)).all())
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    cat = ref.kaggle_model(max_rows=50, m_spa=4, interaction="cat").eval()
+    cat = ref.kaggle_model(max_rows=50, dim=4, interaction="cat").eval()
     assert cat.top_l[0].in_features == 27 * 4
     with torch.no_grad():
         assert cat(*ref.kaggle_batch(cat, 3, rng)).shape == (3, 1)

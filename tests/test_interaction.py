@@ -39,10 +39,10 @@ def test_pair_order_is_the_models_own():
     torch = pytest.importorskip("torch")
     for n in (1, 2, 5, 27):
         for itself in (False, True):
-            # facebookresearch DLRM's interact_features (approach 2), and its tril_indices twin
-            offset = 1 if itself else 0
-            li = [i for i in range(n) for j in range(i + offset)]
-            lj = [j for i in range(n) for j in range(i + offset)]
+            # facebookresearch DLRM's pairs: (i, j) for j < i (j <= i with the self-interaction),
+            # i the outer loop; and the tril_indices of the same triangle
+            pairs = [(i, j) for i in range(n) for j in range(i + 1 if itself else i)]
+            li, lj = [i for i, _ in pairs], [j for _, j in pairs]
             got = pair_lists(n, "dlrm", itself)
             assert got[0].tolist() == li and got[1].tolist() == lj
             tril = torch.tril_indices(n, n, offset=0 if itself else -1)

@@ -354,15 +354,13 @@ def test_interaction_cat_and_threads_and_torch(isa, rng):
                                                  self_interaction=itself, num_threads=nt)
                    for nt in (1, 2, 3, 8)]
         assert all(r.tobytes() == results[0].tobytes() for r in results)
-        # facebookresearch DLRM's interact_features, "dot"
-        T = torch.cat([x] + ly, dim=1).view((B, -1, D))
-        Z = torch.bmm(T, torch.transpose(T, 1, 2))
-        _, ni, nj = Z.shape
-        offset = 1 if itself else 0
-        li = torch.tensor([i for i in range(ni) for j in range(i + offset)])
-        lj = torch.tensor([j for i in range(nj) for j in range(i + offset)])
-        R = torch.cat([x] + [Z[:, li, lj]], dim=1)
-        np.testing.assert_allclose(results[0], R.numpy(), rtol=1e-5, atol=1e-4)
+        # facebookresearch DLRM's "dot": the vectors' Gram matrix by bmm, its lower triangle
+        # (with the diagonal under the self-interaction) row by row after the dense vector
+        vectors = torch.cat([x] + ly, dim=1).view((B, -1, D))
+        gram = torch.bmm(vectors, torch.transpose(vectors, 1, 2))
+        below = torch.tril_indices(F + 1, F + 1, offset=0 if itself else -1)
+        want = torch.cat([x, gram[:, below[0], below[1]]], dim=1)
+        np.testing.assert_allclose(results[0], want.numpy(), rtol=1e-5, atol=1e-4)
     # TorchRec's InteractionArch
     combined = torch.cat((x.unsqueeze(1), torch.stack(ly, 1)), dim=1)
     inter = torch.bmm(combined, torch.transpose(combined, 1, 2))

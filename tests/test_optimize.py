@@ -1,6 +1,7 @@
-"""perfkernels.torch.optimize: whole models (a faithful copy of facebookresearch's DLRM_Net and a
-TorchRec-style DLRM over perfkernels' collection) against their own stock forward: predictions,
-errors, a training step, torch.compile(fullgraph=True) and torch.export."""
+"""perfkernels.torch.optimize: whole models (a DLRM running the torch operations of
+facebookresearch's DLRM_Net and a TorchRec-shaped DLRM over perfkernels' collection) against their
+own stock forward: predictions, errors, a training step, torch.compile(fullgraph=True) and
+torch.export."""
 import copy
 
 import numpy as np
@@ -35,6 +36,36 @@ def model_of(interaction="dot", itself=False, dim=4, seed=0):
 
 def fused_graphs(model):
     return [c.gm.graph for c in model.__dict__["_perfkernels_optimize"].ordered]
+
+
+_NOT_OPS = {"aten.lift_fresh_copy.default", "aten.detach_.default", "aten.detach.default",
+            "<built-in function getitem>"}   # how export materialises constants and tuples
+
+
+@pytest.mark.parametrize("interaction,itself", [("dot", False), ("dot", True), ("cat", False)])
+def test_reference_model_runs_dlrm_nets_operations(interaction, itself):
+    """The graph optimize() matches in the reference-shaped model is the sequence facebookresearch's
+    DLRM_Net runs: bottom MLP, one embedding_bag per table, cat / view / transpose / bmm / index
+    by two constant pair lists made in the forward / cat (or one cat), top MLP with a sigmoid."""
+    model = model_of(interaction, itself)
+    ep = torch.export.export(model, dlrm_inputs(ROWS, 3, 6))
+    ops = [str(n.target) for n in ep.graph.nodes
+           if n.op == "call_function" and str(n.target) not in _NOT_OPS]
+    layer = ["aten.linear.default", "aten.relu.default"]
+    interact = ["aten.cat.default"] if interaction == "cat" else [
+        "aten.cat.default", "aten.view.default", "aten.transpose.int", "aten.bmm.default",
+        "aten.index.Tensor", "aten.cat.default"]
+    assert ops == (layer * 2 + ["aten.embedding_bag.padding_idx"] * len(ROWS) + interact
+                   + layer + ["aten.linear.default", "aten.sigmoid.default"])
+    consts = [ep.constants[s.target] for s in ep.graph_signature.input_specs
+              if s.kind.name == "CONSTANT_TENSOR"]
+    if interaction == "cat":
+        assert consts == []
+    else:   # the lower triangle of the (F + 1) x (F + 1) products, row by row
+        n = len(ROWS) + 1
+        want = torch.tril_indices(n, n, offset=0 if itself else -1)
+        assert len(consts) == 2
+        assert torch.equal(consts[0], want[0]) and torch.equal(consts[1], want[1])
 
 
 @pytest.mark.parametrize("interaction,itself", [("dot", False), ("dot", True), ("cat", False)])
@@ -192,6 +223,30 @@ def _kjt(F, B, seed):
     values = torch.cat([torch.randint(0, 20 + 7 * f, (int(lengths[f * B:(f + 1) * B].sum()),),
                                       generator=g) for f in range(F)])
     return KeyedJaggedTensor([f"f{f}" for f in range(F)], values, lengths=lengths)
+
+
+def test_torchrec_shaped_model_runs_torchrecs_operations():
+    """After the collection's pooled vectors, the TorchRec-shaped model's graph is TorchRec
+    DLRM's: cat + reshape to [B, F, D], unsqueeze / cat / transpose / bmm / index by the two rows
+    of a non-persistent triu_indices(F + 1, F + 1, offset=1) buffer / cat, the over MLP with a
+    plain Linear last."""
+    from perfkernels.torch import _optimize
+    _optimize._register_pytrees()
+    model = _torchrec_model(F=4)
+    ep = torch.export.export(model, (torch.rand(3, 5), _kjt(4, 3, 0)))
+    ops = [str(n.target) for n in ep.graph.nodes
+           if n.op == "call_function" and str(n.target) not in _NOT_OPS]
+    start = ops.index("aten.unsqueeze.default") - 2      # the pooled vectors' cat and reshape
+    assert ops[:4] == ["aten.linear.default", "aten.relu.default"] * 2
+    assert "perfkernels.embedding_bag_collection.default" in ops[4:start]
+    assert ops[start:] == ["aten.cat.default", "aten.reshape.default", "aten.unsqueeze.default",
+                           "aten.cat.default", "aten.transpose.int", "aten.bmm.default",
+                           "aten.select.int", "aten.select.int", "aten.index.Tensor",
+                           "aten.cat.default", "aten.linear.default", "aten.relu.default",
+                           "aten.linear.default"]
+    (spec,) = [s for s in ep.graph_signature.input_specs if s.kind.name == "BUFFER"]
+    assert spec.target.endswith("triu_indices") and spec.persistent is False
+    assert torch.equal(model.get_buffer(spec.target), torch.triu_indices(5, 5, offset=1))
 
 
 def test_torchrec_style_model_fuses_collection_and_interaction_arch():
