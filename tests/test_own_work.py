@@ -27,7 +27,7 @@ PATTERNS = [
     ("licence header", re.compile(r"\blicensed under\b", re.I)),
     ("licence text", re.compile(r"\bpermission is hereby granted, free of charge\b", re.I)),
     ("licence text", re.compile(r"\bredistribution and use in source and binary forms\b", re.I)),
-    # "ported / copied / adapted from owner/repo, a URL, or a named project"
+    # the words ported, copied or adapted, then "from" and a repository, a URL or a named project
     ("copied from another project", re.compile(
         r"\b(ported|copied|adapted|transcribed|translated|lifted|taken)\s+(verbatim\s+|here\s+)?"
         r"from\s+(https?://|github|[\w.-]+/[\w.-]+|(pytorch|torch|torchrec|fbgemm|"
