@@ -341,15 +341,25 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
         Any model; a bare EmbeddingBag is converted too.
     dtype : torch.float16 or torch.bfloat16, optional
         Store float tables in this dtype (half the memory and bandwidth); lookups still
-        accumulate in float32 and return the model's original dtype.
+        accumulate in float32 and return the model's original dtype (after ``model.half()``,
+        ``.double()``, ``.to(dtype)``: the new one, as a stock table's would).  With
+        ``inplace=True`` the table stays the same Parameter object (as after ``module.half()``:
+        an optimizer built before keeps updating it); with ``inplace=False`` it is a new
+        Parameter, and a warning names the tables whose old Parameter something outside the
+        models still holds (an optimizer built before convert() would update those).
     bits : 8, 4 or 2, optional
         Quantize float tables row-wise to this many bits (torch's ``embedding_bag_*_prepack``
         layout, like ``torch.ao.quantization`` with a float_qparams weight-only config); the
-        result is an inference table (no gradient).
+        result is an inference table (no gradient) that answers as the float module did (its
+        output dtype, torch's exceptions).  Works on ``meta`` models.  Tables tied to one
+        Parameter stay tied under ``dtype=`` and ``bits=`` (one converted Parameter, one packed
+        table); a table tied to a module that would not be converted alike (a ``Linear``, or an
+        ``Embedding`` under ``dtype=``) keeps its dtype, and the report says so.
     inplace : bool
         False (default): return a new module tree and leave ``model`` as it was; parameters and
         buffers are shared, never copied (the new EmbeddingBags hold the same weight Parameter,
-        keep ``sparse`` and train/eval mode).  True: swap inside ``model``.
+        keep ``sparse`` and train/eval mode).  True: swap inside ``model``.  Hooks move with the
+        swapped modules, and their handles keep working.
     verbose : bool
         Print the report.
     placement : "auto", "hugepage" or "keep"
@@ -358,7 +368,11 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
         before the first touch; :func:`perfkernels.torch.place`), ``"hugepage"`` moves every
         table, ``"keep"`` none.  A float table keeps its Parameter object (its storage moves), so
         with ``inplace=False`` the original model, which shares the Parameter, reads the moved
-        storage too.
+        storage too.  A table whose storage something else uses stays where it is: shared
+        memory (``share_memory()``), memory torch did not allocate (``torch.from_numpy``, a
+        NumPy memmap, ``torch.load(mmap=True)``), or a storage another tensor also uses (a view,
+        a detached alias, another Parameter); ``last_report().kept_in_place`` says which and
+        why, and :func:`perfkernels.torch.place` moves them when asked explicitly.
 
     Returns
     -------
