@@ -330,3 +330,28 @@ def test_quantized_embedding_refuses_as_torch(bits, indices):
     want, got = _answer(lambda: stock(indices)), _answer(lambda: conv(indices))
     assert got[0] is want[0], (got, want)
     assert want[1][:60] in got[1], (got, want)
+
+
+# --------------------------------------------------------------------------- collections
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("values", [[1, 12, 3], [1, 2, 30]], ids=["feature 0", "feature 1"])
+def test_collection_index_error_in_torchs_words(grad, values):
+    torchrec = pytest.importorskip("torchrec")
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=4, num_embeddings=10,
+                                 feature_names=[f"f{i}"]) for i in range(2)]
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=["f0", "f1"], values=torch.tensor(values),
+                                              lengths=torch.tensor([2, 1]))
+    answers = []
+    for make in (lambda: torchrec.EmbeddingBagCollection(tables=tables),
+                 lambda: pt.EmbeddingBagCollection(tables)):
+        with torch.set_grad_enabled(grad):
+            try:
+                make()(kjt)
+                answers.append(("ok", ""))
+            except Exception as exc:  # noqa: BLE001 - the class is what is compared
+                answers.append((type(exc), str(exc)))
+    want, got = answers
+    assert issubclass(got[0], want[0]) and want[1] in got[1], (got, want)
