@@ -140,11 +140,16 @@ class _Swapper:
             tie = None if is_torchao_weight(old) else self._tie(module)
             if tie is not None:
                 dtype = bits = None
+        # a table converted to a copy (dtype=, bits=) no longer reads the storage it shared
+        copied = (_placement.sharing_reason(old) if old is not None and (
+            bits is not None or dtype not in (None, old.dtype)) else None)
         new = _swap_one(name, module, dtype, bits, self.report, self.placement)
-        if new is not None and tie is not None:
+        if new is not None and (tie is not None or copied is not None):
             n, a, b, note = self.report.swapped[-1]
-            self.report.swapped[-1] = (n, a, b, tie if note == "same weight Parameter"
-                                       else f"{note}; {tie}")
+            extra = tie if tie is not None else (
+                f"a converted copy of a shared table: {copied.replace('the moved', 'the')}")
+            self.report.swapped[-1] = (n, a, b, extra if note == "same weight Parameter"
+                                       else f"{note}; {extra}")
         if isinstance(new, EmbeddingBag) and old is not None and (
                 id(old) in self.weights or dtype not in (None, old.dtype)):
             self._set_dtype(name, new, old, dtype)
