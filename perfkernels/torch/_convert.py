@@ -4,7 +4,6 @@ from __future__ import annotations
 import copy
 import gc
 import logging
-import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Optional
@@ -216,15 +215,15 @@ class _Swapper:
         known.update(id(m._parameters) for m in self.keep if isinstance(m, torch.nn.Module))
         known.update((id(self.keep), id(olds), id(self.replaced), *map(id, ours)))
         known.update(map(id, self.replaced.values()))
+        # what an optimizer holds them in: lists (its param_groups' "params") and dicts keyed by
+        # them (its state); a module's _parameters dict (another model sharing the Parameter)
+        # holds them as values
         held = set()
         for ref in gc.get_referrers(*olds):
-            if id(ref) in known or isinstance(ref, types.FrameType):
+            if id(ref) in known or not isinstance(ref, (list, tuple, dict)):
                 continue
-            values = ref.values() if isinstance(ref, dict) else ref if isinstance(
-                ref, (list, tuple)) else ()
-            keys = ref.keys() if isinstance(ref, dict) else ()
             for p in olds:
-                if any(v is p for v in values) or any(k is p for k in keys):
+                if any(x is p for x in ref):     # a list's items, a dict's keys
                     held.add(id(p))
         names = [n or "<model>" for key, (n, _) in self.replaced.items() if key in held]
         if not names:
