@@ -159,10 +159,11 @@ class _Swapper:
                 self.packed[id(old)] = new.packed_weight
             else:          # a table tied to one quantized before: the same packed rows
                 new._buffers["packed_weight"] = shared
-            for key in _CALL_HOOKS:       # the float module's hooks, and their handles
+            self.replaced[id(old)] = (name, old)
+        if isinstance(new, (QuantizedEmbeddingBag, QuantizedEmbedding)):
+            for key in _CALL_HOOKS:       # the replaced module's hooks, and their handles
                 if key in module.__dict__:
                     new.__dict__[key] = module.__dict__[key]
-            self.replaced[id(old)] = (name, old)
         if isinstance(new, (EmbeddingBag, Embedding)):
             self._place(name, new)
         if old is not None:
