@@ -7,6 +7,7 @@ same layout (and the methods of TorchRec's classes that a model uses); a real
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -16,8 +17,12 @@ from torch import Tensor
 import perfkernels as pk
 
 from . import _bags, _native_ops  # noqa: F401 (_native_ops: the ops)
-from ._bridge import as_numpy, index_error
+from ._bridge import as_numpy, index_error, index_error_at
 from ._embedding_bag import EmbeddingBag
+
+#: the multi-table kernel's wording of a bad index
+_MULTI_INDEX_MESSAGE = re.compile(r"indices\[(\d+)\] = (-?\d+) \(entry (\d+) of feature (\d+)\) "
+                                  r"is out of range for table (\d+) of (\d+) rows")
 
 #: perfkernels' multi-table lookup, when this build has it (else one call per feature)
 _multi_lookup = getattr(pk, "embedding_bags_multi", None)
@@ -343,6 +348,12 @@ class EmbeddingBagCollection(torch.nn.Module):
                                 modes=[b.mode for b in bags],
                                 padding_idx=[b.padding_idx for b in bags])
         except IndexError as exc:
+            # torch's wording, the position within the feature's values (as a lookup of that
+            # feature alone, the path with a gradient, and TorchRec's say it)
+            m = _MULTI_INDEX_MESSAGE.search(str(exc))
+            if m is not None:
+                entry, value, rows = (int(m.group(i)) for i in (3, 2, 6))
+                raise index_error_at(entry, value, rows) from None
             raise index_error(exc) from None
         out = torch.from_numpy(out)
         order = [f for f, _, _ in self._feature_table]

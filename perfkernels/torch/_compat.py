@@ -95,8 +95,15 @@ def torch_verdict(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
     would make that route slower than stock.
     """
     psw = per_sample_weights
-    if psw is not None and psw.dtype is dtype and dtype is not weight.dtype:
-        psw = psw.to(weight.dtype)
+    if psw is not None and dtype is not weight.dtype:
+        if psw.dtype is dtype:
+            psw = psw.to(weight.dtype)
+        elif weight.dim() == 2:
+            # weights of another dtype than the model's: the model's table would refuse them
+            # (torch's error, from its function on a stand-in table of the model's dtype)
+            TORCH_EMBEDDING_BAG(input, torch.zeros((), dtype=dtype, device=weight.device).expand(
+                weight.shape), offsets, None, 2.0, False, mode, False, psw, include_last_offset,
+                padding_idx)
     weighted_mean = weighted_mean and psw is not None and mode == "mean"
     try:
         out = TORCH_EMBEDDING_BAG(input, weight, offsets, None, 2.0, False,

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import copy
+import gc
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -25,9 +27,11 @@ _TORCH_EMBEDDING_BAG = F.embedding_bag
 @dataclass
 class ConversionReport:
     """What :func:`convert` did: ``swapped`` as (name, old type, new type, note), ``skipped`` as
-    (name, type, reason)."""
+    (name, type, reason), ``kept_in_place`` as (name of a table, why placement left it where it
+    was: its storage is shared)."""
     swapped: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
+    kept_in_place: list = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"perfkernels.torch.convert: swapped {len(self.swapped)}, "
@@ -35,6 +39,7 @@ class ConversionReport:
         lines += [f"  swapped {n or '<model>'}: {a} -> {b}{f' ({note})' if note else ''}"
                   for n, a, b, note in self.swapped]
         lines += [f"  skipped {n or '<model>'}: {t}: {why}" for n, t, why in self.skipped]
+        lines += [f"  not placed {n}: {why}" for n, why in self.kept_in_place]
         return "\n".join(lines)
 
 
@@ -54,32 +59,185 @@ def _torch_ao_embedding():
     return QEmbedding
 
 
+def _holders(model: torch.nn.Module) -> dict[int, list]:
+    """id(tensor) -> [(module name, module, attribute)] for every parameter and buffer of every
+    module of ``model`` (a tensor held by several modules, or under several names, has several)."""
+    out: dict[int, list] = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        for store in (m._parameters, m._buffers):
+            for key, t in store.items():
+                if t is not None:
+                    out.setdefault(id(t), []).append((name, m, key))
+    return out
+
+
+def _converts_alike(module: torch.nn.Module, bits: Optional[int]) -> bool:
+    """Whether convert(dtype=...) (``bits`` None) or convert(bits=...) gives ``module`` a table of
+    the same new kind: exact torch modules with options our modules take (dtype= applies to
+    EmbeddingBag tables only)."""
+    from ._embedding import _reason
+    if type(module) is torch.nn.EmbeddingBag:
+        return unsupported_reason(mode=module.mode, max_norm=module.max_norm,
+                                  scale_grad_by_freq=module.scale_grad_by_freq,
+                                  dtype=module.weight.dtype) is None
+    if type(module) is torch.nn.Embedding and bits is not None:
+        return _reason(module.max_norm, module.scale_grad_by_freq, module.weight.dtype) is None
+    return False
+
+
+#: the hook dicts a quantized replacement takes over from the float module (its state_dict
+#: hooks stay behind: they read the float module's keys)
+_CALL_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+               "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
+               "_backward_pre_hooks", "_is_full_backward_hook")
+
+
 class _Swapper:
     """Swaps modules for ours, once each: a module reachable under several names (one table used
     in two places) gets one replacement, and tables that share one weight Parameter keep sharing
-    one converted Parameter, so tied tables stay tied (one parameter, trained once)."""
+    one converted Parameter (``dtype=``) or one packed table (``bits=``), so tied tables stay
+    tied (one parameter, trained once).  A table tied to a module that would not be converted
+    alike (a Linear, an Embedding under ``dtype=``) keeps its dtype, and the report says so.
+    Float tables are placed unless their storage is shared (the report says why)."""
 
-    def __init__(self, dtype: Optional[torch.dtype], bits: Optional[int],
-                 report: ConversionReport, placement: str = "auto") -> None:
+    def __init__(self, model: torch.nn.Module, dtype: Optional[torch.dtype], bits: Optional[int],
+                 report: ConversionReport, placement: str = "auto", inplace: bool = True) -> None:
         self.dtype, self.bits, self.report, self.placement = dtype, bits, report, placement
+        self.inplace = inplace
         self.modules: dict[int, Optional[torch.nn.Module]] = {}   # id(old) -> new (None: kept)
-        self.weights: dict[int, torch.nn.Parameter] = {}          # id(old weight) -> new weight
+        self.weights: dict[int, tuple] = {}    # id(old weight) -> (new weight, output dtype)
+        self.packed: dict[int, Tensor] = {}                      # id(old weight) -> packed rows
+        self.holders = _holders(model)
+        self.replaced: dict[int, tuple[str, Tensor]] = {}   # old Parameters the model dropped
+        self.placed: set[int] = set()
         self.keep: list = []   # the old objects, so that their ids stay theirs during convert
 
+    def _tie(self, module: torch.nn.Module) -> Optional[str]:
+        """Why ``module``'s table must keep its dtype: its weight is shared with a module that
+        the conversion would not convert alike (None: every holder converts alike)."""
+        w = module._parameters.get("weight") if isinstance(module, torch.nn.Module) else None
+        if w is None:
+            return None
+        for name, m, key in self.holders.get(id(w), ()):
+            if m is not module and (key != "weight" or not _converts_alike(m, self.bits)):
+                what = f"bits={self.bits}" if self.bits is not None else f"dtype={self.dtype}"
+                return (f"weight shared with {name or '<model>'}.{key} ({type(m).__name__}), "
+                        f"which {what} would untie: kept as {w.dtype}")
+        return None
+
     def __call__(self, name: str, module: torch.nn.Module) -> Optional[torch.nn.Module]:
+        from ._quantized import QuantizedEmbeddingBag
+        from ._quantized_embedding import QuantizedEmbedding
         if id(module) in self.modules:
             return self.modules[id(module)]
-        new = _swap_one(name, module, self.dtype, self.bits, self.report, self.placement)
-        if isinstance(new, EmbeddingBag) and new.weight is not module.weight:
-            old = module.weight
-            if id(old) in self.weights:     # a table tied to one converted before
-                new.weight = self.weights[id(old)]
-            else:
-                self.weights[id(old)] = new.weight
+        dtype, bits = self.dtype, self.bits
+        old = module._parameters.get("weight") if type(module) in (
+            torch.nn.EmbeddingBag, torch.nn.Embedding) else None
+        tie = None
+        if old is not None and (bits is not None or dtype not in (None, old.dtype)):
+            from ._torchao import is_torchao_weight
+            tie = None if is_torchao_weight(old) else self._tie(module)
+            if tie is not None:
+                dtype = bits = None
+        # a table converted to a copy (dtype=, bits=) no longer reads the storage it shared
+        copied = (_placement.sharing_reason(old) if old is not None and (
+            bits is not None or dtype not in (None, old.dtype)) else None)
+        new = _swap_one(name, module, dtype, bits, self.report, self.placement)
+        if new is not None and (tie is not None or copied is not None):
+            n, a, b, note = self.report.swapped[-1]
+            extra = tie if tie is not None else (
+                f"a converted copy of a shared table: {copied.replace('the moved', 'the')}")
+            self.report.swapped[-1] = (n, a, b, extra if note == "same weight Parameter"
+                                       else f"{note}; {extra}")
+        if isinstance(new, EmbeddingBag) and old is not None and (
+                id(old) in self.weights or dtype not in (None, old.dtype)):
+            self._set_dtype(name, new, old, dtype)
+        elif (isinstance(new, (QuantizedEmbeddingBag, QuantizedEmbedding)) and old is not None
+              and bits is not None):
+            shared = self.packed.get(id(old))
+            if shared is None:
+                self.packed[id(old)] = new.packed_weight
+            else:          # a table tied to one quantized before: the same packed rows
+                new._buffers["packed_weight"] = shared
+            self.replaced[id(old)] = (name, old)
+        if isinstance(new, (QuantizedEmbeddingBag, QuantizedEmbedding)):
+            for key in _CALL_HOOKS:       # the replaced module's hooks, and their handles
+                if key in module.__dict__:
+                    new.__dict__[key] = module.__dict__[key]
+        if isinstance(new, (EmbeddingBag, Embedding)):
+            self._place(name, new)
+        if old is not None:
             self.keep.append(old)
         self.modules[id(module)] = new
         self.keep.append(module)
         return new
+
+    def _set_dtype(self, name: str, new: EmbeddingBag, old: torch.nn.Parameter,
+                   dtype: torch.dtype) -> None:
+        """Store ``new``'s table in ``dtype``, once for all the modules tied to it: in the same
+        Parameter object with ``inplace=True`` (an optimizer built before keeps updating it, as
+        after ``module.half()``), else in a new Parameter (the original model keeps its own)."""
+        if id(old) in self.weights:           # a table tied to one converted before
+            new.weight, new.output_dtype = self.weights[id(old)]
+            return
+        new.output_dtype = old.dtype
+        if self.inplace:
+            grad = old.grad
+            old.data = old.detach().to(dtype)
+            if grad is not None:
+                old.grad = grad.to(dtype)
+            weight = old
+        else:
+            weight = torch.nn.Parameter(old.detach().to(dtype), requires_grad=old.requires_grad)
+            self.replaced[id(old)] = (name, old)
+        new.weight = weight
+        self.weights[id(old)] = (weight, new.output_dtype)
+
+    def _place(self, name: str, new: torch.nn.Module) -> None:
+        """Place ``new``'s float table unless its storage is shared (the report says why)."""
+        w = new._parameters.get("weight")
+        if w is None or id(w) in self.placed:
+            return
+        self.placed.add(id(w))
+        reason = _placement.place_tensor_attr(new, "weight", self.placement, keep_shared=True)
+        if reason is not None:
+            self.report.kept_in_place.append((f"{name}.weight" if name else "weight", reason))
+
+    def warn_replaced(self, model: torch.nn.Module, original: torch.nn.Module,
+                      *ours: object) -> None:
+        """A warning naming the Parameters the converted model no longer holds (``dtype=`` with
+        ``inplace=False``, ``bits=``) that something outside both models still references: an
+        optimizer built before :func:`convert` would go on updating those, not the tables."""
+        if not self.replaced:
+            return
+        olds = [p for _, p in self.replaced.values()]
+        known = {id(m._parameters) for root in (model, original)
+                 for m in root.modules()}
+        known.update(id(m._parameters) for m in self.keep if isinstance(m, torch.nn.Module))
+        known.update((id(self.keep), id(olds), id(self.replaced), *map(id, ours)))
+        known.update(map(id, self.replaced.values()))
+        # what an optimizer holds them in: lists (its param_groups' "params") and dicts keyed by
+        # them (its state); a module's _parameters dict (another model sharing the Parameter)
+        # holds them as values
+        held = set()
+        for ref in gc.get_referrers(*olds):
+            if id(ref) in known or not isinstance(ref, (list, tuple, dict)):
+                continue
+            for p in olds:
+                if any(x is p for x in ref):     # a list's items, a dict's keys
+                    held.add(id(p))
+        names = [n or "<model>" for key, (n, _) in self.replaced.items() if key in held]
+        if not names:
+            return
+        what = (f"bits={self.bits} stored packed rows (an inference table)" if self.bits is not None
+                else f"dtype={self.dtype} stored the tables in new Parameters")
+        warnings.warn(
+            f"perfkernels.torch.convert: {what} for {', '.join(names)}, and something outside the "
+            "model still holds their old weight Parameters (an optimizer built before convert()?): "
+            "it would go on updating the old Parameters, not the converted model's tables.  Build "
+            "the optimizer after convert() from the converted model's parameters()"
+            + ("" if self.bits is not None else ", or convert with inplace=True, which keeps the "
+               "Parameter objects") + ".", UserWarning, stacklevel=3)
 
 
 def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
@@ -104,8 +262,7 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
             new = QuantizedEmbeddingBag.from_float(module, bits=bits, placement=placement)
             report.swapped.append((name, kind, "QuantizedEmbeddingBag", f"{bits}-bit rows"))
             return new
-        new = EmbeddingBag.from_torch(module, dtype=dtype)
-        _placement.place_tensor_attr(new, "weight", placement)
+        new = EmbeddingBag.from_torch(module)     # (dtype= and placement: _Swapper)
         note = "" if dtype in (None, module.weight.dtype) else f"weight stored as {dtype}"
         report.swapped.append((name, kind, "EmbeddingBag",
                                note or "same weight Parameter"))
@@ -164,8 +321,7 @@ def _swap_embedding(name: str, module: torch.nn.Embedding, dtype: Optional[torch
         new = QuantizedEmbedding.from_float(module, bits=bits, placement=placement)
         report.swapped.append((name, kind, "QuantizedEmbedding", f"{bits}-bit rows"))
         return new
-    new = Embedding.from_torch(module)
-    _placement.place_tensor_attr(new, "weight", placement)
+    new = Embedding.from_torch(module)        # (placement: _Swapper)
     note = "same weight Parameter"
     if dtype not in (None, module.weight.dtype):
         note += "; dtype= applies to EmbeddingBag tables only, this table is unchanged"
@@ -190,15 +346,25 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
         Any model; a bare EmbeddingBag is converted too.
     dtype : torch.float16 or torch.bfloat16, optional
         Store float tables in this dtype (half the memory and bandwidth); lookups still
-        accumulate in float32 and return the model's original dtype.
+        accumulate in float32 and return the model's original dtype (after ``model.half()``,
+        ``.double()``, ``.to(dtype)``: the new one, as a stock table's would).  With
+        ``inplace=True`` the table stays the same Parameter object (as after ``module.half()``:
+        an optimizer built before keeps updating it); with ``inplace=False`` it is a new
+        Parameter, and a warning names the tables whose old Parameter something outside the
+        models still holds (an optimizer built before convert() would update those).
     bits : 8, 4 or 2, optional
         Quantize float tables row-wise to this many bits (torch's ``embedding_bag_*_prepack``
         layout, like ``torch.ao.quantization`` with a float_qparams weight-only config); the
-        result is an inference table (no gradient).
+        result is an inference table (no gradient) that answers as the float module did (its
+        output dtype, torch's exceptions).  Works on ``meta`` models.  Tables tied to one
+        Parameter stay tied under ``dtype=`` and ``bits=`` (one converted Parameter, one packed
+        table); a table tied to a module that would not be converted alike (a ``Linear``, or an
+        ``Embedding`` under ``dtype=``) keeps its dtype, and the report says so.
     inplace : bool
         False (default): return a new module tree and leave ``model`` as it was; parameters and
         buffers are shared, never copied (the new EmbeddingBags hold the same weight Parameter,
-        keep ``sparse`` and train/eval mode).  True: swap inside ``model``.
+        keep ``sparse`` and train/eval mode).  True: swap inside ``model``.  Hooks move with the
+        swapped modules, and their handles keep working.
     verbose : bool
         Print the report.
     placement : "auto", "hugepage" or "keep"
@@ -207,7 +373,11 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
         before the first touch; :func:`perfkernels.torch.place`), ``"hugepage"`` moves every
         table, ``"keep"`` none.  A float table keeps its Parameter object (its storage moves), so
         with ``inplace=False`` the original model, which shares the Parameter, reads the moved
-        storage too.
+        storage too.  A table whose storage something else uses stays where it is: shared
+        memory (``share_memory()``), memory torch did not allocate (``torch.from_numpy``, a
+        NumPy memmap, ``torch.load(mmap=True)``), or a storage another tensor also uses (a view,
+        a detached alias, another Parameter); ``last_report().kept_in_place`` says which and
+        why, and :func:`perfkernels.torch.place` moves them when asked explicitly.
 
     Returns
     -------
@@ -227,12 +397,13 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
     if dtype is not None and bits is not None:
         raise ValueError("give dtype (float16/bfloat16 storage) or bits (quantized rows), "
                          "not both")
+    original, memo = model, None
     if not inplace:
         # Share every parameter and buffer: only the module objects are new.
         memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
         model = copy.deepcopy(model, memo)
     report = ConversionReport()
-    swap = _Swapper(dtype, bits, report, placement)
+    swap = _Swapper(model, dtype, bits, report, placement, inplace)
     top = swap("", model)
     if top is not None:
         model = top
@@ -247,10 +418,13 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
                 new = swap(full, child)
                 if new is not None:
                     setattr(parent, child_name, new)
+    swap.warn_replaced(model, original, memo)
     for entry in report.swapped:
         log.info("swapped %s: %s -> %s (%s)", *entry)
     for entry in report.skipped:
         log.info("skipped %s: %s: %s", *entry)
+    for entry in report.kept_in_place:
+        log.info("not placed %s: %s", *entry)
     _last_report = report
     if verbose:
         print(report)

@@ -231,7 +231,9 @@ class Embedding(TableViewCache, torch.nn.Embedding):
     def __init__(self, *args, fused_optimizer: Optional[_fused.FusedOptimizerSpec] = None,
                  placement: str = "auto", **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        _placement.place_tensor_attr(self, "weight", placement)
+        # (a `_weight` in shared memory or in memory torch did not allocate stays: torch's module
+        # shares it)
+        _placement.place_tensor_attr(self, "weight", placement, keep_shared=False)
         if fused_optimizer is not None:
             self.set_fused_optimizer(fused_optimizer)
 
@@ -242,7 +244,9 @@ class Embedding(TableViewCache, torch.nn.Embedding):
         for key, value in module.__dict__.items():
             if key == "_np_view":
                 continue
-            new.__dict__[key] = value.copy() if isinstance(value, dict) else value
+            # the hook dicts themselves, so that the handles torch gave out keep working
+            new.__dict__[key] = (value.copy() if isinstance(value, dict) and "hook" not in key
+                                 else value)
         return new
 
     def set_fused_optimizer(self, spec: Optional[_fused.FusedOptimizerSpec]) -> None:

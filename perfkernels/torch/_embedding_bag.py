@@ -85,7 +85,9 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                  weighted_mean: bool = False, strict_offsets: bool = False,
                  placement: str = "auto", **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        _placement.place_tensor_attr(self, "weight", placement)
+        # (a `_weight` in shared memory or in memory torch did not allocate stays: torch's module
+        # shares it)
+        _placement.place_tensor_attr(self, "weight", placement, keep_shared=False)
         if weighted_mean:
             self.weighted_mean = True
         if strict_offsets:
@@ -116,6 +118,21 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         return float_bag_from_file(cls, path, dtype=dtype, dim=dim, rows=rows, mode=mode,
                                    include_last_offset=include_last_offset,
                                    padding_idx=padding_idx, **kwargs)
+
+    def _apply(self, fn, recurse: bool = True):
+        # ``.half()`` / ``.double()`` / ``.to(dtype)`` of a model whose table is stored narrower
+        # (convert(model, dtype=...)): the output follows the model's dtype, as a stock table's
+        # would (what ``fn`` makes of a tensor of the current output dtype)
+        out = super()._apply(fn, recurse)
+        if self.output_dtype is not None:
+            try:
+                dtype = fn(torch.empty(0, dtype=self.output_dtype)).dtype
+            except Exception:     # a function for other tensors than float ones: no dtype change
+                return out
+            w = self._parameters.get("weight")
+            if dtype.is_floating_point:
+                self.output_dtype = None if w is not None and dtype is w.dtype else dtype
+        return out
 
     def set_fused_optimizer(self, spec: Optional[_fused.FusedOptimizerSpec]) -> None:
         """Update the table during backward with ``spec`` = ``(name, {"lr": ..., ...})`` (see
@@ -216,7 +233,9 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         for key, value in module.__dict__.items():
             if key == "_np_view":
                 continue
-            new.__dict__[key] = value.copy() if isinstance(value, dict) else value
+            # the hook dicts themselves, so that the handles torch gave out keep working
+            new.__dict__[key] = (value.copy() if isinstance(value, dict) and "hook" not in key
+                                 else value)
         if dtype is not None and dtype != module.weight.dtype:
             new.output_dtype = module.weight.dtype
             new.weight = torch.nn.Parameter(module.weight.detach().to(dtype),

@@ -9,6 +9,11 @@ as long as the tensor uses it.  Rows are not padded here: a padded stride would 
 non-contiguous tensor, which torch's own ops would copy; tables whose rows are a whole number of
 lines (float32 D a multiple of 16, float16 D a multiple of 32) have every row on its own lines.
 A deep copy of a module (``copy.deepcopy``) is a copy in torch's ordinary memory.
+
+Placement never cuts a table off memory that something else reads or writes: a storage in shared
+memory, memory torch did not allocate (a NumPy array, a memmap) and, where :func:`convert` asks,
+a storage another tensor also uses stay where they are (:func:`sharing_reason` says why), unless
+placement is asked for explicitly with :func:`place`.
 """
 from __future__ import annotations
 
@@ -22,6 +27,35 @@ from .._placement import check_placement, placement_of  # noqa: F401  (re-export
 
 #: module attributes holding tables (parameters or buffers) that placement moves
 TABLE_ATTRIBUTES = ("weight", "packed_weight", "momentum1", "momentum2")
+
+
+#: torch's count of the references to a storage (each tensor on it holds one), if it has one
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def sharing_reason(t: Tensor, aliases: bool = True) -> Optional[str]:
+    """Why moving ``t``'s storage would cut it off memory that something else reads or writes
+    (None: nothing else does, as far as can be told).
+
+    Shared memory (``share_memory_()``: other processes hold it), memory torch did not allocate
+    (``torch.from_numpy``, ``np.memmap``, ``torch.frombuffer``, DLPack, ``torch.load(mmap=True)``:
+    its owner reads it) and, with ``aliases``, a storage that another tensor also uses (a view, a
+    detached alias, another Parameter, a kept ``state_dict``: each holds a reference to the
+    storage, which torch counts).  A table perfkernels placed is its own memory."""
+    if t.device.type != "cpu" or t.layout is not torch.strided or t.is_quantized:
+        return None
+    if t.is_shared():
+        return ("its storage is in shared memory (share_memory_()): the processes sharing it "
+                "would not see the moved table")
+    storage = t.untyped_storage()
+    if not storage.resizable() and placement_of(t) is None:
+        return ("its storage is memory torch did not allocate (torch.from_numpy, a NumPy memmap, "
+                "torch.frombuffer, torch.load(mmap=True)): its owner would not see the moved table")
+    # the references: this tensor's, and `storage`'s (the Python object just made)
+    if aliases and _storage_use_count is not None and _storage_use_count(storage._cdata) > 2:
+        return ("another tensor uses its storage (a view, a detached alias, another Parameter, a "
+                "kept state_dict): it would not see the moved table")
+    return None
 
 
 def placed_tensor(t: Tensor, placement: str = "auto") -> Optional[Tensor]:
@@ -43,17 +77,29 @@ def placed_tensor(t: Tensor, placement: str = "auto") -> Optional[Tensor]:
     return out
 
 
-def place_tensor_attr(module: torch.nn.Module, name: str, placement: str = "auto") -> None:
+def place_tensor_attr(module: torch.nn.Module, name: str, placement: str = "auto",
+                      keep_shared: Optional[bool] = None) -> Optional[str]:
     """Move ``module.<name>`` (a parameter or buffer, if present) into placed memory in place:
-    the same tensor object, new storage."""
+    the same tensor object, new storage.
+
+    ``keep_shared``: None (explicit placement, :func:`place`) moves any storage; False keeps
+    shared memory and memory torch did not allocate where it is (the constructors: stock torch
+    shares a ``_weight`` / ``from_pretrained`` tensor's memory); True keeps also a storage
+    another tensor uses (:func:`convert`).  Returns why a table was kept (None: placed, or
+    nothing to do)."""
     t = module._parameters.get(name)
     if t is None:
         t = module._buffers.get(name)
-    if t is None:
-        return
+    if t is None or placement == "keep":
+        return None
+    if keep_shared is not None and not _placement.is_placed(t, placement):
+        reason = sharing_reason(t, aliases=keep_shared)
+        if reason is not None:
+            return reason
     new = placed_tensor(t, placement)
     if new is not None:
         t.data = new
+    return None
 
 
 def place_state_like_weight(module: torch.nn.Module) -> None:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _placement
+from . import _bags, _compat, _placement
 from ._bridge import TableViewCache, as_numpy, index_error
 from ..families.quantized.layout import packed_row_bytes
 
@@ -79,6 +79,18 @@ def _from_quantized_tensor(qweight: Tensor, bits: int) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(packed))
 
 
+def _packed_float(mod: torch.nn.Module, bits: int) -> Tensor:
+    """A float module's table packed row-wise at ``bits`` bits by our quantizer (CPU); for a
+    table on the ``meta`` device, an uninitialised meta tensor of the packed shape (as a meta
+    model's conversion has no values either)."""
+    weight = mod.weight
+    if weight.device.type == "meta":
+        return torch.empty((weight.shape[0], packed_row_bytes(weight.shape[1], bits)),
+                           dtype=torch.uint8, device="meta")
+    return torch.from_numpy(pk.quantize_rowwise(as_numpy(_float_weight(mod).cpu().contiguous()),
+                                                bits))
+
+
 def _float_weight(mod: torch.nn.Module) -> Tensor:
     """A float module's weight as the row-wise quantizer takes it: detached, float32 or float16
     (any other dtype as float32)."""
@@ -93,6 +105,26 @@ class _PackedRows:
     share (a mixin before ``torch.nn.Module``): the table as the buffer ``packed_weight`` (uint8
     rows in the ``embedding_bag_*_prepack`` layout), its checks, :meth:`dequantize` and the
     loading of a torch.ao module's ``state_dict``."""
+
+    #: made from a float module by our quantizer (``convert(model, bits=...)``, ``from_float(...,
+    #: bits=...)``): the module answers as that float module did: torch's exceptions for bad
+    #: input, and outputs that follow the model's dtype (``.half()``, ``.double()``, ``.to()``)
+    float_reference: bool = False
+    #: the output's dtype when it is not float32 (a converted model turned ``.half()`` ...)
+    output_dtype: Optional[torch.dtype] = None
+
+    def _apply(self, fn, recurse: bool = True):
+        # ``.half()`` / ``.double()`` / ``.to(dtype)`` leave the packed rows (uint8) as they are;
+        # a table made from a float module then answers in the dtype the float one would have
+        out = super()._apply(fn, recurse)
+        if self.float_reference:
+            try:
+                dtype = fn(torch.empty(0, dtype=self.output_dtype or torch.float32)).dtype
+            except Exception:     # a function for other tensors than float ones: no dtype change
+                return out
+            if dtype.is_floating_point:
+                self.output_dtype = None if dtype is torch.float32 else dtype
+        return out
 
     def _init_packed(self, num_embeddings: int, embedding_dim: int, max_norm: Optional[float],
                      norm_type: float, scale_grad_by_freq: bool, sparse: bool, dtype,
@@ -204,8 +236,15 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
                 self.include_last_offset, self.padding_idx, self.bits, self.embedding_dim)
         if _bags.capturing():
             return torch.ops.perfkernels.embedding_bag_quantized(*args)
-        check_weights_dtype(per_sample_weights, self.bits)
+        if not self.float_reference:
+            check_weights_dtype(per_sample_weights, self.bits)
+        elif ((per_sample_weights is not None and _compat.weights_refused(
+                indices, per_sample_weights, self.mode, self.output_dtype or torch.float32, False))
+                or _compat.input_refused(indices)):
+            return self._float_answer(indices, offsets, per_sample_weights)   # (it raises)
         if packed.device.type != "cpu":
+            if packed.device.type == "meta":
+                return torch.ops.perfkernels.embedding_bag_quantized(*args)
             return _bags.lookup(*args)
         if _bags._profiler_enabled():   # through the op, which the profiler records by name
             out = _bags._profiled_lookup(
@@ -214,19 +253,44 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
                 self.include_last_offset, self.padding_idx, self.bits, self.embedding_dim)
             if out is not None:
                 return out
-        if per_sample_weights is not None:
-            per_sample_weights = as_numpy(per_sample_weights.float())
+        psw = None if per_sample_weights is None else as_numpy(per_sample_weights.float())
         try:
             out = pk.embedding_bag_quantized(
                 self._table_array(packed), indices.numpy(),
                 None if offsets is None else offsets.numpy(), bits=self.bits,
-                dim=self.embedding_dim, per_sample_weights=per_sample_weights, mode=mode,
+                dim=self.embedding_dim, per_sample_weights=psw, mode=mode,
                 include_last_offset=self.include_last_offset, padding_idx=self.padding_idx)
         except IndexError as exc:
             raise index_error(exc, quantized=True) from None
         except (ValueError, TypeError) as exc:
+            if self.float_reference:
+                return self._float_answer(indices, offsets, per_sample_weights)
             raise RuntimeError(str(exc)) from None    # torch's ops raise RuntimeError
-        return torch.from_numpy(out)
+        out = torch.from_numpy(out)
+        return out if self.output_dtype is None else out.to(self.output_dtype)
+
+    def _float_answer(self, indices: Tensor, offsets: Optional[Tensor],
+                      per_sample_weights: Optional[Tensor]) -> Tensor:
+        """What the float ``nn.EmbeddingBag`` this module was made from answers where our
+        kernel refused or torch refuses: torch's exception, raised as torch raises it, or (input
+        torch takes, such as int16 indices or ``include_last_offset=True`` offsets that end
+        short of the input) torch's function on the rows the input uses, dequantized."""
+        dtype = self.output_dtype or torch.float32
+        rows, dim = self.num_embeddings, self.embedding_dim
+        stand_in = torch.zeros((), dtype=dtype).expand(rows, dim)    # no memory: the checks
+        _compat.torch_verdict(indices, stand_in, offsets, per_sample_weights, self.mode, False,
+                              self.include_last_offset, self.padding_idx, dtype)
+        uniq, inv = torch.unique(indices.reshape(-1).long(), return_inverse=True)
+        table = dequantize_rowwise(self.packed_weight[uniq].contiguous(), self.bits, dim)
+        pad = None
+        if self.padding_idx is not None:
+            hit = (uniq == self.padding_idx % rows).nonzero()
+            pad = int(hit[0]) if hit.numel() else None
+        out = _compat.TORCH_EMBEDDING_BAG(
+            inv.reshape(indices.shape), table.to(dtype),
+            None if offsets is None else offsets.long(), None, 2.0, False, self.mode, False,
+            per_sample_weights, self.include_last_offset, pad)
+        return out
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}, bits={self.bits}, mode={self.mode!r}"
@@ -295,14 +359,16 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
             return cls.from_torchao(mod, bits=bits, placement=placement)
         if bits is not None:
             bits = _bits_of(bits)
-            packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(_float_weight(mod).cpu()),
-                                                          bits))
+            packed = _packed_float(mod, bits)
             new = cls(mod.num_embeddings, mod.embedding_dim, max_norm=mod.max_norm,
                       norm_type=mod.norm_type, scale_grad_by_freq=mod.scale_grad_by_freq,
                       mode=mod.mode, sparse=mod.sparse, _weight=packed.to(mod.weight.device),
                       include_last_offset=mod.include_last_offset, dtype=bits,
                       average_mean=True, placement=placement)
             new.padding_idx = getattr(mod, "padding_idx", None)
+            new.float_reference = True
+            if mod.weight.dtype not in (torch.float32,) and mod.weight.dtype.is_floating_point:
+                new.output_dtype = mod.weight.dtype
         else:
             qweight, bits = _torch_ao_quantized_weight(mod)
             new = cls(mod.num_embeddings, mod.embedding_dim, max_norm=mod.max_norm,

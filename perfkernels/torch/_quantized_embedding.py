@@ -12,7 +12,7 @@ import perfkernels as pk
 from . import _placement
 from ._bridge import TableViewCache, as_numpy, index_error
 from ._quantized import _bits_of, _from_quantized_tensor, packed_dim
-from ._quantized import _PackedRows, _float_weight
+from ._quantized import _PackedRows, _packed_float
 
 
 #: float32 rows of a packed table, shape indices.shape + (dim,): defined, with its CPU kernel, by
@@ -58,8 +58,13 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
         """Float32 rows ``indices.shape + (embedding_dim,)``."""
         packed = self.packed_weight
         if torch.compiler.is_compiling() or packed.device.type != "cpu":
-            return embedding_quantized_op(packed, indices, self.bits, self.embedding_dim)
+            out = embedding_quantized_op(packed, indices, self.bits, self.embedding_dim)
+            return out if self.output_dtype is None else out.to(self.output_dtype)
         if not isinstance(indices, Tensor) or indices.dtype not in (torch.int64, torch.int32):
+            # torch's exception for these indices (TypeError for a list, RuntimeError naming the
+            # dtype), from its lookup on a stand-in table (no memory)
+            torch.embedding(torch.zeros(()).expand(self.num_embeddings, self.embedding_dim),
+                            indices)
             raise RuntimeError(f"indices must be an int32 or int64 tensor; got "
                                f"{getattr(indices, 'dtype', type(indices).__name__)}")
         try:
@@ -67,7 +72,8 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
                                          bits=self.bits, dim=self.embedding_dim)
         except IndexError as exc:
             raise index_error(exc, quantized=True) from None
-        return torch.from_numpy(out)
+        out = torch.from_numpy(out)
+        return out if self.output_dtype is None else out.to(self.output_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, bits={self.bits}"
@@ -99,11 +105,13 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
         if is_torchao_weight(mod.weight):
             return cls.from_torchao(mod, bits=bits, placement=placement)
         bits = _bits_of(bits)
-        packed = torch.from_numpy(pk.quantize_rowwise(as_numpy(_float_weight(mod).contiguous()),
-                                                      bits))
+        packed = _packed_float(mod, bits)
         new = cls(mod.num_embeddings, mod.embedding_dim, dtype=bits, _weight=packed,
                   placement=placement)
         new.padding_idx = mod.padding_idx
+        new.float_reference = True
+        if mod.weight.dtype is not torch.float32 and mod.weight.dtype.is_floating_point:
+            new.output_dtype = mod.weight.dtype
         return new
 
     @classmethod
