@@ -241,8 +241,9 @@ class EmbeddingBagCollection(torch.nn.Module):
         name), each mapped copy-on-write and shared between processes, as
         :meth:`EmbeddingBag.from_file` maps it; rows, D and dtype come from the files."""
         from ._table_files import collection_from_files
-        return collection_from_files(cls, files, feature_names=feature_names, pooling=pooling,
-                                     is_weighted=is_weighted)
+        return collection_from_files(cls, files, bag_cls=EmbeddingBag,
+                                     config_cls=EmbeddingBagConfig, feature_names=feature_names,
+                                     pooling=pooling, is_weighted=is_weighted)
 
     def is_weighted(self) -> bool:
         return self._is_weighted

@@ -71,28 +71,27 @@ def float_bag_from_file(cls, path, *, dtype=None, dim: Optional[int] = None,
     return new
 
 
-def collection_from_files(cls, files, *, feature_names=None, pooling: str = "sum",
-                          is_weighted: bool = False):
+def collection_from_files(cls, files, *, bag_cls, config_cls, feature_names=None,
+                          pooling: str = "sum", is_weighted: bool = False):
     """An ``EmbeddingBagCollection`` whose tables are the float table files ``files``
     (``{table name: path}``, in order): each table mapped as :func:`float_bag_from_file` maps it,
     its config's rows, D and dtype read from the file.  ``feature_names``: ``{table name: [feature,
-    ...]}`` (default: each table is one feature of its name)."""
-    from ._collection import EmbeddingBagConfig
-    from ._embedding_bag import EmbeddingBag
+    ...]}`` (default: each table is one feature of its name).  ``bag_cls`` / ``config_cls``: the
+    table module and config classes (passed in, so that this module imports neither)."""
     feature_names = dict(feature_names or {})
     unknown = set(feature_names) - set(files)
     if unknown:
         raise ValueError(f"feature_names names tables that files lacks: {sorted(unknown)}")
     configs, bags = [], {}
     for name, path in files.items():
-        bag = float_bag_from_file(EmbeddingBag, path, mode=pooling, include_last_offset=True)
+        bag = float_bag_from_file(bag_cls, path, mode=pooling, include_last_offset=True)
         bag.output_dtype = torch.float32
         bags[name] = bag
-        configs.append(EmbeddingBagConfig(bag.num_embeddings, bag.embedding_dim, name=name,
+        configs.append(config_cls(bag.num_embeddings, bag.embedding_dim, name=name,
                                           feature_names=list(feature_names.get(name, [name])),
                                           pooling=pooling, data_type=bag.weight.dtype))
     # built on one-row stand-ins (nothing the size of the tables is allocated), then swapped
-    stand_ins = [EmbeddingBagConfig(1, c.embedding_dim, name=c.name,
+    stand_ins = [config_cls(1, c.embedding_dim, name=c.name,
                                     feature_names=c.feature_names, pooling=pooling)
                  for c in configs]
     new = cls(stand_ins, is_weighted=is_weighted, placement="keep")
