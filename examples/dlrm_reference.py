@@ -13,7 +13,7 @@ the index lists built per call, with or without each feature's product with itse
 Criteo Kaggle's configuration (the repository's ``bench/dlrm_s_criteo_kaggle.sh``):
 ``--arch-sparse-feature-size=16 --arch-mlp-bot="13-512-256-64-16" --arch-mlp-top="512-256-1"``
 with the dataset's 26 table sizes, dot interaction, one index per table and sample; see
-:func:`kaggle_model` and :func:`kaggle_batch`.
+``kaggle_model`` and ``kaggle_batch``.
 """
 from __future__ import annotations
 
