@@ -1,7 +1,7 @@
 """DLRM in plain PyTorch, then the same model after ``perfkernels.torch.convert``.
 
 The model is the DLRM of Naumov et al. (2019) in one of four classes (``--model``; the table
-:data:`MODEL_CLASSES`):
+``MODEL_CLASSES``):
 
 ``criteo`` (default)
     a bottom MLP 13-512-256-64 on the dense features, 26 embedding tables (Criteo Kaggle's

@@ -2,7 +2,7 @@
 --distributed``): perfkernels.torch.distributed for the tables, DistributedDataParallel for the
 MLPs.
 
-Run under torchrun, one process per rank (gloo on CPU):
+Run under torchrun, one process per rank (gloo on CPU)::
 
     torchrun --nproc-per-node 2 examples/dlrm.py --distributed --max-rows 100000
     # several hosts: the same command on each, with a rendezvous endpoint all of them reach

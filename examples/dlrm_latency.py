@@ -4,13 +4,13 @@ bench --family dlrm --latency``).
 The model is ``dlrm_reference.py`` beside this file (the architecture and torch operations of
 facebookresearch's ``DLRM_Net``) at Criteo Kaggle's shape: 26 tables x 16 (the dataset's sizes,
 capped by ``--max-rows``), bottom MLP 13-512-256-64-16, top MLP 367-512-256-1, dot interaction, one
-index per table and sample; inference.  Columns, each a copy of the same model:
+index per table and sample; inference.  Columns, each a copy of the same model::
 
-``stock``            the model as written, eager
-``stock compiled``   ``torch.compile(stock)``
-``convert``          ``perfkernels.torch.convert(model)``, eager
-``optimize``         ``perfkernels.torch.optimize(model)``, eager, and ``optimize compiled``:
-                     ``torch.compile`` of it (only where this perfkernels has ``optimize``)
+    stock            the model as written, eager
+    stock compiled   torch.compile(stock)
+    convert          perfkernels.torch.convert(model), eager
+    optimize         perfkernels.torch.optimize(model), eager, and optimize compiled:
+                     torch.compile of it (only where this perfkernels has optimize)
 
 For each batch size (``--batches``, default 1, 16, 128, 2048) every column is warmed up (compiled
 columns compile there), then timed one forward at a time, the columns in turn and in a rotating

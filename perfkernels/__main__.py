@@ -1,4 +1,4 @@
-"""Command line: ``python -m perfkernels info | bench | check | history``.
+"""Command line: ``python -m perfkernels info | bench | check | history | docs``.
 
 info   print the build, the CPU features and the chosen ISA level (show_runtime), the
        transparent-huge-page mode and whether a placed test table really got huge pages
@@ -14,6 +14,9 @@ bench  time every kernel family on its default workload, for every ISA level thi
 check  run small inputs of every kernel on every ISA level and compare with perfkernels.reference
 history  asv performance history: time HEAD (--current) or the last N commits at every ISA level of
          this CPU, or publish the committed results (--publish-only); from a checkout
+docs   build the documentation site (Sphinx, warnings as errors) from a checkout's docs/, check
+       that every public name is documented and every internal link resolves, and print where
+       it is (needs pip install ".[docs]")
 """
 from __future__ import annotations
 
@@ -315,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="only this family (repeatable)")
     from . import _history
     _history.add_parser(sub)
+    from . import _docs
+    _docs.add_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "info":
@@ -327,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_check(args)
     if args.command == "history":
         return _history.cmd_history(args)
+    if args.command == "docs":
+        return _docs.cmd_docs(args)
 
     stack = contextlib.ExitStack()
     if args.cap_isa:

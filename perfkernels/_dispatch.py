@@ -48,7 +48,14 @@ def _parse_disabled(value: str) -> tuple[str, ...]:
 
 
 def cpu_features() -> dict[str, bool]:
-    """CPU features as perfkernels sees them (detected, minus ``PERFKERNELS_DISABLE_CPU_FEATURES``)."""
+    """CPU features as perfkernels sees them (detected, minus ``PERFKERNELS_DISABLE_CPU_FEATURES``).
+
+    Examples
+    --------
+    >>> import perfkernels
+    >>> isinstance(perfkernels.cpu_features(), dict)
+    True
+    """
     return dict(_features)
 
 
@@ -61,12 +68,26 @@ def _compiled(isa: str) -> bool:
 
 
 def available_isas() -> tuple[str, ...]:
-    """ISA levels this build contains and this CPU can run, lowest first."""
+    """ISA levels this build contains and this CPU can run, lowest first.
+
+    Examples
+    --------
+    >>> import perfkernels
+    >>> perfkernels.available_isas()[0]        # the portable level runs everywhere
+    'scalar'
+    """
     return tuple(isa for isa in ISAS if _compiled(isa) and not _missing(isa))
 
 
 def active_isa() -> str:
-    """The level every kernel call uses now."""
+    """The level every kernel call uses now.
+
+    Examples
+    --------
+    >>> import perfkernels
+    >>> perfkernels.active_isa() in perfkernels.available_isas()
+    True
+    """
     return ISAS[_active]
 
 
@@ -149,7 +170,14 @@ def _far_env() -> bool:
 
 
 def show_runtime() -> None:
-    """Print the build, the detected CPU features and the chosen ISA level."""
+    """Print the build, the detected CPU features and the chosen ISA level.
+
+    Examples
+    --------
+    >>> import perfkernels
+    >>> perfkernels.show_runtime()          # doctest: +SKIP
+    perfkernels 0.1.0: ISA level avx512 ...
+    """
     import platform
     import sys
 

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from ._history_pages import (FIRST, LOCAL_ASSETS, OPTIONAL_ASSETS, RATIO_BENCHMARK,  # noqa: F401
-                             _has_values, _ratio_table, _result_files, finish_html, latest_points, localize_html,
+                             _has_values, _ratio_table, _result_files, consistent_summaries, finish_html, latest_points, localize_html,
                              order_and_prune, summary_html, summary_text)
 
 #: The history subset: every benchmark of benchmarks/headline.py.
@@ -482,5 +482,6 @@ def add_parser(sub) -> None:
 
 __all__ = ["add_parser", "cmd_history", "localize_html", "last_commits", "environment_names",
            "machine_name", "machine_info", "cpu_signature", "publish", "stage_results", "finish_html",
+           "consistent_summaries",
            "order_and_prune", "latest_points", "summary_text", "summary_html", "commits_behind",
            "newest_result", "first_parent_home", "refused_points", "check_current"]

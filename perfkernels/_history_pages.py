@@ -7,12 +7,15 @@ where Debian's copies are installed (:func:`localize_html`), the index pruned to
 values and ordered headline first (:func:`order_and_prune`), the reading aids of
 ``_history_reading.js`` (a parity line on every ratio graph, commit hashes on the commit axis,
 "lower is better" on every headline graph) and ``summary.html``, the latest ratios per machine
-class (:func:`summary_html`).
+class (:func:`summary_html`).  The grid's one line per benchmark is redrawn from one machine class
+and ISA level (:func:`consistent_summaries`): asv's own averages whatever results a commit has,
+across machines and levels, and draws a change of machine as a jump.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -130,13 +133,18 @@ def finish_html(html_dir: str | os.PathLike, results_dir: str | os.PathLike) -> 
     Returns the CDN addresses the pages still load."""
     html_dir = Path(html_dir)
     remaining = localize_html(html_dir)
+    sources = consistent_summaries(html_dir, results_dir)
     order_and_prune(html_dir)
     shutil.copyfile(READING_JS, html_dir / "perfkernels-history.js")
+    (html_dir / "perfkernels-summary-sources.js").write_text(
+        "window.PK_SUMMARY_SOURCES = " + json.dumps(sources, sort_keys=True) + ";\n",
+        encoding="utf-8")
     (html_dir / "summary.html").write_text(summary_html(results_dir), encoding="utf-8")
     index = html_dir / "index.html"
     text = index.read_text(encoding="utf-8")
     if "perfkernels-history.js" not in text:
-        text = text.replace("</head>", '    <script src="perfkernels-history.js"></script>\n  </head>', 1)
+        text = text.replace("</head>", '    <script src="perfkernels-summary-sources.js"></script>\n'
+                            '    <script src="perfkernels-history.js"></script>\n  </head>', 1)
         text = re.sub(r'(<li id="nav-li-regressions">.*?</li>)',
                       r'\1\n\t<li id="nav-li-perfkernels-summary"><a href="summary.html">'
                       r'Latest ratios (how to read)</a></li>', text, count=1)
@@ -147,6 +155,76 @@ def finish_html(html_dir: str | os.PathLike, results_dir: str | os.PathLike) -> 
 def _result_files(results_dir: str | os.PathLike, machine: str) -> list[Path]:
     folder = Path(results_dir) / machine
     return sorted(p for p in folder.glob("*.json") if p.name != "machine.json")
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
+
+
+def _geometric_mean(values: list[float]) -> float:
+    if min(values) <= 0:
+        return 0.0 if min(values) == 0 else float("nan")
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+# --- the grid's summary lines: one machine class and level each --------------------------------
+
+def _result_rows(results_dir: str | os.PathLike):
+    """Every benchmark row of every result file: (benchmark name, machine, level, commit, date,
+    {parameter combination: value}); a value is None where refused or failed, NaN where skipped."""
+    for machine_json in sorted(Path(results_dir).glob("*/machine.json")):
+        machine = machine_json.parent.name
+        for path in _result_files(results_dir, machine):
+            data = json.loads(path.read_text())
+            level = data.get("env_vars", {}).get("PERFKERNELS_ISA", "default")
+            columns = data.get("result_columns", ["result", "params"])
+            for name, row in data.get("results", {}).items():
+                row = dict(zip(columns, row))
+                combos = list(itertools.product(*row["params"])) if row.get("params") else [()]
+                results = (row["result"] if isinstance(row["result"], list)
+                           else [row["result"]] * len(combos))
+                yield (name, machine, level, data["commit_hash"], data.get("date") or 0,
+                       dict(zip(combos, results)))
+
+
+def consistent_summaries(html_dir: str | os.PathLike,
+                         results_dir: str | os.PathLike) -> dict[str, str]:
+    """Redraw the grid's line of every benchmark (``graphs/summary/<name>.json``) from one
+    machine class and one ISA level, and only from commits where every parameter combination of
+    that series has a value; return, per benchmark, the ``"<machine>, level <level>"`` it shows.
+
+    asv's own summary line is, per commit, the geometric mean of whatever series have a value
+    there: every machine class and every ISA level at once.  A commit measured only on a slower
+    machine, only at the scalar level, or with the fast combinations refused (the slow ones
+    kept) then stands 5x or more above its neighbours: a jump that is no regression.  The line
+    drawn instead follows the machine class of the newest result with a value (the history a
+    reader checks), at that machine's highest level with a value (the one a user's call runs);
+    the other machines and levels stay one click away, in the benchmark's own graph.  A commit
+    with a refused combination is left out of the line (a gap), never averaged over the rest."""
+    html_dir, summary_dir = Path(html_dir), Path(html_dir) / "graphs" / "summary"
+    index = json.loads((html_dir / "index.json").read_text())
+    revision = {h: int(r) for r, h in index.get("revision_to_hash", {}).items()}
+    rows: dict[str, list[tuple]] = {}
+    for name, *rest in _result_rows(results_dir):
+        rows.setdefault(name, []).append(tuple(rest))
+    sources = {}
+    for name, entries in sorted(rows.items()):
+        path = summary_dir / f"{name}.json"
+        valued = [e for e in entries if e[2] in revision and any(_finite(v) for v in e[4].values())]
+        if not path.is_file() or not valued:
+            continue
+        machine = max(valued, key=lambda e: (e[3], e[2]))[0]
+        level = max((e[1] for e in valued if e[0] == machine), key=_level_rank)
+        series = [e for e in entries if e[0] == machine and e[1] == level and e[2] in revision]
+        # the combinations this series ever measured: a commit counts only with all of them
+        wanted = {c for e in series for c, v in e[4].items() if _finite(v)}
+        points = {}
+        for _, _, commit, _, values in series:
+            if all(_finite(values.get(c)) for c in wanted):
+                points[revision[commit]] = _geometric_mean([values[c] for c in wanted])
+        path.write_text(json.dumps(sorted([r, v] for r, v in points.items())))
+        sources[name] = f"{machine}, level {level}"
+    return sources
 
 
 # --- the latest ratios, per machine class ---------------------------------------------------------

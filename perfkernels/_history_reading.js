@@ -50,7 +50,9 @@
                     $('<div class="pk-reading" style="position: absolute; right: 8px; bottom: 6px; '
                       + 'font-size: 11px; color: #333; background: rgba(255,255,255,0.8)">')
                     .text((RATIO.test(bm.unit) ? "our time / PyTorch's, 1 = parity: " : "")
-                          + "lower is better"));
+                          + "lower is better"
+                          + (window.PK_SUMMARY_SOURCES && window.PK_SUMMARY_SOURCES[name]
+                             ? "; " + window.PK_SUMMARY_SOURCES[name] : "")));
             }
         }
         if (headline && $(placeholder).is("#main-graph")) {

@@ -160,12 +160,34 @@ def set_pool_limit(limit: int | str) -> int:
     """Bound the memory the output pool keeps idle for reuse, in bytes (an int, or a string with
     a K, M, G or T suffix like ``"512M"``); idle blocks beyond it are given back to the system now,
     least recently used first.  ``0`` keeps nothing (every output's memory is freed when the
-    output dies).  Outputs alive are never affected.  Returns the previous limit."""
+    output dies).  Outputs alive are never affected.  Returns the previous limit.
+
+    Raises
+    ------
+    TypeError
+        ``limit`` neither an int nor a string.
+    ValueError
+        A negative limit, one of 2**63 or more, or a string that is not a byte count with an
+        optional K/M/G/T suffix.
+
+    Examples
+    --------
+    >>> import perfkernels
+    >>> old = perfkernels.set_pool_limit("64M")
+    >>> perfkernels.get_pool_limit()
+    67108864
+    >>> _ = perfkernels.set_pool_limit(old)
+    """
     return int(pk_pool_set_limit(<uint64_t>_parse_limit(limit, "limit")))
 
 
 def get_pool_limit() -> int:
-    """The output pool's bound on idle bytes (``set_pool_limit``, ``PERFKERNELS_POOL_LIMIT``)."""
+    """The output pool's bound on idle bytes (``set_pool_limit``, ``PERFKERNELS_POOL_LIMIT``).
+
+    >>> import perfkernels
+    >>> perfkernels.get_pool_limit() >= 0
+    True
+    """
     cdef pk_pool_stats s
     pk_pool_get_stats(&s)
     return int(s.limit)
@@ -173,7 +195,16 @@ def get_pool_limit() -> int:
 
 def release_memory() -> int:
     """Give every idle block of the output pool back to the system (outputs still alive keep
-    their memory, and return it to the pool when they die).  Returns the bytes released."""
+    their memory, and return it to the pool when they die).  Returns the bytes released.
+
+    >>> import numpy as np, perfkernels
+    >>> out = perfkernels.half_to_float(np.zeros(1 << 20, np.float16))
+    >>> del out                                           # its 4 MiB go back to the pool
+    >>> perfkernels.release_memory() >= 0
+    True
+    >>> perfkernels.pool_stats()["cached_bytes"]
+    0
+    """
     return int(pk_pool_release())
 
 
@@ -182,7 +213,12 @@ def pool_stats() -> dict[str, int]:
     for reuse), ``live_bytes`` / ``live_blocks`` (held by arrays and tensors alive),
     ``hits`` / ``misses`` (requests served from the pool / from the system, since the start) and
     ``released_bytes`` (given back to the system, since the start).  Byte counts are of whole
-    blocks (each request rounded up to its size class)."""
+    blocks (each request rounded up to its size class).
+
+    >>> import perfkernels
+    >>> sorted(perfkernels.pool_stats())
+    ['cached_blocks', 'cached_bytes', 'hits', 'limit', 'live_blocks', 'live_bytes', 'misses', 'released_bytes']
+    """
     cdef pk_pool_stats s
     pk_pool_get_stats(&s)
     return {"limit": int(s.limit), "cached_bytes": int(s.cached_bytes),

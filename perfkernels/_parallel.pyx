@@ -58,7 +58,12 @@ def check_num_threads(value, str source="num_threads") -> int:
 
 
 def get_num_threads() -> int:
-    """The number of threads a kernel call may use when it is not given ``num_threads=``."""
+    """The number of threads a kernel call may use when it is not given ``num_threads=``.
+
+    >>> import perfkernels
+    >>> perfkernels.get_num_threads() >= 1
+    True
+    """
     return pool.get_num_threads()
 
 
@@ -67,6 +72,15 @@ def set_num_threads(n) -> None:
     ``torch.set_num_threads``).  ``n`` is an integer >= 1; more threads than cores is allowed.
     A call still uses fewer when its work is too small to pay for more.
 
+    Raises
+    ------
+    TypeError
+        ``n`` not an integer.
+    ValueError
+        ``n`` < 1 or above the pool's maximum (65536).
+
+    Examples
+    --------
     >>> import perfkernels
     >>> old = perfkernels.get_num_threads()
     >>> perfkernels.set_num_threads(1); perfkernels.get_num_threads()

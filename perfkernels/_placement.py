@@ -188,7 +188,17 @@ def _unregister(start: int) -> None:
 
 def placement_of(table: Any) -> Optional[Placement]:
     """The :class:`Placement` of the placed table that ``table`` (an ndarray, a view of one, a
-    torch tensor, or an address) lies in; None for memory perfkernels did not place."""
+    torch tensor, or an address) lies in; None for memory perfkernels did not place.
+
+    It raises nothing: memory it does not know gives None.
+
+    Examples
+    --------
+    >>> import numpy as np, perfkernels
+    >>> p = perfkernels.placement_of(perfkernels.empty_table(100_000, 64, np.float32))
+    >>> type(p).__name__
+    'Placement'
+    """
     if isinstance(table, int):
         address = table
     elif hasattr(table, "data_ptr"):
@@ -322,6 +332,18 @@ def empty_table(rows: int, dim: int, dtype: Any = np.float32, placement: str = "
     is :func:`placement_of` the result.  A float table's row stride may be padded to whole lines
     (``result.strides[0]``); its shape is ``[rows, dim]`` all the same.  With
     ``placement="keep"`` it is ``numpy.zeros``.
+
+    Raises
+    ------
+    ValueError
+        ``rows`` or ``dim`` negative, or ``placement`` not ``"auto"``, ``"hugepage"`` or ``"keep"``.
+
+    Examples
+    --------
+    >>> import numpy as np, perfkernels
+    >>> table = perfkernels.empty_table(100_000, 64, np.float32)
+    >>> table.shape, table.dtype, float(table.max())
+    ((100000, 64), dtype('float32'), 0.0)
     """
     dtype = np.dtype(dtype)
     check_placement(placement)
@@ -336,7 +358,20 @@ def empty_table(rows: int, dim: int, dtype: Any = np.float32, placement: str = "
 
 def as_table(array: Any, placement: str = "auto") -> np.ndarray:
     """``array`` (2-D) in placed memory: a placed copy, or ``array`` itself when it is already
-    placed as asked (or ``placement="keep"``).  Values and dtype are unchanged."""
+    placed as asked (or ``placement="keep"``).  Values and dtype are unchanged.
+
+    Raises
+    ------
+    ValueError
+        ``array`` not 2-D, or ``placement`` not ``"auto"``, ``"hugepage"`` or ``"keep"``.
+
+    Examples
+    --------
+    >>> import numpy as np, perfkernels
+    >>> table = perfkernels.as_table(np.ones((100_000, 64), np.float32))    # a placed copy
+    >>> table.shape, bool((table == 1).all())
+    ((100000, 64), True)
+    """
     check_placement(placement)
     a = np.asarray(array)
     if placement == "keep":

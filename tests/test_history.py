@@ -442,3 +442,71 @@ def test_refused_points_are_the_ratios_without_a_value(tmp_path):
                 ("track_time_ratio_vs_torch_1thread", "q")]
     assert sorted(got) == sorted(f"headline.X.{name}{[repr(p)]} @ aaaaaaaa (e)" for name, p in expected)
     assert _history.refused_points(tmp_path, "m", ["b" * 40]) == []
+
+
+def test_the_grid_line_follows_one_machine_and_level(tmp_path):
+    """The grid's line of a benchmark is drawn from the newest result's machine class at its
+    highest level, and only from commits where every combination of that series has a value:
+    an older, slower machine, the scalar level and a commit whose fast combination was refused
+    (asv's own line averages whatever is there: 4x to 10x jumps that are no regression) are
+    not on it.  Expected values by hand: geometric mean of 1 and 4 is 2."""
+    import json
+    name = "headline.X.track_seconds_perfkernels"
+    ab = [["'a'", "'b'"]]
+    commits = [c * 40 for c in "12345"]
+
+    def result(machine, level, commit, values):
+        folder = tmp_path / "results" / machine
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "machine.json").write_text(json.dumps({"machine": machine}))
+        (folder / f"{commit[:8]}-{level}.json").write_text(json.dumps({
+            "commit_hash": commit, "env_name": level, "date": int(commit[0]) * 1000,
+            "env_vars": {"PERFKERNELS_ISA": level}, "result_columns": ["result", "params"],
+            "results": {name: [values, ab]}}))
+    result("slow-2core-avx2", "avx2", commits[0], [4.0, 4.0])          # another machine class
+    result("fast-2core-avx512", "avx512", commits[1], [1.0, 4.0])
+    result("fast-2core-avx512", "scalar", commits[1], [10.0, 40.0])
+    result("fast-2core-avx512", "avx512", commits[2], [None, 4.0])     # the fast one refused
+    result("fast-2core-avx512", "scalar", commits[2], [10.0, 40.0])
+    result("fast-2core-avx512", "scalar", commits[3], [10.0, 40.0])    # only the scalar level
+    result("fast-2core-avx512", "avx512", commits[4], [1.0, float("nan")])   # b skipped
+    result("fast-2core-avx512", "avx512", "6" * 40, [1.0, 4.0])        # not on the published line
+    html = tmp_path / "html"
+    (html / "graphs" / "summary").mkdir(parents=True)
+    (html / "index.json").write_text(json.dumps(
+        {"revision_to_hash": {str(10 * (i + 1)): c for i, c in enumerate(commits)}}))
+    (html / "graphs" / "summary" / f"{name}.json").write_text("[[10, 4.0], [30, 12.0]]")
+    sources = _history.consistent_summaries(html, tmp_path / "results")
+    assert sources == {name: "fast-2core-avx512, level avx512"}
+    points = json.loads((html / "graphs" / "summary" / f"{name}.json").read_text())
+    assert points == [[20, pytest.approx(2.0)]], points
+
+
+@pytest.mark.slow
+def test_published_grid_lines_of_the_committed_results_have_no_machine_jumps(tmp_path):
+    """The committed history as published: no headline time or ratio line has a point 3x its
+    median (asv's own lines had 5.5x and 5.7x in DLRMQuantizedBag and DLRMEmbeddingBag's
+    seconds, from commits measured on another machine or only at some levels), and the grid
+    says which machine and level each line shows."""
+    import json
+    import statistics
+    if shutil.which("asv") is None:
+        pytest.skip("the asv command is not on PATH")
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.chdir(ROOT)
+    try:
+        rc, _ = _history.publish(CONFIG, str(tmp_path / "html"))
+    finally:
+        monkeypatch.undo()
+    assert rc == 0
+    summary = tmp_path / "html" / "graphs" / "summary"
+    checked = 0
+    for path in summary.glob("headline.*.json"):
+        if ".track_seconds_" not in path.name and ".track_time_ratio" not in path.name:
+            continue
+        values = [v for _, v in json.loads(path.read_text()) if v is not None]
+        assert values and max(values) < 3 * statistics.median(values), (path.name, values)
+        checked += 1
+    assert checked >= 16
+    sources = (tmp_path / "html" / "perfkernels-summary-sources.js").read_text()
+    assert "headline.DLRMEmbeddingBag.track_seconds_perfkernels" in sources and ", level " in sources

@@ -1,5 +1,6 @@
-"""README.md as a new user meets it: every ```python block runs as written, and (in CI) the two
-install-and-run commands work verbatim from the root of a fresh clone in a fresh venv."""
+"""README.md as a new user meets it: every ```python block runs as written (and those of the
+guides its examples grew out of), it stays short, its links lead to files that exist, and (in CI)
+the two install-and-run commands work verbatim from the root of a fresh clone in a fresh venv."""
 import os
 import re
 import subprocess
@@ -12,6 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 TEXT = README.read_text() if README.exists() else ""
 BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, re.S)
+#: The guides whose examples left the README for docs/: every ```python block runs as written.
+GUIDES = ["docs/numpy-api.md", "docs/torch-layer.md"]
+GUIDE_BLOCKS = [(guide, i, block) for guide in GUIDES
+                for i, block in enumerate(re.findall(r"```python\n(.*?)```",
+                                                     (ROOT / guide).read_text(), re.S))]
+#: The commands CI runs, each alone on a line of the README (.ci/run greps for them).
+CI_COMMANDS = ['pip install ".[test]" && pytest',
+               'pip install ".[bench]" && python -m perfkernels bench --quick']
 #: The one-line commands of the README's ```bash blocks that install perfkernels.
 INSTALL_COMMANDS = [line for block in re.findall(r"```bash\n(.*?)```", TEXT, re.S)
                     for line in block.splitlines() if line.startswith("pip install ")]
@@ -21,6 +30,41 @@ INSTALL_COMMANDS = [line for block in re.findall(r"```bash\n(.*?)```", TEXT, re.
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_readme_example_runs(code, capsys):
     exec(compile(code, str(README), "exec"), {})
+
+
+@pytest.mark.parametrize("guide, index, code", GUIDE_BLOCKS,
+                         ids=[f"{g.split('/')[-1]}-block{i}" for g, i, _ in GUIDE_BLOCKS])
+def test_guide_example_runs(guide, index, code, capsys):
+    exec(compile(code, str(ROOT / guide), "exec"), {})
+
+
+def test_guides_have_their_examples():
+    assert all(any(g == guide for g, _, _ in GUIDE_BLOCKS) for guide in GUIDES), GUIDE_BLOCKS
+
+
+def test_readme_is_short_and_keeps_the_ci_commands():
+    lines = TEXT.splitlines()
+    assert 0 < len(lines) <= 200, len(lines)
+    for command in CI_COMMANDS:
+        assert command in lines, command
+    assert set(CI_COMMANDS) <= set(INSTALL_COMMANDS), INSTALL_COMMANDS
+
+
+def test_readme_links_lead_to_files_and_headings():
+    """Every relative link of the README names a file of the repository, and an anchor one of
+    that file's headings (as GitHub and the docs site make them)."""
+    links = re.findall(r"\]\(([^)\s]+)\)", TEXT)
+    assert links
+    for link in links:
+        if "://" in link:
+            continue
+        path, _, anchor = link.partition("#")
+        target = ROOT / path
+        assert target.is_file(), link
+        if anchor:
+            slugs = [re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                     for h in re.findall(r"^#+ (.*)$", target.read_text(), re.M)]
+            assert anchor in slugs, (link, slugs)
 
 
 def test_readme_has_the_install_commands():

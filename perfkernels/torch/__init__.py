@@ -17,7 +17,7 @@ perfkernels[torch]``).
   stable ABI (:func:`native_library_path`), so exported models run from C++ without Python
   (docs/deployment.md).
 
-CPU tensors reach the C kernels without a copy; CUDA tensors go to :mod:`perfkernels.cuda`.
+CPU tensors reach the C kernels without a copy; CUDA tensors go to ``perfkernels.cuda``.
 Once imported, perfkernels' parallel jobs run on PyTorch's OpenMP threads
 (:func:`use_torch_threads`), so the two libraries do not compete for the cores.
 An out-of-range index raises :class:`IndexOutOfRangeError`, both an ``IndexError`` and a

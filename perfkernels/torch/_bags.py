@@ -133,7 +133,17 @@ class BagBackward:
     """What the weight gradient of one lookup depends on (handed to a custom weight backward):
     the bags' upstream gradient and the lookup's arguments.  :attr:`entry_grads` (one gradient
     row per entry) is computed on first use only, so a weight backward that works from the bags
-    themselves (a fused optimizer) never materialises it."""
+    themselves (a fused optimizer) never materialises it.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> b = pkt.BagBackward(torch.ones(1, 2), torch.tensor([0, 3]), torch.tensor([0]), None,
+    ...                     "mean", False, None, 4, torch.float32)
+    >>> b.entry_grads          # mean of 2 entries: each entry's row gets half the bag's gradient
+    tensor([[0.5000, 0.5000],
+            [0.5000, 0.5000]])
+    """
     grad_output: Tensor            # [num_bags, D], the gradient of the bags
     indices: Tensor                # the lookup's indices (1-D, or 2-D [B, L]), int32 or int64
     offsets: Optional[Tensor]

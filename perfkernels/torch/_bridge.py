@@ -33,6 +33,16 @@ class IndexOutOfRangeError(IndexError, RuntimeError):
     catches it.  The message is torch's, with the flattened position and the value, e.g.
     ``Index 17 of input takes value 1000000 which is not in the valid range [0, 1000)`` (a
     NumPy-API message given to the constructor is reworded so); nothing was written.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> bag = pkt.EmbeddingBag(10, 4)
+    >>> try:
+    ...     bag(torch.tensor([10]), torch.tensor([0]))
+    ... except pkt.IndexOutOfRangeError as e:
+    ...     print(isinstance(e, IndexError), isinstance(e, RuntimeError))
+    True True
     """
 
     def __init__(self, message: str = "") -> None:

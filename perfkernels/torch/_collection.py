@@ -31,7 +31,14 @@ _multi_lookup = getattr(pk, "embedding_bags_multi", None)
 @dataclass
 class EmbeddingBagConfig:
     """One table of a collection (the fields of ``torchrec.EmbeddingBagConfig`` that matter here;
-    a torchrec config object is accepted wherever this one is)."""
+    a torchrec config object is accepted wherever this one is).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> pkt.EmbeddingBagConfig(1000, 16, name="item", feature_names=["item"], pooling="mean").pooling
+    'mean'
+    """
     num_embeddings: int
     embedding_dim: int
     name: str = ""
@@ -109,7 +116,16 @@ def _kjt_parts(features: Any) -> tuple[list, Tensor, Tensor, int]:
 class KeyedJaggedTensor(_Jagged):
     """Jagged sparse features in TorchRec's layout: the ``values`` of every key back to back,
     ``lengths[f * B + b]`` values for key f and sample b (or ``offsets``, F * B + 1 entries), and
-    optional per-value ``weights``."""
+    optional per-value ``weights``.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> kjt = pkt.KeyedJaggedTensor(["item", "user"], torch.tensor([1, 2, 3, 7, 9]),
+    ...                             lengths=torch.tensor([2, 1, 1, 1]))
+    >>> kjt.keys(), kjt.offsets()
+    (['item', 'user'], tensor([0, 2, 3, 4, 5]))
+    """
 
     def __init__(self, keys: Sequence[str], values: Tensor, weights: Optional[Tensor] = None,
                  lengths: Optional[Tensor] = None, offsets: Optional[Tensor] = None) -> None:
@@ -136,7 +152,16 @@ class KeyedJaggedTensor(_Jagged):
 
 class KeyedTensor:
     """Pooled embeddings in TorchRec's layout: ``values()`` is ``[B, sum of dims]``, key k's
-    columns at ``offset_per_key()[k]``."""
+    columns at ``offset_per_key()[k]``.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> kt = pkt.KeyedTensor(["a", "b"], [2, 1], torch.arange(6.0).view(2, 3))
+    >>> kt.offset_per_key(), kt.to_dict()["b"]
+    ([0, 2, 3], tensor([[2.],
+            [5.]]))
+    """
 
     def __init__(self, keys: Sequence[str], length_per_key: Sequence[int], values: Tensor) -> None:
         self._keys = list(keys)
@@ -211,6 +236,18 @@ class EmbeddingBagCollection(torch.nn.Module):
     features is looked up once for all of them, so it is updated once per step with every
     feature's rows (duplicates across features summed first, as FBGEMM's exact optimizers do).
     ``placement=`` places every table (see :class:`EmbeddingBag`).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> ebc = pkt.EmbeddingBagCollection(
+    ...     [pkt.EmbeddingBagConfig(100, 8, name="item", feature_names=["item"]),
+    ...      pkt.EmbeddingBagConfig(50, 4, name="user", feature_names=["user"], pooling="mean")])
+    >>> kjt = pkt.KeyedJaggedTensor(["item", "user"], torch.tensor([1, 2, 3, 7, 9]),
+    ...                             lengths=torch.tensor([2, 1, 1, 1]))         # 2 samples
+    >>> pooled = ebc(kjt)
+    >>> pooled.keys(), pooled.values().shape
+    (['item', 'user'], torch.Size([2, 12]))
     """
 
     def __init__(self, tables: Sequence[Any], is_weighted: bool = False, device=None,

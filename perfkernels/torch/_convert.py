@@ -28,7 +28,16 @@ _TORCH_EMBEDDING_BAG = F.embedding_bag
 class ConversionReport:
     """What :func:`convert` did: ``swapped`` as (name, old type, new type, note), ``skipped`` as
     (name, type, reason), ``kept_in_place`` as (name of a table, why placement left it where it
-    was: its storage is shared)."""
+    was: its storage is shared).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> _ = pkt.convert(torch.nn.Sequential(torch.nn.EmbeddingBag(10, 4), torch.nn.Linear(4, 1)))
+    >>> report = pkt.last_report()
+    >>> [name for name, *_ in report.swapped], report.skipped
+    (['0'], [])
+    """
     swapped: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
     kept_in_place: list = field(default_factory=list)
@@ -386,6 +395,19 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
 
     Modules that call ``torch.nn.functional.embedding_bag`` themselves are not swapped: wrap
     their calls in :func:`route_functional`.
+
+    Raises
+    ------
+    ValueError
+        ``dtype`` not None, float32, float16 or bfloat16; ``bits`` not None, 8, 4 or 2.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> model = torch.nn.ModuleDict({"user": torch.nn.EmbeddingBag(1000, 16, mode="sum")})
+    >>> fast = pkt.convert(model)
+    >>> type(fast["user"]).__module__, fast["user"].weight is model["user"].weight
+    ('perfkernels.torch._embedding_bag', True)
     """
     global _last_report
     if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -435,7 +457,16 @@ _last_report: Optional[ConversionReport] = None
 
 
 def last_report() -> Optional[ConversionReport]:
-    """The report of the latest :func:`convert` call in this process (None before the first)."""
+    """The report of the latest :func:`convert` call in this process (None before the first).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> _ = pkt.convert(torch.nn.Sequential(torch.nn.EmbeddingBag(10, 4), torch.nn.Linear(4, 1)))
+    >>> report = pkt.last_report()
+    >>> [name for name, *_ in report.swapped], report.skipped
+    (['0'], [])
+    """
     return _last_report
 
 
@@ -451,7 +482,24 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor] = Non
 
     Our opt-ins, keyword-only: ``weighted_mean=True`` accepts ``per_sample_weights`` with
     ``mode="mean"``; ``strict_offsets=True`` applies the NumPy API's stricter bag checks and
-    exceptions (see :class:`~perfkernels.torch.EmbeddingBag`)."""
+    exceptions (see :class:`~perfkernels.torch.EmbeddingBag`).
+
+    Raises
+    ------
+    IndexOutOfRangeError
+        An index outside the table (an ``IndexError`` and a ``RuntimeError``), with torch's message.
+    RuntimeError, ValueError, TypeError
+        Whatever ``torch.nn.functional.embedding_bag`` raises for the same bad input, with torch's
+        message.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> weight = torch.arange(6.0).view(3, 2)
+    >>> pkt.embedding_bag(torch.tensor([0, 2, 1]), weight, torch.tensor([0, 2]), mode="sum")
+    tensor([[4., 6.],
+            [2., 3.]])
+    """
     if max_norm is None and not scale_grad_by_freq and not torch.compiler.is_compiling():
         # the plain cases in C, as in the module; None for everything else
         out = _tensor_bags.lookup(weight, input, offsets, per_sample_weights, mode,
@@ -492,6 +540,14 @@ class route_functional:
     cannot reach: calls bound before routing (``from torch.nn.functional import embedding_bag``,
     ``op = torch.ops.quantized.embedding_bag_byte_rowwise_offsets`` kept in a variable), calls
     from C++ or TorchScript, and ``torch.embedding_bag`` / ``torch.ops.aten`` used directly.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> weight = torch.arange(6.0).view(3, 2)
+    >>> with pkt.route_functional():       # calls in the block go to perfkernels' kernels
+    ...     torch.nn.functional.embedding_bag(torch.tensor([0, 2]), weight, torch.tensor([0]))
+    tensor([[2., 3.]])
     """
 
     def __init__(self) -> None:

@@ -181,7 +181,16 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: Optional[int] = None,
     float32/float16/bfloat16 table) run our kernel, with torch's gradient (dense, or sparse COO
     with ``sparse=True``); ``max_norm`` and ``scale_grad_by_freq`` run torch's function, with a
     one-time warning; anything else (other dtypes and devices, tensor subclasses, a torch
-    function mode, compiling) is torch's function, which answers or raises as it does."""
+    function mode, compiling) is torch's function, which answers or raises as it does.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> weight = torch.arange(6.0).view(3, 2)
+    >>> pkt.embedding(torch.tensor([2, 0]), weight)
+    tensor([[4., 5.],
+            [0., 1.]])
+    """
     if (max_norm is not None or scale_grad_by_freq) and isinstance(weight, Tensor):
         warn_once(_reason(max_norm, scale_grad_by_freq, weight.dtype))
     elif (not torch.compiler.is_compiling() and (padding_idx is None or type(padding_idx) is int)
@@ -199,7 +208,7 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: Optional[int] = None,
 class Embedding(TableViewCache, torch.nn.Embedding):
     """Drop-in replacement for :class:`torch.nn.Embedding` (a subclass of it).
 
-    The constructor, :meth:`forward`, :meth:`from_pretrained`, ``state_dict`` and attributes are
+    The constructor, :meth:`forward`, ``from_pretrained``, ``state_dict`` and attributes are
     torch's, so checkpoints load unchanged and ``isinstance(m, torch.nn.Embedding)`` holds.
     Lookups of float32 / float16 / bfloat16 CPU tables with int32 / int64 indices of any shape
     run perfkernels' kernel (:func:`perfkernels.embedding`); the weight gradient is torch's own
@@ -221,6 +230,14 @@ class Embedding(TableViewCache, torch.nn.Embedding):
 
     ``placement=`` (``"auto"`` by default, ``"hugepage"``, ``"keep"``) moves the weight's storage
     into memory placed for gathers, as :class:`~perfkernels.torch.EmbeddingBag` does.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> emb = pkt.Embedding(10, 3)
+    >>> rows = emb(torch.tensor([[1, 2], [3, 4]]))
+    >>> rows.shape, torch.equal(rows[1, 0], emb.weight[3])
+    (torch.Size([2, 2, 3]), True)
     """
 
     #: the optimizer that updates the table during backward, if any

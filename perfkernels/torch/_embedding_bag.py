@@ -27,7 +27,7 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     Lookups run on perfkernels' kernels for float32 / float16 / bfloat16 weights in modes
     ``"sum"`` and ``"mean"``, with ``per_sample_weights``, ``padding_idx``,
     ``include_last_offset`` and 2-D input; CPU tensors are read in place, CUDA tensors go to
-    :mod:`perfkernels.cuda`.  Gradients equal torch's: dense, or with ``sparse=True`` the same
+    ``perfkernels.cuda``.  Gradients equal torch's: dense, or with ``sparse=True`` the same
     uncoalesced sparse COO gradient (``torch.optim.SGD`` / ``SparseAdam`` / ``Adagrad`` work
     unchanged).  Under ``torch.compile`` / ``torch.export`` the lookup is the registered op
     ``perfkernels::embedding_bag`` and the weight gradient is dense.
@@ -68,6 +68,17 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     optimizer state is the buffer ``momentum1`` (the Adam family also ``momentum2`` and
     ``step``), saved in ``state_dict``.  Eager mode, CPU
     tables; under ``torch.compile`` the registered op gives the usual dense gradient instead.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> bag = pkt.EmbeddingBag(10, 3, mode="sum")
+    >>> indices, offsets = torch.tensor([1, 2, 4]), torch.tensor([0, 2])
+    >>> out = bag(indices, offsets)                          # bags [1, 2] and [4]
+    >>> torch.testing.assert_close(out[0], bag.weight[1] + bag.weight[2])
+    >>> torch.testing.assert_close(out[1], bag.weight[4])
+    >>> out.shape, isinstance(bag, torch.nn.EmbeddingBag)
+    (torch.Size([2, 3]), True)
     """
 
     #: dtype of the lookup's result; None: the weight's dtype (torch's behaviour)

@@ -31,7 +31,14 @@ _POOLED_BYTES = 128 << 10
 @dataclass
 class EmbeddingConfig:
     """One table of an :class:`EmbeddingCollection` (the fields of ``torchrec.EmbeddingConfig``
-    that matter here; a torchrec config object is accepted wherever this one is)."""
+    that matter here; a torchrec config object is accepted wherever this one is).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> pkt.EmbeddingConfig(1000, 16, name="item", feature_names=["item"]).embedding_dim
+    16
+    """
     num_embeddings: int
     embedding_dim: int
     name: str = ""
@@ -43,7 +50,15 @@ class EmbeddingConfig:
 
 class JaggedTensor(_Jagged):
     """One feature's unpooled rows in TorchRec's layout: ``values()`` ``[n, D]`` (every sample's
-    rows back to back), ``lengths()`` ``[B]`` rows per sample, ``offsets()`` ``[B + 1]``."""
+    rows back to back), ``lengths()`` ``[B]`` rows per sample, ``offsets()`` ``[B + 1]``.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> jt = pkt.JaggedTensor(torch.arange(6.0).view(3, 2), lengths=torch.tensor([2, 1]))
+    >>> jt.offsets()
+    tensor([0, 2, 3])
+    """
 
     def __init__(self, values: Tensor, lengths: Optional[Tensor] = None,
                  offsets: Optional[Tensor] = None, weights: Optional[Tensor] = None) -> None:
@@ -84,6 +99,14 @@ class EmbeddingCollection(torch.nn.Module):
     in TorchRec's unsharded collection, so its ``state_dict`` loads unchanged; gradients are the
     tables' (dense, or set ``module.embeddings[name].sparse = True``), or with
     ``fused_optimizer=`` every table is updated during backward.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> ec = pkt.EmbeddingCollection([pkt.EmbeddingConfig(100, 8, name="t", feature_names=["f"])])
+    >>> kjt = pkt.KeyedJaggedTensor(["f"], torch.tensor([4, 5, 6]), lengths=torch.tensor([2, 1]))
+    >>> ec(kjt)["f"].values().shape       # one row per ID, samples back to back
+    torch.Size([3, 8])
     """
 
     def __init__(self, tables: Sequence[Any], device=None, need_indices: bool = False,

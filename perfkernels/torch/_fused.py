@@ -94,6 +94,16 @@ class FusedOptimizer:
     ``initial_accumulator_value`` (0; the starting state of the adagrad variants), ``betas``
     ((0.9, 0.999); the Adam family), ``momentum`` (0) and ``nesterov`` (False) (``"sgd"`` only).  The formulas are those of
     :func:`perfkernels.embedding_bag_backward_update`.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> opt = pkt.FusedOptimizer("rowwise_adagrad", {"lr": 0.1})
+    >>> bag = pkt.EmbeddingBag(10, 3, fused_optimizer=opt)
+    >>> before = bag.weight.detach().clone()
+    >>> bag(torch.tensor([1, 2]), torch.tensor([0])).sum().backward()   # rows 1 and 2 step here
+    >>> torch.equal(bag.weight[0], before[0]), torch.equal(bag.weight[1], before[1])
+    (True, False)
     """
 
     def __init__(self, name: str, options: Optional[Mapping[str, Any]] = None) -> None:

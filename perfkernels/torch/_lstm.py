@@ -35,7 +35,20 @@ def lstm_unit(c_prev: Tensor, gates: Tensor, forget_bias: float = 0.0) -> tuple[
     i, f, g, o order, as ``LSTMCell`` computes them) and ``c_prev`` ``[N, D]``, float32:
     ``c = sigmoid(f + forget_bias) * c_prev + sigmoid(i) * tanh(g)``, ``h = sigmoid(o) * tanh(c)``.
     Differentiable in ``c_prev`` and ``gates`` (the registered op
-    ``torch.ops.perfkernels.lstm_unit``)."""
+    ``torch.ops.perfkernels.lstm_unit``).
+
+    Raises
+    ------
+    RuntimeError
+        ``c_prev`` or ``gates`` not float32, or shapes that disagree (``gates`` not ``[N, 4D]``).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> h, c = pkt.lstm_unit(torch.zeros(1, 2), torch.zeros(1, 8))   # every gate at 0
+    >>> h, c                      # c = 0.5 * 0 + 0.5 * tanh(0), h = 0.5 * tanh(c)
+    (tensor([[0., 0.]]), tensor([[0., 0.]]))
+    """
     return torch.ops.perfkernels.lstm_unit(c_prev, gates, forget_bias)
 
 
@@ -89,7 +102,16 @@ torch.library.register_kernel("perfkernels::lstm_unit_backward", "cuda")(_lstm_u
 class LSTMCell(torch.nn.LSTMCell):
     """Drop-in :class:`torch.nn.LSTMCell` (a subclass: same constructor, parameters,
     ``state_dict`` and ``forward``) whose pointwise part is perfkernels' LSTM unit; the two
-    matrix products stay torch's.  Float32 only: other dtypes run torch's cell (warned once)."""
+    matrix products stay torch's.  Float32 only: other dtypes run torch's cell (warned once).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> cell = pkt.LSTMCell(4, 8)
+    >>> h, c = cell(torch.randn(2, 4))
+    >>> h.shape, isinstance(cell, torch.nn.LSTMCell)
+    (torch.Size([2, 8]), True)
+    """
 
     def forward(self, input: Tensor, hx: Optional[tuple[Tensor, Tensor]] = None
                 ) -> tuple[Tensor, Tensor]:

@@ -26,7 +26,15 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 def native_library_path() -> str:
     """The path of perfkernels' native torch library (``perfkernels/torch/_native*.so``): what a
     C++ program loads (``dlopen``) to run a model that calls ``torch.ops.perfkernels.*``
-    (docs/deployment.md)."""
+    (docs/deployment.md).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> import os
+    >>> os.path.isfile(pkt.native_library_path())
+    True
+    """
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = os.path.join(_HERE, "_native" + suffix)
         if os.path.exists(path):

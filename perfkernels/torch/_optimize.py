@@ -74,7 +74,24 @@ _register_pytrees()
 class OptimizationReport:
     """What :func:`optimize` did: ``conversion`` (:func:`convert`'s report), ``fused`` as
     (capture, group, what), ``not_fused`` as (capture, node, reason), ``captures`` as
-    (signature, outcome)."""
+    (signature, outcome).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> class TwoTables(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.a, self.b = torch.nn.EmbeddingBag(100, 4), torch.nn.EmbeddingBag(50, 4)
+    ...     def forward(self, ia, oa, ib, ob):
+    ...         return torch.cat([self.a(ia, oa), self.b(ib, ob)], 1)
+    >>> inputs = (torch.tensor([1, 2]), torch.tensor([0]), torch.tensor([3]), torch.tensor([0]))
+    >>> model = TwoTables()
+    >>> fast = pkt.optimize(model, inputs)      # both lookups and the cat: one fused op
+    >>> torch.testing.assert_close(fast(*inputs), model(*inputs))
+    >>> len(pkt.last_optimize_report().fused)
+    1
+    """
     conversion: Optional[_convert.ConversionReport] = None
     fused: list = field(default_factory=list)
     not_fused: list = field(default_factory=list)
@@ -96,7 +113,24 @@ _last_report: Optional[OptimizationReport] = None
 
 
 def last_optimize_report() -> Optional[OptimizationReport]:
-    """The report of the latest :func:`optimize` (updated by its captures), or None."""
+    """The report of the latest :func:`optimize` (updated by its captures), or None.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> class TwoTables(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.a, self.b = torch.nn.EmbeddingBag(100, 4), torch.nn.EmbeddingBag(50, 4)
+    ...     def forward(self, ia, oa, ib, ob):
+    ...         return torch.cat([self.a(ia, oa), self.b(ib, ob)], 1)
+    >>> inputs = (torch.tensor([1, 2]), torch.tensor([0]), torch.tensor([3]), torch.tensor([0]))
+    >>> model = TwoTables()
+    >>> fast = pkt.optimize(model, inputs)      # both lookups and the cat: one fused op
+    >>> torch.testing.assert_close(fast(*inputs), model(*inputs))
+    >>> len(pkt.last_optimize_report().fused)
+    1
+    """
     return _last_report
 
 
@@ -866,11 +900,27 @@ def optimize(model: torch.nn.Module, example_inputs: Any = None, *,
     Returns the model (a converted copy unless ``inplace``): its class, attributes, parameters
     and ``state_dict`` keys are the model's; only ``forward`` is replaced on the instance.
     Inputs whose shapes the capture did not cover are captured again (up to
-    :data:`MAX_CAPTURES`), or run the unfused forward; input the fused op refuses runs the
+    ``MAX_CAPTURES``), or run the unfused forward; input the fused op refuses runs the
     unfused forward too, which raises torch's own error.  Works under
     ``torch.compile(fullgraph=True)`` (after the first eager call or with ``example_inputs``)
     and ``torch.export``.  :func:`last_optimize_report` says what was fused and why the rest
     was not.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> class TwoTables(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.a, self.b = torch.nn.EmbeddingBag(100, 4), torch.nn.EmbeddingBag(50, 4)
+    ...     def forward(self, ia, oa, ib, ob):
+    ...         return torch.cat([self.a(ia, oa), self.b(ib, ob)], 1)
+    >>> inputs = (torch.tensor([1, 2]), torch.tensor([0]), torch.tensor([3]), torch.tensor([0]))
+    >>> model = TwoTables()
+    >>> fast = pkt.optimize(model, inputs)      # both lookups and the cat: one fused op
+    >>> torch.testing.assert_close(fast(*inputs), model(*inputs))
+    >>> len(pkt.last_optimize_report().fused)
+    1
     """
     global _last_report
     model = _convert.convert(model, inplace=inplace, **convert_options)

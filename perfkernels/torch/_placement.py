@@ -128,7 +128,20 @@ def place(module: torch.nn.Module, placement: str = "auto") -> torch.nn.Module:
     own ``nn.EmbeddingBag`` / ``nn.Embedding``): their ``weight``, ``packed_weight`` and fused
     optimizer state ``momentum1``.  Returns ``module``.  ``placement="hugepage"`` on a stock
     torch model gives its tables what ``THP_MEM_ALLOC_ENABLE=1`` gives torch's allocations
-    (2 MiB alignment and ``MADV_HUGEPAGE``), for comparisons on the same placement."""
+    (2 MiB alignment and ``MADV_HUGEPAGE``), for comparisons on the same placement.
+
+    Raises
+    ------
+    ValueError
+        ``placement`` not ``"auto"``, ``"hugepage"`` or ``"keep"``.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> model = pkt.place(torch.nn.Sequential(torch.nn.EmbeddingBag(1000, 16)), "hugepage")
+    >>> [name for name, _ in pkt.placement_report(model)]
+    ['0.weight']
+    """
     check_placement(placement)
     kinds = tuple(TABLE_MODULES)
     for m in module.modules():
@@ -140,7 +153,20 @@ def place(module: torch.nn.Module, placement: str = "auto") -> torch.nn.Module:
 
 def placement_report(module: torch.nn.Module) -> list[tuple[str, str]]:
     """``(name, description)`` of every table in ``module``: its size, the bytes on huge pages
-    now (``AnonHugePages`` in ``/proc/self/smaps``) and whether perfkernels placed it."""
+    now (``AnonHugePages`` in ``/proc/self/smaps``) and whether perfkernels placed it.
+
+    Raises
+    ------
+    AttributeError
+        ``module`` not a ``torch.nn.Module`` (it has no ``named_parameters``).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> model = pkt.place(torch.nn.Sequential(torch.nn.EmbeddingBag(1000, 16)), "hugepage")
+    >>> [name for name, _ in pkt.placement_report(model)]
+    ['0.weight']
+    """
     ranges = _placement.smaps_huge_ranges()
     out = []
     for name, t in (*module.named_parameters(), *module.named_buffers()):

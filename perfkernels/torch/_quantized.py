@@ -41,14 +41,42 @@ def quantize_rowwise(weight: Tensor, bits: int = 8) -> Tensor:
     their scale and bias, bit for bit ``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_prepack``
     (any ``D >= 1``; see :func:`perfkernels.quantize_rowwise`).  The native op
     ``perfkernels::quantize_rowwise``: it traces, exports and runs from C++.  A row holding NaN or
-    inf raises RuntimeError naming it."""
+    inf raises RuntimeError naming it.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> w = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    >>> packed = pkt.quantize_rowwise(w)          # 4 codes, then float32 scale and bias
+    >>> packed.shape, packed.dtype
+    (torch.Size([1, 12]), torch.uint8)
+    >>> pkt.dequantize_rowwise(packed)
+    tensor([[0., 1., 2., 3.]])
+    """
     return torch.ops.perfkernels.quantize_rowwise(weight, bits)
 
 
 def dequantize_rowwise(packed: Tensor, bits: int = 8, dim: Optional[int] = None) -> Tensor:
     """The float32 rows ``q * scale + bias`` of a packed table (``dim``: its columns, default the
     largest the row holds, as torch's ops infer it).  The native op
-    ``perfkernels::dequantize_rowwise``."""
+    ``perfkernels::dequantize_rowwise``.
+
+    Raises
+    ------
+    RuntimeError
+        ``packed`` not a 2-D uint8 tensor, ``bits`` not 8, 4 or 2, or ``dim`` that does not fit
+        the row (the message starts with ``perfkernels:``).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> w = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    >>> packed = pkt.quantize_rowwise(w)          # 4 codes, then float32 scale and bias
+    >>> packed.shape, packed.dtype
+    (torch.Size([1, 12]), torch.uint8)
+    >>> pkt.dequantize_rowwise(packed)
+    tensor([[0., 1., 2., 3.]])
+    """
     if dim is None:
         dim = packed_dim(packed.shape[-1], bits)
     return torch.ops.perfkernels.dequantize_rowwise(packed, bits, dim)
@@ -208,6 +236,17 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
     ``placement=`` (``"auto"``, ``"hugepage"``, ``"keep"``; the constructors below take it too)
     moves the packed rows into memory perfkernels places for gathers: 2 MiB-aligned, huge pages
     requested before the first touch (``"auto"``: tables of 2 MiB and more).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> stock = torch.nn.EmbeddingBag(10, 4, mode="sum")
+    >>> q = pkt.QuantizedEmbeddingBag.from_float(stock, bits=8)
+    >>> out = q(torch.tensor([1, 2, 3]), torch.tensor([0, 1]))
+    >>> torch.testing.assert_close(out, stock(torch.tensor([1, 2, 3]), torch.tensor([0, 1])),
+    ...                            atol=0.05, rtol=0)        # 8-bit rows: within a quantization step
+    >>> out.shape
+    torch.Size([2, 4])
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, max_norm: Optional[float] = None,
@@ -492,7 +531,14 @@ def _rowwise_offsets(bits: int, torch_name: str):
                   f"{bits}-bit kernels.  Like torch's op it sums whatever ``mode`` says; "
                   "``pruned_weights=True`` runs torch's op.  Bad input raises ``RuntimeError`` "
                   "(an index out of range: :class:`IndexOutOfRangeError`, with torch's "
-                  "message) where torch's op may read past its arrays.")
+                  "message) where torch's op may read past its arrays.\n\n"
+                  "Examples\n--------\n"
+                  ">>> import torch, perfkernels.torch as pkt\n"
+                  f">>> packed = pkt.quantize_rowwise(torch.randn(10, 8), bits={bits})\n"
+                  f">>> out = pkt.{torch_name}(packed, torch.tensor([1, 2, 3]),\n"
+                  "...                          torch.tensor([0, 1]))\n"
+                  ">>> out.shape, out.dtype\n"
+                  "(torch.Size([2, 8]), torch.float32)\n")
     return op
 
 

@@ -42,6 +42,13 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
     ``state_dict`` of torch.ao's module loads into this one.  An index out of range raises
     :class:`~perfkernels.torch.IndexOutOfRangeError` with torch's quantized ops' message.
     Lookups only: no gradient.  ``placement=`` as for :class:`~perfkernels.torch.Embedding`.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> q = pkt.QuantizedEmbedding.from_float(torch.nn.Embedding(10, 4), bits=8)
+    >>> q(torch.tensor([[1, 2]])).shape, q(torch.tensor([1])).dtype
+    (torch.Size([1, 2, 4]), torch.float32)
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int,

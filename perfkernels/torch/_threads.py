@@ -51,6 +51,19 @@ def use_torch_threads(enable: bool = True) -> bool:
 
     Returns whether jobs now run on PyTorch's threads: False where PyTorch does not run on GNU
     OpenMP (macOS, a native-threads build), where that always falls back to the own pool.
+
+    Raises
+    ------
+    TypeError
+        ``enable`` not a bool.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> before = pkt.torch_threads_in_use()
+    >>> pkt.use_torch_threads(False)       # perfkernels' own pool
+    False
+    >>> _ = pkt.use_torch_threads(before)
     """
     global _libgomp
     if not isinstance(enable, bool):
@@ -79,7 +92,14 @@ def use_torch_threads(enable: bool = True) -> bool:
 
 
 def torch_threads_in_use() -> bool:
-    """Whether perfkernels' parallel jobs run on PyTorch's OpenMP threads now."""
+    """Whether perfkernels' parallel jobs run on PyTorch's OpenMP threads now.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> isinstance(pkt.torch_threads_in_use(), bool)
+    True
+    """
     return _parallel._openmp_in_use() != 0
 
 

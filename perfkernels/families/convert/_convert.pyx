@@ -104,11 +104,18 @@ def float_to_half(x: npt.ArrayLike, out: npt.NDArray[np.float16] | None = None, 
     -------
     ndarray of float16, x's shape
 
+    Raises
+    ------
+    TypeError
+        ``x`` (or ``out``) of another dtype than float32 (float16 for ``out``).
+    ValueError
+        ``out`` of another shape than ``x``, or not writeable; a bad ``num_threads``.
+
     Examples
     --------
     >>> import numpy as np, perfkernels
-    >>> perfkernels.float_to_half(np.array([1.0, 70000.0], np.float32), clip=True)
-    array([    1., 65504.], dtype=float16)
+    >>> perfkernels.float_to_half(np.array([1.0, 70000.0], np.float32), clip=True).tolist()
+    [1.0, 65504.0]
     """
     cdef cnp.ndarray src, dst
     src, dst = _prepare(x, out, "x", F32, "float32", np.float16, cnp.NPY_FLOAT16)
@@ -130,6 +137,13 @@ def half_to_float(h: npt.ArrayLike, out: npt.NDArray[np.float32] | None = None, 
     Returns
     -------
     ndarray of float32, h's shape
+
+    Raises
+    ------
+    TypeError
+        ``h`` not float16, or ``out`` not float32.
+    ValueError
+        ``out`` of another shape than ``h``, or not writeable; a bad ``num_threads``.
 
     Examples
     --------
@@ -161,6 +175,13 @@ def float_to_bfloat16(x: npt.ArrayLike, out: npt.NDArray[np.generic] | None = No
     -------
     ndarray of ml_dtypes.bfloat16, x's shape
 
+    Raises
+    ------
+    TypeError
+        ``x`` not float32, or ``out`` not ``ml_dtypes.bfloat16``.
+    ValueError
+        ``out`` of another shape than ``x``, or not writeable; a bad ``num_threads``.
+
     Examples
     --------
     >>> import numpy as np, perfkernels
@@ -187,6 +208,13 @@ def bfloat16_to_float(b: npt.ArrayLike, out: npt.NDArray[np.float32] | None = No
     Returns
     -------
     ndarray of float32, b's shape
+
+    Raises
+    ------
+    TypeError
+        ``b`` not ``ml_dtypes.bfloat16``, or ``out`` not float32.
+    ValueError
+        ``out`` of another shape than ``b``, or not writeable; a bad ``num_threads``.
 
     Examples
     --------

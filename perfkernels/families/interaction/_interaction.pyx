@@ -113,7 +113,9 @@ def dot_interaction(dense: Float32Array, sparse: Float32Array, *, pairs: object 
     dense : float32 ``[B, D]``
     sparse : float32 ``[B, F, D]`` (the pooled embeddings)
     pairs : ``"dlrm"`` (default), ``"torchrec"`` or a tuple ``(li, lj)``
-        The pairs and their order (:func:`pair_lists`).
+        The pairs and their order: ``"dlrm"`` the lower triangle row by row (i > j, as
+        facebookresearch DLRM), ``"torchrec"`` the upper triangle row by row (i < j), or the
+        index lists themselves.
     self_interaction : bool
         Include the pairs (i, i) (DLRM's ``arch_interaction_itself``).
     out : float32 ``[B, D + P]``, optional
@@ -122,6 +124,22 @@ def dot_interaction(dense: Float32Array, sparse: Float32Array, *, pairs: object 
     Returns
     -------
     ndarray of float32, ``[B, D + P]``
+
+    Raises
+    ------
+    TypeError
+        An input that is not float32-convertible, or ``pairs`` of the wrong type.
+    ValueError
+        Shapes that disagree (``sparse`` not ``[B, F, D]``, ``out`` not ``[B, D + P]``), an
+        unknown ``pairs`` name or pair indices outside ``[0, F + 1)``, a bad ``num_threads``.
+
+    Examples
+    --------
+    >>> import numpy as np, perfkernels
+    >>> dense = np.array([[1, 2]], dtype=np.float32)                 # B = 1, D = 2
+    >>> sparse = np.array([[[1, 0], [0, 1]]], dtype=np.float32)      # F = 2
+    >>> perfkernels.dot_interaction(dense, sparse)   # dense, then z1.z0, z2.z0, z2.z1
+    array([[1., 2., 1., 2., 0.]], dtype=float32)
     """
     cdef int nt = resolve_threads(num_threads)
     cdef cnp.ndarray x = as_float32(dense, "dense")
@@ -231,6 +249,24 @@ def dot_interaction_backward(grad: Float32Array, dense: Float32Array, sparse: ob
     -------
     d_dense : ndarray of float32, ``[B, D]``
     d_sparse : ndarray of float32, ``[B, F, D]``
+    
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`dot_interaction`, and ``grad`` not ``[B, D + P]``.
+
+    Examples
+    --------
+    >>> import numpy as np, perfkernels
+    >>> dense = np.array([[1, 2]], dtype=np.float32)
+    >>> sparse = np.array([[[1, 0], [0, 1]]], dtype=np.float32)
+    >>> d_dense, d_sparse = perfkernels.dot_interaction_backward(
+    ...     np.ones((1, 5), np.float32), dense, sparse)
+    >>> d_dense
+    array([[2., 2.]], dtype=float32)
+    >>> d_sparse
+    array([[[1., 3.],
+            [2., 2.]]], dtype=float32)
     """
     cdef int nt = resolve_threads(num_threads)
     cdef cnp.ndarray x = as_float32(dense, "dense")

@@ -173,6 +173,14 @@ def lstm_unit(h_prev: Float32Array, c_prev: Float32Array, gates: Float32Array, *
     -------
     h, c : ndarray of float32, shape (N, D)
 
+    Raises
+    ------
+    TypeError
+        An input or ``out`` array not float32 (``seq_lengths``: not an integer array).
+    ValueError
+        Shapes that disagree (``gates`` not ``[N, 4D]``), an unknown ``gate_order``, a bad
+        ``out`` tuple or ``num_threads``; nothing is written then.
+
     Examples
     --------
     >>> import numpy as np, perfkernels
@@ -243,6 +251,14 @@ def lstm_unit_backward(c_prev: Float32Array, gates: Float32Array, c: Float32Arra
     -------
     dh_prev, dc_prev : ndarray of float32, shape (N, D)
     dgates : ndarray of float32, shape (N, 4 * D), in ``gate_order``
+
+    Raises
+    ------
+    TypeError
+        An input or ``out`` array not float32 (``seq_lengths``: not an integer array).
+    ValueError
+        Shapes that disagree (``gates`` not ``[N, 4D]``, ``c``, ``dh``, ``dc`` not ``[N, D]``), an
+        unknown ``gate_order``, a bad ``out`` tuple or ``num_threads``; nothing is written then.
 
     Examples
     --------

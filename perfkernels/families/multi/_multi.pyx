@@ -404,7 +404,7 @@ def embedding_bags_interaction(dense: Float32Array, tables: Sequence[TableArray]
       pooled row is written at its columns of the output;
     * ``interaction="dot"`` (every ``D_f == Dd = D``): ``[B, D + P]``, the dense row and the P
       pairwise dot products of ``z = [dense[b], pooled_0[b], ..., pooled_{F-1}[b]]`` in the order
-      of ``pairs`` (:func:`perfkernels.families.interaction._interaction.pair_lists`: ``"dlrm"``,
+      of ``pairs`` (as :func:`perfkernels.dot_interaction` gives them: ``"dlrm"``,
       ``"torchrec"`` or ``(li, lj)``), ``self_interaction`` adding the pairs (i, i).  Each
       sample's ``z`` is a small per-thread scratch: ``[B, F, D]`` is never made.
 
@@ -417,6 +417,28 @@ def embedding_bags_interaction(dense: Float32Array, tables: Sequence[TableArray]
 
     ``per_sample_weights``: None, or a list of F (None or float32 ``[len(indices[f])]``).
     ``modes``, ``padding_idx``, ``bits``, ``dims``: as :func:`embedding_bags_multi`.
+
+    Raises
+    ------
+    TypeError
+        ``tables`` not a list, a table or index array of an unsupported dtype.
+    ValueError
+        ``interaction`` not ``"dot"`` or ``"cat"``, per-feature lists of the wrong length,
+        malformed bags, widths that disagree (``"dot"`` needs every ``D_f == Dd``), a bad ``out``.
+    IndexError
+        An index outside its table (the first bad feature's, named).
+
+    Examples
+    --------
+    >>> import numpy as np, perfkernels
+    >>> dense = np.array([[1, 2]], dtype=np.float32)                   # B = 1, D = 2
+    >>> table = np.array([[1, 0], [0, 1], [0, 0]], dtype=np.float32)
+    >>> indices, offsets = [np.array([0, 1]), np.array([2])], [np.array([0]), np.array([0])]
+    >>> perfkernels.embedding_bags_interaction(dense, [table, table], indices, offsets)
+    array([[1., 2., 3., 0., 0.]], dtype=float32)
+    >>> perfkernels.embedding_bags_interaction(dense, [table, table], indices, offsets,
+    ...                                        interaction="cat")
+    array([[1., 2., 1., 1., 0., 0.]], dtype=float32)
     """
     cdef int nt = resolve_threads(num_threads)
     if interaction not in ("dot", "cat"):

@@ -208,12 +208,20 @@ def dequantize_rowwise(packed: npt.NDArray[np.uint8], bits: int = 8,
     -------
     ndarray of float32, shape (rows, D)
 
+    Raises
+    ------
+    TypeError
+        ``packed`` not uint8, or ``out`` not float32.
+    ValueError
+        ``bits`` not 8, 4 or 2; ``packed`` not 2-D or too narrow for its scale and bias; ``dim``
+        that does not fit the row; ``out`` of the wrong shape; a bad ``num_threads``.
+
     Examples
     --------
     >>> import numpy as np, perfkernels
     >>> p = perfkernels.quantize_rowwise(np.array([[1.0, 2.0, 3.0]], np.float32), bits=4)
-    >>> perfkernels.dequantize_rowwise(p, bits=4, dim=3)
-    array([[1., 2., 3.]], dtype=float32)
+    >>> perfkernels.dequantize_rowwise(p, bits=4, dim=3)   # 16 levels of step 2/15, in float16
+    array([[1.       , 2.0664062, 2.9995117]], dtype=float32)
     """
     cdef int nt = resolve_threads(num_threads)
     cdef int b = _check_bits(bits)
@@ -291,8 +299,9 @@ def embedding_bag_quantized(packed: npt.NDArray[np.uint8], indices: IndexArray,
     >>> w = np.arange(12, dtype=np.float32).reshape(4, 3)
     >>> p = perfkernels.quantize_rowwise(w, bits=8)
     >>> perfkernels.embedding_bag_quantized(p, np.array([0, 2, 3]), np.array([0, 2]))
-    array([[ 6.,  8., 10.],
-           [ 9., 10., 11.]], dtype=float32)
+    ...                       # each row in 256 levels of step (max - min) / 255: 1.0039 for 1
+    array([[ 6.       ,  8.007843 , 10.       ],
+           [ 9.       , 10.0039215, 11.       ]], dtype=float32)
     """
     cdef int nt = resolve_threads(num_threads)
     cdef int b = _check_bits(bits)

@@ -284,8 +284,7 @@ def embedding_bag_backward_update(
     weight : ndarray [rows, D] of float32, float16 or ml_dtypes.bfloat16
         The table, updated in place: writeable, aligned, unit stride along D (a column slice of a
         wider table is fine).  Never copied.
-    indices, offsets, lengths, per_sample_weights, mode, include_last_offset, padding_idx,
-    positional_weights
+    indices, offsets, lengths, per_sample_weights, mode, include_last_offset, padding_idx, positional_weights
         The bags, exactly as for :func:`perfkernels.embedding_bag`.
     grad_output : ndarray [num_bags, D] of float32
         The gradient of the loss with respect to the bags' output.
@@ -338,10 +337,8 @@ def embedding_bag_backward_update(
         a non-finite or negative lr / eps / weight_decay (or one past float32's range, where the
         float32 arithmetic would make it inf), a bad num_threads.
     IndexError
-        An index that is negative or ``>= rows``.
-
-    On any error nothing is written: every argument and every index is checked before the first
-    row is updated.
+        An index that is negative or ``>= rows``.  On any error nothing is written: every
+        argument and every index is checked before the first row is updated.
 
     Examples
     --------
