@@ -3,7 +3,7 @@
 operations in the same order, so that what ``perfkernels.torch.optimize`` must recognise in that
 model's graph is what this model's graph holds.
 
-The torch operations of :meth:`ReferenceDLRM.forward`, in order (``B`` the batch, ``d`` the
+The torch operations of ``ReferenceDLRM.forward``, in order (``B`` the batch, ``d`` the
 embedding dimension, ``F`` the number of tables):
 
 1. Bottom MLP: one ``nn.Sequential`` of ``nn.Linear`` (with bias) each followed by ``nn.ReLU``,
@@ -31,7 +31,7 @@ tables and the argument parsing.
 
 Criteo Kaggle's configuration (the reference's ``bench/dlrm_s_criteo_kaggle.sh``): embedding
 dimension 16, bottom MLP 13-512-256-64-16, top MLP 512-256-1, the dataset's 26 table sizes, dot
-interaction, one index per table and sample; see :func:`kaggle_model` and :func:`kaggle_batch`.
+interaction, one index per table and sample; see ``kaggle_model`` and ``kaggle_batch``.
 """
 from __future__ import annotations
 

@@ -62,7 +62,8 @@ from .families.quantized.layout import packed_row_bytes
 __all__ = [
     "ArraySource", "CallbackSource", "SeededInit", "TensorSource", "TableFileError", "TableInfo",
     "build_table", "build_table_file", "build_tables", "checkpoint_source", "load_table",
-    "npy_source", "read_table_header", "save_table", "table_format", "FORMATS",
+    "npy_source", "read_table_header", "save_table", "table_format", "RowSource", "FORMATS",
+    "FORMAT_VERSION", "HEADER_BYTES", "INIT_CHUNK_ROWS",
 ]
 
 #: table formats: row-wise quantized bit widths, and float dtypes by name
@@ -70,8 +71,10 @@ FORMATS = (8, 4, 2, "float32", "float16", "bfloat16")
 _CODES = {"float32": 32, "float16": 16, "bfloat16": 17, 8: 8, 4: 4, 2: 2}
 _FORMAT_OF_CODE = {v: k for k, v in _CODES.items()}
 MAGIC = b"PKTABLE\0"
+#: the version of the table file format this module writes and reads
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQQQQQ")            # everything the CRC covers (56 bytes)
+#: bytes of a table file's header (the fields and the CRC-32 that follows them)
 HEADER_BYTES = _HEADER.size + 4
 #: rows of a :class:`SeededInit` drawn from one random stream
 INIT_CHUNK_ROWS = 4096
