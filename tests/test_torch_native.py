@@ -338,7 +338,7 @@ int main()
     pk_torch::load_api();   /* no libtorch_cpu: the stable ABI is missing, libc10 may be there */
     std::printf("kind %s\n", pk_torch::error_kind());
     try {
-        pk_torch::fail("perfkernels: x = 3 is bad");
+        pk_torch::raise_error("perfkernels: x = 3 is bad");
     }
 #ifdef WITH_C10
     catch (const c10::Error &e) {
@@ -358,8 +358,8 @@ int main()
 
 @pytest.mark.parametrize("with_c10", [True, False])
 def test_fail_throws_c10_error_else_runtime_error(tmp_path, with_c10):
-    """fail() (torch_api.cpp) in a program of its own: a c10::Error carrying exactly the message
-    and fail()'s caller as source location when libc10 is in the process, std::runtime_error
+    """raise_error() (torch_api.cpp) in a program of its own: a c10::Error carrying exactly the
+    message and raise_error()'s caller as source location when libc10 is in the process, std::runtime_error
     with the message when it is not (the fallback)."""
     from shutil import which
     torch_dir = os.path.dirname(torch.__file__)

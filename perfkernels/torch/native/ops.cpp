@@ -10,8 +10,9 @@
  * this library at every ISA level, picked at load time from the CPU's features); the bag
  * splitter of common/bags_parallel.h runs them on torch's intra-op thread pool.  Every argument
  * is checked before a kernel runs; a bad one calls fail() (torch_api.h) with a message naming it,
- * which throws a c10::Error carrying that message, as TORCH_CHECK does (std::runtime_error where
- * the process's libc10 lacks the function that throws it); RuntimeError in Python either way.
+ * and the op's entry (guarded()) raises a c10::Error carrying that message, as TORCH_CHECK does
+ * (std::runtime_error where the process's libc10 lacks the function that throws it); RuntimeError
+ * in Python either way.
  * An index out of range is found by the kernel before its row is read and reported with its
  * flattened position and value; the half-written result is dropped.
  */
@@ -1572,79 +1573,79 @@ const Op OPS[] = {
     {"embedding_bag",
      "embedding_bag(Tensor weight, Tensor indices, Tensor? offsets, Tensor? per_sample_weights, "
      "str mode, bool include_last_offset, SymInt? padding_idx) -> Tensor",
-     embedding_bag},
+     guarded<embedding_bag>},
     {"embedding_bag_quantized",
      "embedding_bag_quantized(Tensor packed, Tensor indices, Tensor? offsets, "
      "Tensor? per_sample_weights, str mode, bool include_last_offset, SymInt? padding_idx, "
      "SymInt bits, SymInt dim) -> Tensor",
-     embedding_bag_quantized},
+     guarded<embedding_bag_quantized>},
     {"embedding_bag_collection",
      "embedding_bag_collection(Tensor[] weights, Tensor values, Tensor offsets, "
      "Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables, "
      "SymInt[] mean, SymInt[] padding_idx) -> Tensor",
-     embedding_bag_collection},
+     guarded<embedding_bag_collection>},
     /* the same kernels without autograd: what a graph that records no gradient calls (a
      * Python autograd kernel costs several microseconds a call even under no_grad) */
     {"embedding_bag_inference",
      "embedding_bag_inference(Tensor weight, Tensor indices, Tensor? offsets, "
      "Tensor? per_sample_weights, str mode, bool include_last_offset, SymInt? padding_idx) "
      "-> Tensor",
-     embedding_bag},
+     guarded<embedding_bag>},
     {"embedding_bag_collection_inference",
      "embedding_bag_collection_inference(Tensor[] weights, Tensor values, Tensor offsets, "
      "Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables, "
      "SymInt[] mean, SymInt[] padding_idx) -> Tensor",
-     embedding_bag_collection},
+     guarded<embedding_bag_collection>},
     {"quantize_rowwise", "quantize_rowwise(Tensor weight, SymInt bits) -> Tensor",
-     quantize_rowwise},
+     guarded<quantize_rowwise>},
     {"dequantize_rowwise", "dequantize_rowwise(Tensor packed, SymInt bits, SymInt dim) -> Tensor",
-     dequantize_rowwise},
+     guarded<dequantize_rowwise>},
     {"lstm_unit", "lstm_unit(Tensor c_prev, Tensor gates, float forget_bias=0.) -> (Tensor, Tensor)",
-     lstm_unit},
+     guarded<lstm_unit>},
     {"lstm_unit_backward",
      "lstm_unit_backward(Tensor c_prev, Tensor gates, Tensor c, Tensor dh, Tensor dc, "
      "float forget_bias=0.) -> (Tensor, Tensor)",
-     lstm_unit_backward},
+     guarded<lstm_unit_backward>},
     {"embedding_bags_interaction",
      "embedding_bags_interaction(Tensor dense, Tensor[] weights, Tensor[] indices, "
      "Tensor[] offsets, bool include_last_offset, str interaction, str pairs, "
      "bool self_interaction, SymInt[] mean, SymInt[] padding_idx, SymInt[] bits, "
      "SymInt[] dims, SymInt group) -> Tensor",
-     embedding_bags_interaction},
+     guarded<embedding_bags_interaction>},
     {"embedding_bags_interaction_inference",
      "embedding_bags_interaction_inference(Tensor dense, Tensor[] weights, Tensor[] indices, "
      "Tensor[] offsets, bool include_last_offset, str interaction, str pairs, "
      "bool self_interaction, SymInt[] mean, SymInt[] padding_idx, SymInt[] bits, "
      "SymInt[] dims, SymInt group) -> Tensor",
-     embedding_bags_interaction},
+     guarded<embedding_bags_interaction>},
     {"collection_interaction",
      "collection_interaction(Tensor dense, Tensor[] weights, Tensor values, Tensor offsets, "
      "SymInt num_keys, SymInt[] features, SymInt[] tables, str interaction, str pairs, "
      "bool self_interaction, SymInt[] mean, SymInt[] padding_idx, SymInt group) -> Tensor",
-     collection_interaction},
+     guarded<collection_interaction>},
     {"embedding", "embedding(Tensor weight, Tensor indices, SymInt padding_idx) -> Tensor",
-     embedding},
+     guarded<embedding>},
     {"embedding_inference",
      "embedding_inference(Tensor weight, Tensor indices, SymInt padding_idx) -> Tensor",
-     embedding},
+     guarded<embedding>},
     {"embedding_quantized",
      "embedding_quantized(Tensor packed, Tensor indices, SymInt bits, SymInt dim) -> Tensor",
-     embedding_quantized},
+     guarded<embedding_quantized>},
     {"embedding_collection",
      "embedding_collection(Tensor[] weights, Tensor values, Tensor offsets, SymInt num_keys, "
      "SymInt[] tables, SymInt group) -> Tensor",
-     embedding_collection},
+     guarded<embedding_collection>},
     {"embedding_collection_inference",
      "embedding_collection_inference(Tensor[] weights, Tensor values, Tensor offsets, "
      "SymInt num_keys, SymInt[] tables, SymInt group) -> Tensor",
-     embedding_collection},
+     guarded<embedding_collection>},
     {"embedding_bag_backward_update",
      "embedding_bag_backward_update(Tensor(a!) weight, Tensor indices, Tensor? offsets, "
      "Tensor? per_sample_weights, str bag_mode, bool include_last_offset, SymInt? padding_idx, "
      "Tensor grad_output, str optimizer, Tensor(b!)? state, Tensor(c!)? state2, float lr, "
      "float eps, float weight_decay, int? step, float beta1, float beta2, float momentum, "
      "bool nesterov, bool stochastic_rounding, int seed) -> ()",
-     embedding_bag_backward_update},
+     guarded<embedding_bag_backward_update>},
 };
 
 /* Defines the ops and registers their CPU kernels when the library is loaded; the libraries

@@ -5,7 +5,7 @@
  * any way it likes.  So the functions are looked up by name in the libtorch_cpu that is already
  * loaded (dlopen with RTLD_NOLOAD finds it by its soname without loading a second copy), then in
  * the global scope (a program linked with -ltorch_cpu).  One function of libc10 is found the same
- * way: torchCheckFail, through which fail() throws torch's c10::Error. */
+ * way: torchCheckFail, through which raise_error() throws torch's c10::Error. */
 #include <dlfcn.h>
 
 #include "torch_api.h"
@@ -40,8 +40,67 @@ void load_check_fail()
 [[noreturn]] void fail(const std::string &message, const char *func, const char *file,
                        unsigned line)
 {
-    if (CheckFail check_fail = g_check_fail) check_fail(func, file, line, message.c_str());
-    throw std::runtime_error(message);   /* no c10 found (or torchCheckFail returned) */
+    throw Failure(message, func, file, line);
+}
+
+namespace {
+
+/* Throws std::runtime_error(message): a function of its own, so that raise_error(), through
+ * whose frame torch's c10::Error unwinds, has no landing pad (the exception's construction has
+ * one). */
+[[noreturn]] __attribute__((noinline)) void throw_runtime_error(const char *message)
+{
+    throw std::runtime_error(message);
+}
+
+/* What run_caught() kept, per thread, until raise_pending() raises it. */
+struct Pending {
+    std::string message;
+    const char *func = "";
+    const char *file = "";
+    unsigned line = 0;
+};
+thread_local Pending t_pending;
+
+}  // namespace
+
+[[noreturn]] void raise_error(const char *message, const char *func, const char *file,
+                              unsigned line)
+{
+    if (CheckFail check_fail = g_check_fail) check_fail(func, file, line, message);
+    throw_runtime_error(message);   /* no c10 found (or torchCheckFail returned) */
+}
+
+bool run_caught(pk_boxed_kernel fn, StableIValue *stack, uint64_t num_args,
+                uint64_t num_outputs) noexcept
+{
+    Pending &p = t_pending;
+    try {
+        fn(stack, num_args, num_outputs);
+        return true;
+    } catch (const Failure &e) {
+        p.message = e.what();
+        p.func = e.func;
+        p.file = e.file;
+        p.line = e.line;
+    } catch (const std::exception &e) {   /* std::bad_alloc and the like */
+        p.message = std::string("perfkernels: ") + e.what();
+        p.func = __func__;
+        p.file = __FILE__;
+        p.line = __LINE__;
+    } catch (...) {
+        p.message = "perfkernels: an unknown C++ exception";
+        p.func = __func__;
+        p.file = __FILE__;
+        p.line = __LINE__;
+    }
+    return false;
+}
+
+[[noreturn]] __attribute__((noinline)) void raise_pending()
+{
+    const Pending &p = t_pending;
+    raise_error(p.message.c_str(), p.func, p.file, p.line);
 }
 
 const char *error_kind() { return g_check_fail ? "c10::Error" : "std::runtime_error"; }

@@ -27,18 +27,54 @@ extern Api api;
 /* Fills the table from the libtorch_cpu in the process; "" on success, else what is missing. */
 std::string load_api();
 
-/* A failed check: throws a c10::Error whose message (what_without_backtrace()) is `message`
- * and whose source location is fail()'s caller, the exception torch's own TORCH_CHECK throws,
- * so a C++ program catches `const c10::Error &` and Python sees a RuntimeError.  The library
- * links no c10: load_api() looks up c10::detail::torchCheckFail (the function every
- * TORCH_CHECK calls, which builds and throws the c10::Error inside libc10) in the libc10
- * already in the process.  Where it is not found (a libc10 whose symbol is missing, or
- * fail() called before load_api()), fail() throws std::runtime_error(message) instead, which
- * Python also sees as a RuntimeError.  error_kind() says which of the two fail() throws. */
+/* A failed check inside the library: the message and the source location of fail()'s caller.
+ * It never leaves the library: guarded() catches it at the op's entry and raises torch's error. */
+class Failure : public std::runtime_error {
+public:
+    Failure(const std::string &message, const char *func, const char *file, unsigned line)
+        : std::runtime_error(message), func(func), file(file), line(line) {}
+    const char *func;
+    const char *file;
+    unsigned line;
+};
+
+/* A failed check: throws a Failure carrying `message` and fail()'s caller as source location,
+ * which the op's entry (guarded(), below) turns into torch's own exception. */
 [[noreturn]] void fail(const std::string &message, const char *func = __builtin_FUNCTION(),
                        const char *file = __builtin_FILE(), unsigned line = __builtin_LINE());
 
-/* "c10::Error" or "std::runtime_error": what fail() throws in this process. */
+/* Raises torch's error for `message`: a c10::Error whose message (what_without_backtrace()) is
+ * `message` and whose source location is func/file/line, the exception torch's own TORCH_CHECK
+ * throws, so a C++ program catches `const c10::Error &` and Python sees a RuntimeError.  The
+ * library links no c10: load_api() looks up c10::detail::torchCheckFail (the function every
+ * TORCH_CHECK calls, which builds and throws the c10::Error inside libc10) in the libc10
+ * already in the process.  Where it is not found (a libc10 whose symbol is missing, or called
+ * before load_api()), it throws std::runtime_error(message) instead, which Python also sees as a
+ * RuntimeError.  error_kind() says which of the two it throws. */
+[[noreturn]] void raise_error(const char *message, const char *func = __builtin_FUNCTION(),
+                              const char *file = __builtin_FILE(), unsigned line = __builtin_LINE());
+
+/* Runs an op; on an exception, keeps its message and location for raise_pending() and returns
+ * false.  Nothing thrown inside the library unwinds out of it. */
+bool run_caught(pk_boxed_kernel fn, StableIValue *stack, uint64_t num_args,
+                uint64_t num_outputs) noexcept;
+
+/* raise_error() for what run_caught() kept last on this thread. */
+[[noreturn]] void raise_pending();
+
+/* The entry torch calls for op F.  The library's C++ runtime may be its own (the wheel's
+ * library links libc++ statically, torch uses libstdc++), and an exception must then never
+ * unwind between the two: every exception thrown in the library is caught by run_caught()
+ * before it reaches torch, and torch's c10::Error, thrown inside libc10, unwinds only through
+ * this frame and raise_pending()'s, which hold nothing to clean up (no landing pads, so torch's
+ * unwinder never calls this library's exception personality). */
+template <pk_boxed_kernel F>
+void guarded(StableIValue *stack, uint64_t num_args, uint64_t num_outputs)
+{
+    if (!run_caught(F, stack, num_args, num_outputs)) raise_pending();
+}
+
+/* "c10::Error" or "std::runtime_error": what raise_error() throws in this process. */
 const char *error_kind();
 
 inline void check_call(AOTITorchError err, const char *what)
