@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as _fwad
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -278,7 +279,8 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor] = Non
     Our opt-ins, keyword-only: ``weighted_mean=True`` accepts ``per_sample_weights`` with
     ``mode="mean"``; ``strict_offsets=True`` applies the NumPy API's stricter bag checks and
     exceptions (see :class:`~perfkernels.torch.EmbeddingBag`)."""
-    if max_norm is None and not scale_grad_by_freq and not torch.compiler.is_compiling():
+    if (max_norm is None and not scale_grad_by_freq and not _route.capturing()
+            and _fwad._current_level < 0):
         # the plain cases in C, as in the module; None for everything else
         out = _tensor_bags.lookup(weight, input, offsets, per_sample_weights, mode,
                                   include_last_offset, padding_idx, None, weighted_mean, sparse,
