@@ -125,6 +125,23 @@ def test_jit_trace_of_the_routed_functionals():
         torch.testing.assert_close(rows(x), TORCH_EMBEDDING(x, weight))
 
 
+@pytest.mark.parametrize("grad_mode", [False, True], ids=["no_grad", "grad"])
+def test_jit_trace_of_an_optimized_model(grad_mode):
+    """optimize()'s fused lookups and interaction under jit.trace: the fused op is recorded,
+    and the trace answers new inputs as the stock model does."""
+    from dlrm_models import dlrm_inputs, dlrm_net
+    rows = [10, 200, 3, 57, 1000]
+    stock = dlrm_net(rows, 4, [6, 9, 4], [7, 1], "dot", False, seed=0).eval()
+    example = dlrm_inputs(rows, 4, 6, bag=2, seed=1)
+    opt = pkt.optimize(copy.deepcopy(stock), example)
+    with torch.set_grad_enabled(grad_mode):
+        traced = torch.jit.trace(opt, example)
+    assert "perfkernels::embedding_bags_interaction" in str(traced.inlined_graph)
+    for seed in (7, 8):
+        new = dlrm_inputs(rows, 4, 6, bag=2, seed=seed)
+        torch.testing.assert_close(traced(*new), stock(*new), rtol=1e-5, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- torch.jit.script
 
 @pytest.mark.parametrize("convert_kwargs", [{}, {"bits": 8}, {"dtype": torch.float16}],
