@@ -142,6 +142,55 @@ def test_jit_trace_of_an_optimized_model(grad_mode):
         torch.testing.assert_close(traced(*new), stock(*new), rtol=1e-5, atol=1e-5)
 
 
+class _CollectionModel(nn.Module):
+    """An EmbeddingBagCollection fed a KeyedJaggedTensor built from two tensors."""
+
+    KEYS = ["f0", "f1", "f2"]
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.ebc = pkt.EmbeddingBagCollection(tables=[
+            pkt.EmbeddingBagConfig(name="t0", embedding_dim=4, num_embeddings=50,
+                                   feature_names=["f0", "f1"]),
+            pkt.EmbeddingBagConfig(name="t1", embedding_dim=3, num_embeddings=20,
+                                   feature_names=["f2"])])
+
+    def forward(self, values, lengths):
+        kjt = pkt.KeyedJaggedTensor.from_lengths_sync(keys=self.KEYS, values=values,
+                                                      lengths=lengths)
+        return self.ebc(kjt).values()
+
+    def reference(self, values, lengths):
+        """torch's F.embedding_bag, feature by feature (batch 2)."""
+        bags = self.ebc.embedding_bags
+        tables = [bags["t0"].weight, bags["t0"].weight, bags["t1"].weight]
+        starts = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        out = []
+        for f, weight in enumerate(tables):
+            lo, hi = int(starts[2 * f]), int(starts[2 * f + 2])
+            out.append(TORCH_EMBEDDING_BAG(values[lo:hi], weight, starts[2 * f:2 * f + 2] - lo,
+                                           mode="sum"))
+        return torch.cat(out, dim=1)
+
+
+def _kjt_input(seed):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 4, (6,), generator=gen)
+    return torch.randint(0, 20, (int(lengths.sum()),), generator=gen), lengths
+
+
+@pytest.mark.parametrize("grad_mode", [False, True], ids=["no_grad", "grad"])
+def test_jit_trace_of_a_collection(grad_mode):
+    model = _CollectionModel()
+    with torch.set_grad_enabled(grad_mode):
+        traced = torch.jit.trace(model, _kjt_input(1))
+    assert "perfkernels::embedding_bag_collection" in str(traced.inlined_graph)
+    for seed in (5, 6):
+        x = _kjt_input(seed)
+        torch.testing.assert_close(traced(*x), model.reference(*x))
+
+
 # --------------------------------------------------------------------------- torch.jit.script
 
 @pytest.mark.parametrize("convert_kwargs", [{}, {"bits": 8}, {"dtype": torch.float16}],
