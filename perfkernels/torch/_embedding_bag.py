@@ -150,7 +150,7 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         if w is None:                       # a plain tensor assigned in place of the Parameter
             w = self.weight
         if not isinstance(input, Tensor) and _graph.is_proxy(input):      # torch.fx
-            return _graph.fx_call(self, _graph.fx_embedding_bag, (
+            return _graph.fx_call(self, fx_embedding_bag, (
                 input, w, offsets, per_sample_weights, self.mode, self.sparse, self.max_norm,
                 self.norm_type, self.scale_grad_by_freq, self.include_last_offset,
                 self.padding_idx, self.output_dtype, self.weighted_mean, self.strict_offsets),
@@ -236,3 +236,40 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
             new.weight = torch.nn.Parameter(module.weight.detach().to(dtype),
                                             requires_grad=module.weight.requires_grad)
         return new
+
+
+def fx_embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
+                     per_sample_weights: Optional[Tensor], mode: str, sparse: bool,
+                     max_norm: Optional[float], norm_type: float, scale_grad_by_freq: bool,
+                     include_last_offset: bool, padding_idx: Optional[int],
+                     output_dtype: Optional[torch.dtype], weighted_mean: bool,
+                     strict_offsets: bool) -> Tensor:
+    """What a symbolically traced ``perfkernels.torch.EmbeddingBag`` calls: its forward with
+    these options, on our kernels."""
+    if (max_norm is None and not scale_grad_by_freq and not _route.capturing()
+            and _fwad._current_level < 0):
+        # the plain cases in C, as in the module; None for everything else
+        out = _tensor_bags.lookup(weight, input, offsets, per_sample_weights, mode,
+                                  include_last_offset, padding_idx, output_dtype, weighted_mean,
+                                  sparse, True)
+        if out is not None:
+            return out
+    dtype = output_dtype or weight.dtype
+    route = _route.route(weight, input, per_sample_weights, mode=mode, sparse=sparse,
+                         max_norm=max_norm, scale_grad_by_freq=scale_grad_by_freq,
+                         needs_ours=_bags.needs_ours(None, weighted_mean, mode,
+                                                     per_sample_weights),
+                         weighted_mean=weighted_mean, output_dtype=output_dtype)
+    if route is Route.TORCH:
+        warn_once(unsupported_reason(mode=mode, max_norm=max_norm,
+                                     scale_grad_by_freq=scale_grad_by_freq, dtype=weight.dtype))
+        return _compat.TORCH_EMBEDDING_BAG(input, weight, offsets, max_norm, norm_type,
+                                           scale_grad_by_freq, mode, sparse, per_sample_weights,
+                                           include_last_offset, padding_idx)
+    spec = _bags.BagSpec(mode, include_last_offset, padding_idx, sparse, None, weighted_mean,
+                         strict_offsets)
+    if route is Route.TORCH_AUTOGRAD:
+        return _bags.torch_answer(input, weight, offsets, per_sample_weights, spec, dtype,
+                                  check_offsets=False)
+    return _bags.bag_forward(weight, input, offsets, per_sample_weights, spec, output_dtype,
+                             route)
