@@ -220,6 +220,13 @@ def test_jit_script_of_a_bag_with_offsets_and_weights():
     torch.testing.assert_close(scripted(ix, off, psw), model(ix, off, psw))
 
 
+@pytest.mark.parametrize("cls", [pkt.EmbeddingBag, pkt.Embedding])
+def test_jit_script_refuses_a_fused_optimizer(cls):
+    conv = cls(ROWS, DIM, fused_optimizer=("sgd", {"lr": 0.1}))
+    with pytest.raises(RuntimeError, match="fused optimizer"):
+        torch.jit.script(conv)
+
+
 # --------------------------------------------------------------------------- torch.fx
 
 @pytest.mark.parametrize("convert_kwargs", [{}, {"bits": 8}, {"dtype": torch.float16}],
@@ -244,8 +251,9 @@ def test_fx_symbolic_trace_of_a_lone_bag_trains_as_torch():
     torch.testing.assert_close(conv.weight.grad, model.weight.grad)
 
 
-def test_fx_symbolic_trace_refuses_a_fused_optimizer():
-    conv = pkt.EmbeddingBag(ROWS, DIM, mode="sum", fused_optimizer=("sgd", {"lr": 0.1}))
+@pytest.mark.parametrize("cls", [pkt.EmbeddingBag, pkt.Embedding])
+def test_fx_symbolic_trace_refuses_a_fused_optimizer(cls):
+    conv = cls(ROWS, DIM, fused_optimizer=("sgd", {"lr": 0.1}))
     with pytest.raises(torch.fx.proxy.TraceError, match="fused optimizer"):
         torch.fx.symbolic_trace(conv)
 

@@ -262,6 +262,9 @@ class Embedding(TableViewCache, torch.nn.Embedding):
         return F.embedding(input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
                            self.scale_grad_by_freq, self.sparse)
 
+    def __prepare_scriptable__(self):
+        return _graph.refuse_fused_script(self)
+
     @_graph.script_as(_script_forward)
     def forward(self, input: Tensor) -> Tensor:
         """Rows of the table, shape ``input.shape + (embedding_dim,)``, as

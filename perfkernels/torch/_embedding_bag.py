@@ -129,6 +129,9 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                                self.scale_grad_by_freq, self.mode, self.sparse,
                                per_sample_weights, self.include_last_offset, self.padding_idx)
 
+    def __prepare_scriptable__(self):
+        return _graph.refuse_fused_script(self)
+
     @_graph.script_as(_script_forward)
     def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
                 per_sample_weights: Optional[Tensor] = None) -> Tensor:

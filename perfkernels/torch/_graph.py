@@ -4,8 +4,8 @@ Our kernels read a tensor's memory from outside torch, which torch's tools canno
 
 * ``torch.jit.trace`` records torch's ops, so a lookup computed outside them would enter the
   graph as a constant; the modules call the registered ops (``torch.ops.perfkernels.*``) while a
-  trace is recorded, choosing the op from the tensors alone, so that the
-  trace check (which runs again under ``no_grad``) records the same op;
+  trace is recorded, choosing the op from the tensors alone, so that the trace check (which runs
+  again under ``no_grad``) records the same op;
 * ``torch.func``'s transforms (``grad``, ``vmap``, ``jacfwd``, ``jacrev``) wrap tensors in
   tensors without memory, and forward-mode AD (``torch.autograd.forward_ad``) carries tangents a
   kernel does not compute: while either is active (:func:`transforming`) the modules run torch's
@@ -74,3 +74,15 @@ def script_as(script_forward: Callable) -> Callable[[Callable], Callable]:
         forward.__wrapped__ = script_forward
         return forward
     return decorate
+
+
+def refuse_fused_script(module: torch.nn.Module) -> torch.nn.Module:
+    """``__prepare_scriptable__`` of the modules: the module itself (scripted as it is), unless
+    a fused optimizer updates its table during backward, which the scripted forward (torch's
+    function or the registered op) would silently drop."""
+    if getattr(module, "fused_optimizer", None) is not None:
+        raise RuntimeError(
+            f"{type(module).__name__} with a fused optimizer cannot be scripted: its backward "
+            "updates the table in place, which TorchScript does not run "
+            "(set_fused_optimizer(None) first)")
+    return module
