@@ -24,12 +24,13 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _compat, _native_ops, _route, _tensor_bags  # noqa: F401 (_native_ops: the ops)
+from . import _compat, _graph, _native_ops, _route, _tensor_bags  # noqa: F401 (_native_ops)
 from ._bridge import as_numpy, cuda_call, index_error
 from ._double_backward import refuse_double_backward
 from ._route import DENSE_GRAD_MIN_VALUES, Route, capturing, torch_autograd_is_faster  # noqa: F401
 
 MODES = ("sum", "mean")
+_tracing_state = torch._C._get_tracing_state
 
 
 def lookup(table: Tensor, indices: Tensor, offsets: Optional[Tensor],
@@ -369,14 +370,20 @@ def bag_forward(weight: Tensor, input: Tensor, offsets: Optional[Tensor],
     if route is Route.DEVICE or route is Route.REFUSED or route is Route.TORCH:
         return torch_answer(input, weight, offsets, per_sample_weights, spec, dtype)
     if route is Route.OP:
-        op = (torch.ops.perfkernels.embedding_bag
-              if records_grad(weight, per_sample_weights)
+        # (torch.jit.trace: chosen without the grad mode, which its check changes)
+        grad = (records_grad(weight, per_sample_weights) if _tracing_state() is None
+                else _graph.records_grad_traced(weight, per_sample_weights))
+        op = (torch.ops.perfkernels.embedding_bag if grad
               else torch.ops.perfkernels.embedding_bag_inference)
         out = op(weight, input, offsets, per_sample_weights, spec.mode, spec.include_last_offset,
                  spec.padding_idx)
         return out if dtype is torch.float32 else out.to(dtype)
     if route is not Route.OUR_AUTOGRAD and route is not Route.KERNEL and route is not Route.CUDA:
         raise AssertionError(f"bag_forward cannot take the route {route.value!r}")
+    if _graph.transforming():
+        # torch.func / forward-mode AD: torch's function works or raises as on torch's module
+        return torch_answer(input, weight, offsets, per_sample_weights, spec, dtype,
+                            check_offsets=False)
     try:
         if route is Route.OUR_AUTOGRAD:
             out = BagFunction.apply(weight, per_sample_weights, input, offsets, spec)

@@ -132,6 +132,8 @@ class TableViewCache:
     pickled or deep-copied."""
 
     _np_view: tuple | None = None
+    #: not compiled by torch.jit.script (the view holds a NumPy array)
+    __jit_ignored_attributes__ = ["_np_view"]
 
     def _table_array(self, t: torch.Tensor) -> np.ndarray | None:
         """The view of ``t`` (None when ``t`` is not on the CPU)."""

@@ -16,7 +16,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _native_ops  # noqa: F401 (_native_ops: the ops)
+from . import _bags, _graph, _native_ops  # noqa: F401 (_native_ops: the ops)
 from ._bridge import as_numpy, index_error, index_error_at
 from ._embedding_bag import EmbeddingBag
 
@@ -294,7 +294,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         weights = features.weights_or_none() if self._is_weighted else None
         out = None
         no_grad = not (torch.is_grad_enabled() and self._needs_grad(weights))
-        if torch.compiler.is_compiling():
+        if _bags.capturing():       # (torch.jit.trace too: no lookup traced as a constant)
             out = self._lookup_op(keys, values, offsets, weights, batch)
         elif no_grad:
             if _bags._profiler_enabled():
@@ -350,8 +350,9 @@ class EmbeddingBagCollection(torch.nn.Module):
             features.append(position[feature])
             table_index.append(names.index(table))
         ws = [b.weight for b in tables]
-        op = (torch.ops.perfkernels.embedding_bag_collection
-              if _bags.records_grad(weights, *ws)
+        grad = (_bags.records_grad(weights, *ws) if torch._C._get_tracing_state() is None
+                else _graph.records_grad_traced(weights, *ws))   # (jit.trace: see _graph)
+        op = (torch.ops.perfkernels.embedding_bag_collection if grad
               else torch.ops.perfkernels.embedding_bag_collection_inference)
         return op(
             ws, values, offsets, weights, len(keys), features,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as _fwad
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -500,7 +501,8 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor] = Non
     tensor([[4., 6.],
             [2., 3.]])
     """
-    if max_norm is None and not scale_grad_by_freq and not torch.compiler.is_compiling():
+    if (max_norm is None and not scale_grad_by_freq and not _route.capturing()
+            and _fwad._current_level < 0):
         # the plain cases in C, as in the module; None for everything else
         out = _tensor_bags.lookup(weight, input, offsets, per_sample_weights, mode,
                                   include_last_offset, padding_idx, None, weighted_mean, sparse,

@@ -13,13 +13,14 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _fused, _placement, _tensor_bags
+from . import _bags, _fused, _graph, _placement, _tensor_bags
 from ._bridge import TableViewCache, as_numpy
 from ._fallback import warn_once
 
 _module_lookup = _tensor_bags.embedding_module_lookup
 _is_compiling = torch.compiler.is_compiling
 _tracing_state = torch._C._get_tracing_state
+_functorch_level = torch._C._functorch.maybe_current_level
 
 #: torch's own function, kept so that routing (and our fallbacks) never call ourselves
 _TORCH_EMBEDDING = F.embedding
@@ -49,15 +50,17 @@ def _as_tensor(result: np.ndarray, dtype: torch.dtype) -> Tensor:
 
 def _plain(input, weight) -> bool:
     """Whether a lookup is one our kernel answers exactly as torch: plain CPU tensors (no
-    subclass, no torch function mode, no forward-mode AD level), int32/int64 indices, a 2-D
-    float table with unit-stride rows of our dtypes.  Anything else goes to torch's function (its result or its exception)."""
+    subclass, no torch function mode, no forward-mode AD level, no ``torch.func`` transform),
+    int32/int64 indices, a 2-D float table with unit-stride rows of our dtypes.  Anything else
+    goes to torch's function (its result or its exception)."""
     return (type(input) is Tensor and input.dtype in _INDEX_DTYPES and input.device.type == "cpu"
             and (type(weight) is torch.nn.Parameter or type(weight) is Tensor)
             and weight.device.type == "cpu" and weight.dtype in _KERNEL_DTYPES
             and weight.dim() == 2 and (weight.stride(1) == 1 or weight.shape[1] <= 1)
             and weight.stride(0) >= 0 and not weight.is_neg()
             and not torch._C._is_torch_function_mode_enabled()
-            and _fwad._current_level < 0)   # forward-mode AD (dual tensors): torch's function
+            and _fwad._current_level < 0    # forward-mode AD (dual tensors): torch's function
+            and _functorch_level() is None)  # torch.func (tensors without memory): torch's
 
 
 def _numpy_lookup(table: np.ndarray, input: Tensor, dtype: torch.dtype) -> Tensor:
@@ -193,8 +196,8 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: Optional[int] = None,
     """
     if (max_norm is not None or scale_grad_by_freq) and isinstance(weight, Tensor):
         warn_once(_reason(max_norm, scale_grad_by_freq, weight.dtype))
-    elif (not torch.compiler.is_compiling() and (padding_idx is None or type(padding_idx) is int)
-          and _plain(input, weight)):
+    elif (not torch.compiler.is_compiling() and _tracing_state() is None
+          and (padding_idx is None or type(padding_idx) is int) and _plain(input, weight)):
         pad = _normalised_padding(padding_idx, weight.shape[0])
         if torch.is_grad_enabled() and weight.requires_grad:
             return EmbeddingFunction.apply(weight, input, pad, sparse, None, None)
@@ -275,6 +278,15 @@ class Embedding(TableViewCache, torch.nn.Embedding):
         self.fused_optimizer.update(self.weight, self._buffers, b)
         return None
 
+    def _script_forward(self, input: Tensor) -> Tensor:
+        # What torch.jit.script compiles for forward (see _graph.script_as): torch's function.
+        return F.embedding(input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
+                           self.scale_grad_by_freq, self.sparse)
+
+    def __prepare_scriptable__(self):
+        return _graph.refuse_fused_script(self)
+
+    @_graph.script_as(_script_forward)
     def forward(self, input: Tensor) -> Tensor:
         """Rows of the table, shape ``input.shape + (embedding_dim,)``, as
         :meth:`torch.nn.Embedding.forward` (torch's result or exception for every input)."""
@@ -288,11 +300,19 @@ class Embedding(TableViewCache, torch.nn.Embedding):
             w = self.weight
         if self.max_norm is not None or self.scale_grad_by_freq:
             warn_once(_reason(self.max_norm, self.scale_grad_by_freq, w.dtype))
-        elif torch.compiler.is_compiling():
-            if w.dtype in _KERNEL_DTYPES and input.dtype in _INDEX_DTYPES:
+        elif torch.compiler.is_compiling() or _tracing_state() is not None:
+            # a graph: the registered op (chosen under torch.jit.trace without the grad mode,
+            # which its check changes), or torch's function for a sparse gradient
+            grad = (_bags.records_grad(w) if _tracing_state() is None
+                    else _graph.records_grad_traced(w))
+            if (w.dtype in _KERNEL_DTYPES and input.dtype in _INDEX_DTYPES
+                    and not (grad and self.sparse)):
                 pad = -1 if self.padding_idx is None else self.padding_idx
-                op = embedding_op if _bags.records_grad(w) else embedding_inference_op
-                return op(w, input, pad)
+                return (embedding_op if grad else embedding_inference_op)(w, input, pad)
+        elif not isinstance(input, Tensor) and _graph.is_proxy(input):     # torch.fx
+            return _graph.fx_call(self, embedding, (
+                input, w, self.padding_idx, self.max_norm, self.norm_type,
+                self.scale_grad_by_freq, self.sparse), input)
         elif (self.padding_idx is None or type(self.padding_idx) is int) and _plain(input, w):
             view = self._np_view
             if (view is None or view[0] is not w or view[1] != w.data_ptr()

@@ -4,12 +4,13 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as _fwad
 import torch.nn.functional as F
 from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _compat, _fused, _placement, _route, _tensor_bags
+from . import _bags, _compat, _fused, _graph, _placement, _route, _tensor_bags
 from ._route import Route
 from ._bridge import TableViewCache, index_error
 from ._fallback import unsupported_reason, warn_once
@@ -91,6 +92,8 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
     weighted_mean: bool = False
     #: our opt-in: the NumPy API's stricter bag checks and exceptions instead of torch's
     strict_offsets: bool = False
+    #: read by torch.jit.script as constants (the output's dtype selects the scripted call)
+    __constants__ = torch.nn.EmbeddingBag.__constants__ + ["output_dtype"]
 
     def __init__(self, *args, fused_optimizer: Optional[_fused.FusedOptimizerSpec] = None,
                  weighted_mean: bool = False, strict_offsets: bool = False,
@@ -155,13 +158,33 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         self.fused_optimizer.update(self.weight, self._buffers, b)
         return None
 
+    def _script_forward(self, input: Tensor, offsets: Optional[Tensor] = None,
+                        per_sample_weights: Optional[Tensor] = None) -> Tensor:
+        # What torch.jit.script compiles for forward (see _graph.script_as): torch's function,
+        # or the registered op for a table stored in another dtype than the output's.
+        dtype = self.output_dtype
+        weight = self.weight
+        if dtype is not None:
+            if dtype != weight.dtype:
+                return torch.ops.perfkernels.embedding_bag(
+                    weight, input, offsets, per_sample_weights, self.mode,
+                    self.include_last_offset, self.padding_idx).to(dtype)
+        return F.embedding_bag(input, weight, offsets, self.max_norm, self.norm_type,
+                               self.scale_grad_by_freq, self.mode, self.sparse,
+                               per_sample_weights, self.include_last_offset, self.padding_idx)
+
+    def __prepare_scriptable__(self):
+        return _graph.refuse_fused_script(self)
+
+    @_graph.script_as(_script_forward)
     def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
                 per_sample_weights: Optional[Tensor] = None) -> Tensor:
         """Pooled rows per bag, as :meth:`torch.nn.EmbeddingBag.forward` (torch's result or
         exception for every input)."""
         # The plain cases in C (our kernel without a gradient, torch's own with one), whose
-        # answer is None for everything else: that goes to _forward.
-        if not _is_compiling() and _tracing_state() is None:     # (_bags.capturing(), inlined)
+        # answer is None for everything else: that goes to _forward.  (_bags.capturing(),
+        # inlined; forward-mode AD: torch's function, which computes or refuses the tangent.)
+        if not _is_compiling() and _tracing_state() is None and _fwad._current_level < 0:
             out = _module_lookup(self, input, offsets, per_sample_weights)
             if out is not None:
                 return out
@@ -173,6 +196,12 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         w = self._parameters.get("weight")
         if w is None:                       # a plain tensor assigned in place of the Parameter
             w = self.weight
+        if not isinstance(input, Tensor) and _graph.is_proxy(input):      # torch.fx
+            return _graph.fx_call(self, fx_embedding_bag, (
+                input, w, offsets, per_sample_weights, self.mode, self.sparse, self.max_norm,
+                self.norm_type, self.scale_grad_by_freq, self.include_last_offset,
+                self.padding_idx, self.output_dtype, self.weighted_mean, self.strict_offsets),
+                input)
         route = _route.route(w, input, per_sample_weights, mode=self.mode, sparse=self.sparse,
                              max_norm=self.max_norm, scale_grad_by_freq=self.scale_grad_by_freq,
                              needs_ours=_bags.needs_ours(self.weight_backward, self.weighted_mean,
@@ -185,6 +214,10 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                                          self.sparse, self.include_last_offset,
                                          self.padding_idx, self.output_dtype or w.dtype,
                                          check_offsets=False)
+        if (route is Route.KERNEL or route is Route.OUR_AUTOGRAD) and _graph.transforming():
+            # torch.func / forward-mode AD: torch's function works or raises as on torch's module
+            return _bags.torch_answer(input, w, offsets, per_sample_weights, self._spec(),
+                                      self.output_dtype or w.dtype, check_offsets=False)
         if route is not Route.KERNEL or _bags._profiler_enabled():
             # (while a profiler runs, the registered op, which it records by name)
             return _bags.bag_forward(w, input, offsets, per_sample_weights, self._spec(),
@@ -252,3 +285,40 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
             new.weight = torch.nn.Parameter(module.weight.detach().to(dtype),
                                             requires_grad=module.weight.requires_grad)
         return new
+
+
+def fx_embedding_bag(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
+                     per_sample_weights: Optional[Tensor], mode: str, sparse: bool,
+                     max_norm: Optional[float], norm_type: float, scale_grad_by_freq: bool,
+                     include_last_offset: bool, padding_idx: Optional[int],
+                     output_dtype: Optional[torch.dtype], weighted_mean: bool,
+                     strict_offsets: bool) -> Tensor:
+    """What a symbolically traced ``perfkernels.torch.EmbeddingBag`` calls: its forward with
+    these options, on our kernels."""
+    if (max_norm is None and not scale_grad_by_freq and not _route.capturing()
+            and _fwad._current_level < 0):
+        # the plain cases in C, as in the module; None for everything else
+        out = _tensor_bags.lookup(weight, input, offsets, per_sample_weights, mode,
+                                  include_last_offset, padding_idx, output_dtype, weighted_mean,
+                                  sparse, True)
+        if out is not None:
+            return out
+    dtype = output_dtype or weight.dtype
+    route = _route.route(weight, input, per_sample_weights, mode=mode, sparse=sparse,
+                         max_norm=max_norm, scale_grad_by_freq=scale_grad_by_freq,
+                         needs_ours=_bags.needs_ours(None, weighted_mean, mode,
+                                                     per_sample_weights),
+                         weighted_mean=weighted_mean, output_dtype=output_dtype)
+    if route is Route.TORCH:
+        warn_once(unsupported_reason(mode=mode, max_norm=max_norm,
+                                     scale_grad_by_freq=scale_grad_by_freq, dtype=weight.dtype))
+        return _compat.TORCH_EMBEDDING_BAG(input, weight, offsets, max_norm, norm_type,
+                                           scale_grad_by_freq, mode, sparse, per_sample_weights,
+                                           include_last_offset, padding_idx)
+    spec = _bags.BagSpec(mode, include_last_offset, padding_idx, sparse, None, weighted_mean,
+                         strict_offsets)
+    if route is Route.TORCH_AUTOGRAD:
+        return _bags.torch_answer(input, weight, offsets, per_sample_weights, spec, dtype,
+                                  check_offsets=False)
+    return _bags.bag_forward(weight, input, offsets, per_sample_weights, spec, output_dtype,
+                             route)

@@ -191,8 +191,9 @@ class EmbeddingCollection(torch.nn.Module):
         position = {n: t for t, n in enumerate(names)}
         tables = [position[self._feature_table[k]] for k in keys]
         weights = [m.weight for m in modules]
-        if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
-            op = embedding_collection_op
+        if any(w.requires_grad for w in weights) and (
+                torch.is_grad_enabled() or torch._C._get_tracing_state() is not None):
+            op = embedding_collection_op     # (jit.trace: chosen without the grad mode, see _graph)
         else:
             op = embedding_collection_inference_op
             if (not capturing and values.shape[0] * first.shape[1] * first.element_size()

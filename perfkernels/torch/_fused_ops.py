@@ -26,7 +26,7 @@ from torch import Tensor
 
 from perfkernels.families.interaction._interaction import dot_interaction_backward, pair_lists
 
-from . import _bags, _tensor_bags
+from . import _bags, _graph, _route, _tensor_bags
 from ._bridge import as_numpy, native_index_error
 
 
@@ -150,14 +150,17 @@ def _needs_grad(dense: Tensor, weights: list) -> bool:
 def embedding_bags_interaction(dense, weights, indices, offsets, include_last_offset, interaction,
                                pairs, self_interaction, mean, padding_idx, bits, dims, group):
     """What an optimized model's eager graph calls: without a gradient to record, the kernels
-    straight from the tensors (no dispatcher); else, and under torch.compile / torch.export, the
-    registered op (one op in their graphs)."""
+    straight from the tensors (no dispatcher); else, and under torch.compile / torch.export /
+    torch.jit.trace, the registered op (one op in their graphs)."""
     grad = _needs_grad(dense, weights)
-    if not torch.compiler.is_compiling() and not any(bits) and not grad:
+    if not grad and not any(bits) and not _route.capturing():
         out = _fast(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
                     self_interaction, mean, padding_idx)
         if out is not None:
             return out
+    if torch._C._get_tracing_state() is not None:
+        # torch.jit.trace: the op chosen without the grad mode, which its check changes
+        grad = _graph.records_grad_traced(dense, *weights)
     op = embedding_bags_interaction_op if grad else embedding_bags_interaction_inference_op
     return _call(op, dense, weights, indices, offsets, include_last_offset, interaction, pairs,
                  self_interaction, mean, padding_idx, bits, dims, group)
@@ -201,8 +204,7 @@ def _collection_fake(dense, weights, values, offsets, num_keys, features, tables
 def collection_interaction(dense, weights, values, offsets, num_keys, features, tables,
                            interaction, pairs, self_interaction, mean, padding_idx, group):
     """The KJT form of :func:`embedding_bags_interaction` (the optimized graph's eager call)."""
-    if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
-            dense.requires_grad or any(w.requires_grad for w in weights))):
+    if not _needs_grad(dense, weights) and not _route.capturing():
         try:
             idx, offs = _split_kjt(values, offsets, num_keys, features)
         except FusedInputError:

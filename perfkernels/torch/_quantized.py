@@ -11,7 +11,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _bags, _compat, _placement
+from . import _bags, _compat, _graph, _placement
 from ._bridge import TableViewCache, as_numpy, index_error
 from ..families.quantized.layout import packed_row_bytes
 
@@ -264,6 +264,16 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
         self._init_packed(num_embeddings, embedding_dim, max_norm, norm_type, scale_grad_by_freq,
                           sparse, dtype, _weight, placement)
 
+    def _script_forward(self, indices: Tensor, offsets: Optional[Tensor] = None,
+                        per_sample_weights: Optional[Tensor] = None,
+                        compressed_indices_mapping: Optional[Tensor] = None) -> Tensor:
+        # What torch.jit.script compiles for forward (see _graph.script_as): the registered op.
+        mode = self.mode if self.average_mean else "sum"
+        return torch.ops.perfkernels.embedding_bag_quantized(
+            self.packed_weight, indices, offsets, per_sample_weights, mode,
+            self.include_last_offset, self.padding_idx, self.bits, self.embedding_dim)
+
+    @_graph.script_as(_script_forward)
     def forward(self, indices: Tensor, offsets: Optional[Tensor] = None,
                 per_sample_weights: Optional[Tensor] = None,
                 compressed_indices_mapping: Optional[Tensor] = None) -> Tensor:
@@ -275,6 +285,9 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
                 self.include_last_offset, self.padding_idx, self.bits, self.embedding_dim)
         if _bags.capturing():
             return torch.ops.perfkernels.embedding_bag_quantized(*args)
+        if type(indices) is not Tensor and _graph.is_proxy(indices):     # torch.fx
+            return _graph.fx_call(self, torch.ops.perfkernels.embedding_bag_quantized.default,
+                                  args, indices)
         if not self.float_reference:
             check_weights_dtype(per_sample_weights, self.bits)
         elif ((per_sample_weights is not None and _compat.weights_refused(

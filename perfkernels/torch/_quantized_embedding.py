@@ -9,7 +9,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from . import _placement
+from . import _bags, _graph, _placement
 from ._bridge import TableViewCache, as_numpy, index_error
 from ._quantized import _bits_of, _from_quantized_tensor, packed_dim
 from ._quantized import _PackedRows, _packed_float
@@ -61,12 +61,21 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
         self._init_packed(num_embeddings, embedding_dim, max_norm, norm_type, scale_grad_by_freq,
                           sparse, dtype, _weight, placement)
 
+    def _script_forward(self, indices: Tensor) -> Tensor:
+        # What torch.jit.script compiles for forward (see _graph.script_as): the registered op.
+        return torch.ops.perfkernels.embedding_quantized(self.packed_weight, indices, self.bits,
+                                                         self.embedding_dim)
+
+    @_graph.script_as(_script_forward)
     def forward(self, indices: Tensor) -> Tensor:
         """Float32 rows ``indices.shape + (embedding_dim,)``."""
         packed = self.packed_weight
-        if torch.compiler.is_compiling() or packed.device.type != "cpu":
+        if _bags.capturing() or packed.device.type != "cpu":
             out = embedding_quantized_op(packed, indices, self.bits, self.embedding_dim)
             return out if self.output_dtype is None else out.to(self.output_dtype)
+        if type(indices) is not Tensor and _graph.is_proxy(indices):     # torch.fx
+            return _graph.fx_call(self, embedding_quantized_op,
+                                  (packed, indices, self.bits, self.embedding_dim), indices)
         if not isinstance(indices, Tensor) or indices.dtype not in (torch.int64, torch.int32):
             # torch's exception for these indices (TypeError for a list, RuntimeError naming the
             # dtype), from its lookup on a stand-in table (no memory)

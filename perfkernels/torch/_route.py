@@ -43,7 +43,7 @@ class Route(str, enum.Enum):
     #: input torch refuses, or answers otherwise than the NumPy API would: torch's answer
     REFUSED = "torch's answer"
     #: compiling, exporting or tracing (``torch.jit.trace``): the registered op
-    #: ``torch.ops.perfkernels.*``
+    #: ``torch.ops.perfkernels.*`` (a sparse gradient: torch's function)
     OP = "custom op"
     #: a gradient torch's own kernel and autograd serve faster (float32 CPU table, a sparse or a
     #: small dense gradient, no custom weight backward)
@@ -104,10 +104,17 @@ def route(weight: Tensor, input: Tensor, per_sample_weights: Optional[Tensor], *
     if compiling is None:
         compiling = capturing()
     if grad_enabled is None:
-        grad_enabled = torch.is_grad_enabled()
+        # (torch.jit.trace: as with grad on, so that the trace check, run under no_grad, takes
+        # the route the trace took)
+        grad_enabled = torch.is_grad_enabled() or _tracing_state() is not None
     needs_grad = (not compiling and grad_enabled and (weight.requires_grad or (
         per_sample_weights is not None and per_sample_weights.requires_grad)))
     if needs_grad and torch_autograd_is_faster(weight, input, sparse, needs_ours):
+        return Route.TORCH_AUTOGRAD
+    if (compiling and sparse and grad_enabled and weight.requires_grad and not needs_ours
+            and weight.device.type != "meta"):
+        # a sparse gradient in a captured graph: only torch's function gives one (the op's is
+        # dense, its size being data-dependent)
         return Route.TORCH_AUTOGRAD
     if weight.device.type not in ("cpu", "cuda"):
         return Route.DEVICE
