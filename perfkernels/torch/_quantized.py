@@ -140,6 +140,8 @@ class _PackedRows:
     float_reference: bool = False
     #: the output's dtype when it is not float32 (a converted model turned ``.half()`` ...)
     output_dtype: Optional[torch.dtype] = None
+    #: read by torch.jit.script as constants (the output's dtype selects the scripted call)
+    __constants__ = ["float_reference", "output_dtype"]
 
     def _apply(self, fn, recurse: bool = True):
         # ``.half()`` / ``.double()`` / ``.to(dtype)`` leave the packed rows (uint8) as they are;
@@ -269,9 +271,12 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
                         compressed_indices_mapping: Optional[Tensor] = None) -> Tensor:
         # What torch.jit.script compiles for forward (see _graph.script_as): the registered op.
         mode = self.mode if self.average_mean else "sum"
-        return torch.ops.perfkernels.embedding_bag_quantized(
+        out = torch.ops.perfkernels.embedding_bag_quantized(
             self.packed_weight, indices, offsets, per_sample_weights, mode,
             self.include_last_offset, self.padding_idx, self.bits, self.embedding_dim)
+        if self.output_dtype is not None:
+            out = out.to(self.output_dtype)
+        return out
 
     @_graph.script_as(_script_forward)
     def forward(self, indices: Tensor, offsets: Optional[Tensor] = None,

@@ -63,8 +63,11 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
 
     def _script_forward(self, indices: Tensor) -> Tensor:
         # What torch.jit.script compiles for forward (see _graph.script_as): the registered op.
-        return torch.ops.perfkernels.embedding_quantized(self.packed_weight, indices, self.bits,
-                                                         self.embedding_dim)
+        out = torch.ops.perfkernels.embedding_quantized(self.packed_weight, indices, self.bits,
+                                                        self.embedding_dim)
+        if self.output_dtype is not None:
+            out = out.to(self.output_dtype)
+        return out
 
     @_graph.script_as(_script_forward)
     def forward(self, indices: Tensor) -> Tensor:
