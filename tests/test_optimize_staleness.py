@@ -2,6 +2,7 @@
 hooks added, present or removed, train() / eval().  Each call must answer what the model's stock
 forward answers with the same edits (the captured graph captured again, or the modules run),
 and hooks run on real calls exactly as on the stock model."""
+import copy
 import warnings
 
 import pytest
@@ -225,3 +226,51 @@ def test_replaced_parameter_and_loaded_state_are_read():
     stock.load_state_dict(other.state_dict())
     opt.load_state_dict(other.state_dict())
     same(stock, opt)
+
+
+@pytest.mark.parametrize("kind", ["bag", "embedding"])
+def test_sparse_tables_keep_coo_gradients(kind):
+    """A lookup the capture leaves unfused runs the registered op, whose gradient is dense: with
+    sparse=True, calls that record a gradient run the modules, as stock (COO gradient)."""
+    torch.manual_seed(0)
+    stock = (nn.EmbeddingBag(20, 4, mode="sum", sparse=True) if kind == "bag"
+             else nn.Embedding(20, 4, sparse=True))
+    opt = pkt.optimize(copy.deepcopy(stock))
+    ids = torch.tensor([[1, 2, 2], [0, 5, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(opt(ids), stock(ids))
+    for model in (stock, opt):
+        model.weight.grad = None
+        model(ids).pow(2).sum().backward()
+    assert opt.weight.grad.layout == stock.weight.grad.layout == torch.sparse_coo
+    torch.testing.assert_close(opt.weight.grad.to_dense(), stock.weight.grad.to_dense())
+
+
+def test_a_model_captured_without_grad_then_trained_gets_gradients():
+    """A capture made under no_grad holds lookups that record no gradient: a training call is a
+    signature of its own (and a table unfrozen since its capture runs the modules)."""
+    ids = torch.tensor([[1, 2, 2], [0, 5, 7]])
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.EmbeddingBag(20, 4, mode="sum"), nn.Linear(4, 1))
+    stock = make()
+    opt = pkt.optimize(make())
+    with torch.no_grad():
+        torch.testing.assert_close(opt(ids), stock(ids))
+    for model in (stock, opt):
+        model(ids).pow(2).sum().backward()
+    for p, w in zip(opt.parameters(), stock.parameters()):
+        assert p.grad is not None
+        torch.testing.assert_close(p.grad, w.grad)
+    # frozen table at the capture (grad on), unfrozen later
+    stock = make()
+    opt = pkt.optimize(make())
+    for model in (stock, opt):
+        model[0].weight.requires_grad_(False)
+        model(ids).sum().backward()
+        model[0].weight.requires_grad_(True)
+        model.zero_grad()
+        model(ids).pow(2).sum().backward()
+    assert opt[0].weight.grad is not None
+    torch.testing.assert_close(opt[0].weight.grad, stock[0].weight.grad)

@@ -117,6 +117,19 @@ _LOOKUP_OPS = {torch.ops.perfkernels.embedding_bag.default: "ours",
                _aten._embedding_bag.default: "aten"}
 
 
+#: ops whose registered gradient is dense whatever the module's ``sparse``
+_DENSE_GRAD_OPS = {torch.ops.perfkernels.embedding_bag.default,
+                   torch.ops.perfkernels.embedding.default,
+                   torch.ops.perfkernels.embedding_bag_collection.default,
+                   torch.ops.perfkernels.embedding_collection.default}
+
+
+#: lookups without autograd (what a capture without a gradient to record holds)
+_INFERENCE_OPS = {getattr(torch.ops.perfkernels, name).default for name in (
+    "embedding_bag_inference", "embedding_inference", "embedding_collection_inference",
+    "embedding_bag_collection_inference", "embedding_bags_interaction_inference")}
+
+
 #: lookups never fused yet, and why (reported)
 _UNFUSED_LOOKUPS = {
     _aten.embedding_renorm_.default: "max_norm renormalises the table in place",
@@ -353,6 +366,33 @@ class _Capture:
         gm.graph.eliminate_dead_code()
         gm.recompile()
         self.gm = gm
+        self.sparse_grad = self._dense_for_sparse(gm.graph, report, index)
+        # lookups that record no gradient (captured under no_grad, or its tables needed none):
+        # a call that must record one for such a table takes (or makes) another capture
+        self.no_grad_tables = [
+            self.fqn_module[t] for node in gm.graph.nodes
+            if node.op == "call_function" and node.target in _INFERENCE_OPS
+            for t in (node.args[0] if isinstance(node.args[0], (list, tuple))
+                      else [node.args[0]]) if t in self.fqn_module]
+
+    def records_no_gradient(self) -> bool:
+        """Whether a table the capture looks up without autograd needs a gradient now."""
+        return any(m.weight.requires_grad for m in self.no_grad_tables
+                   if isinstance(getattr(m, "weight", None), Tensor))
+
+    def _dense_for_sparse(self, graph, report, index) -> bool:
+        """Whether a lookup left in the graph reads a table whose module has ``sparse=True``:
+        the registered op's gradient is dense (the traced form), where the module gives a COO
+        gradient, so calls that record a gradient run the modules instead."""
+        for node in graph.nodes:
+            if node.op != "call_function" or node.target not in _DENSE_GRAD_OPS:
+                continue
+            tables = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+            if any(getattr(self.fqn_module.get(t), "sparse", False) for t in tables):
+                report.not_fused.append((index, node.name, "a table with sparse=True: calls "
+                                         "that record a gradient run the modules (COO gradient)"))
+                return True
+        return False
 
     # ---- guards: the dims the capture fixed, and the dims it found equal
     def _guard(self, placeholders):
@@ -882,7 +922,11 @@ def _flatten_into(obj, flat: list, key: list) -> None:
     elif type(obj) in (list, tuple):
         key.append((type(obj), len(obj)))
         for item in obj:
-            _flatten_into(item, flat, key)
+            if type(item) is Tensor:     # the common leaf, without a call (the hot path)
+                flat.append(item)
+                key.append((item.dtype, item.dim()))
+            else:
+                _flatten_into(item, flat, key)
     elif type(obj) is dict:
         key.append(tuple(obj))
         for item in obj.values():
@@ -992,6 +1036,11 @@ def _optimized_forward(self, *args, **kwargs):
     if caps is not None:
         for cap in caps:
             if cap.matches(flat):
+                if torch.is_grad_enabled():
+                    if cap.no_grad_tables and cap.records_no_gradient():
+                        continue      # made without a gradient to record: another capture
+                    if cap.sparse_grad:
+                        return own(self, *args, **kwargs)
                 try:
                     return cap.run(flat)
                 except _REFUSED:
@@ -1008,6 +1057,9 @@ def _optimized_forward(self, *args, **kwargs):
         state.failed.add(key)
         return own(self, *args, **kwargs)
     state.add(key, cap)
+    if torch.is_grad_enabled() and (
+            cap.sparse_grad or (cap.no_grad_tables and cap.records_no_gradient())):
+        return own(self, *args, **kwargs)
     try:
         return cap.run(flat)
     except _REFUSED:
