@@ -274,3 +274,22 @@ def test_a_model_captured_without_grad_then_trained_gets_gradients():
         model(ids).pow(2).sum().backward()
     assert opt[0].weight.grad is not None
     torch.testing.assert_close(opt[0].weight.grad, stock[0].weight.grad)
+
+
+def test_an_index_the_captured_lookup_refuses_raises_the_modules_error():
+    """An op of the captured graph refusing an index raises RuntimeError; the module raises
+    torch's IndexError: the model's own forward answers (raises) instead."""
+    torch.manual_seed(0)
+    stock = nn.Embedding(12, 4)
+    converted = pkt.convert(copy.deepcopy(stock), bits=8)
+    opt = pkt.optimize(copy.deepcopy(stock), bits=8)
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    with torch.no_grad():
+        opt(ids)
+        bad = torch.tensor([[1, 2, 3], [4, 12, 6]])
+        with pytest.raises(IndexError):
+            stock(bad)
+        with pytest.raises(IndexError) as want:
+            converted(bad)
+        with pytest.raises(IndexError, match=str(want.value)):
+            opt(bad)

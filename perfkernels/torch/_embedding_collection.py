@@ -78,7 +78,8 @@ class EmbeddingCollection(torch.nn.Module):
     collection, a dict mapping each feature (in the order of the tables and their features;
     ``feature@table`` for a feature of several tables) to a :class:`JaggedTensor` (TorchRec's
     when installed): the feature's rows as float32, one per ID, with the KJT's lengths (and with
-    ``need_indices=True`` the IDs as its weights).  Input keys no table reads are ignored.  When the tables share a dtype and D (and run our kernel), every feature is looked up
+    ``need_indices=True`` the IDs as its weights).  Input keys no table reads are ignored.
+    When the tables share a dtype and D (and run our kernel), every feature is looked up
     in one call of the native op ``perfkernels::embedding_collection``, whose rows the features'
     JaggedTensors are slices of; otherwise the features of one table are looked up together.  Parameters are
     ``embeddings.<table name>.weight`` (each table an :class:`~perfkernels.torch.Embedding`), as

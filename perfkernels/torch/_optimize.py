@@ -23,7 +23,6 @@ from torch.utils import _pytree as pytree
 from perfkernels.families.interaction._interaction import pair_lists
 
 from . import _convert, _fused_ops
-from ._bridge import IndexOutOfRangeError
 from ._collection import KeyedJaggedTensor, KeyedTensor
 from ._embedding import Embedding
 from ._embedding_bag import EmbeddingBag
@@ -1004,11 +1003,6 @@ def _describe(args, kwargs) -> str:
     return ", ".join(str(s) for s in shapes[:3]) + more
 
 
-#: what the fused ops raise before writing anything: the unfused forward then runs (and raises
-#: the unfused model's own error, torch's class and message)
-_REFUSED = (_fused_ops.FusedInputError, IndexOutOfRangeError)
-
-
 def _optimized_forward(self, *args, **kwargs):
     """The optimized model's forward: the fused capture for these inputs' signature (captured at
     the first call with it), or the model's own forward where none applies."""
@@ -1041,11 +1035,7 @@ def _optimized_forward(self, *args, **kwargs):
                         continue      # made without a gradient to record: another capture
                     if cap.sparse_grad:
                         return own(self, *args, **kwargs)
-                try:
-                    return cap.run(flat)
-                except _REFUSED:
-                    # input the fused op refuses: the unfused modules raise their own error
-                    return own(self, *args, **kwargs)
+                return _run(cap, flat, self, args, kwargs)
     count = sum(len(v) for v in state.captures.values())
     if count >= MAX_CAPTURES or key in state.failed:
         return own(self, *args, **kwargs)
@@ -1060,10 +1050,18 @@ def _optimized_forward(self, *args, **kwargs):
     if torch.is_grad_enabled() and (
             cap.sparse_grad or (cap.no_grad_tables and cap.records_no_gradient())):
         return own(self, *args, **kwargs)
+    return _run(cap, flat, self, args, kwargs)
+
+
+def _run(cap, flat: list, model, args, kwargs):
+    """The capture's answer; where an op of it refuses the input (a fused op's refusal, a
+    lookup's RuntimeError for a bad index or 2-D indices with offsets, ...) the model's own
+    forward runs, which raises the modules' own error (torch's class and message)."""
     try:
         return cap.run(flat)
-    except _REFUSED:
-        return own(self, *args, **kwargs)
+    except Exception:   # noqa: BLE001 - the modules' own error (or answer) instead
+        pass
+    return type(model).forward(model, *args, **kwargs)
 
 
 def _rewatch(model, state: _State) -> bool:
