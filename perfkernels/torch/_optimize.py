@@ -1069,7 +1069,7 @@ def _rewatch(model, state: _State) -> bool:
     the captures of a state it had before, or watch it as it is now with none (the call captures
     again); False when it changed to new states so often that it runs its own forward from now
     on (a forward that edits its own modules at every call)."""
-    if state.watch is not None:
+    if state.watch is not None and (state.ordered or state.failed or state.others):
         what = state.watch.what_changed(model)
         if state.switch(model):
             return True
