@@ -67,11 +67,12 @@ def test_rows_equal_torchs_lookup(isa, dtype, index_dtype, dim):
     features = kjt(gen, index_dtype=index_dtype, empty_key="cat")
     with torch.no_grad():
         out = ec(features)
-    assert list(out) == KEYS
+    # TorchRec's order (the tables', then their features'), and float32 rows
+    assert list(out) == ["hist", "target", "cat", "query"]
     for key, ids, lens in per_feature(features):
         table = ec.embeddings[TABLE_OF[key]].weight
-        assert out[key].values().dtype == dtype
-        assert torch.equal(out[key].values(), F.embedding(ids.long(), table))
+        assert out[key].values().dtype == torch.float32
+        assert torch.equal(out[key].values(), F.embedding(ids.long(), table).float())
         assert torch.equal(out[key].lengths(), lens)
         assert torch.equal(out[key].weights_or_none(), ids)
 
@@ -87,7 +88,8 @@ def test_large_outputs_from_the_pool(dtype):
     with torch.no_grad():
         out = ec(features)
     for key, ids, lens in per_feature(features):
-        assert torch.equal(out[key].values(), F.embedding(ids, ec.embeddings[TABLE_OF[key]].weight))
+        assert torch.equal(out[key].values(),
+                           F.embedding(ids, ec.embeddings[TABLE_OF[key]].weight).float())
     values = features.values().clone()
     values[-1] = ROWS[TABLE_OF[KEYS[-1]]]
     with torch.no_grad(), pytest.raises(IndexError, match="index out of range in self"):

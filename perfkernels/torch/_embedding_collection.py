@@ -89,10 +89,12 @@ class EmbeddingCollection(torch.nn.Module):
 
     ``EmbeddingCollection(tables, device=None, need_indices=False)`` with one
     :class:`EmbeddingConfig` (or ``torchrec.EmbeddingConfig``) per table.  ``forward`` takes a
-    :class:`~perfkernels.torch.KeyedJaggedTensor` (or TorchRec's) and returns a dict mapping each
-    feature to a :class:`JaggedTensor` (TorchRec's when installed): the feature's rows, one per
-    ID, with the KJT's lengths (and with ``need_indices=True`` the IDs as its weights, as TorchRec
-    does).  When the tables share a dtype and D (and run our kernel), every feature is looked up
+    :class:`~perfkernels.torch.KeyedJaggedTensor` (or TorchRec's) and returns, as TorchRec's
+    collection, a dict mapping each feature (in the order of the tables and their features;
+    ``feature@table`` for a feature of several tables) to a :class:`JaggedTensor` (TorchRec's
+    when installed): the feature's rows as float32, one per ID, with the KJT's lengths (and with
+    ``need_indices=True`` the IDs as its weights).  Input keys no table reads are ignored.
+    When the tables share a dtype and D (and run our kernel), every feature is looked up
     in one call of the native op ``perfkernels::embedding_collection``, whose rows the features'
     JaggedTensors are slices of; otherwise the features of one table are looked up together.  Parameters are
     ``embeddings.<table name>.weight`` (each table an :class:`~perfkernels.torch.Embedding`), as
@@ -115,7 +117,10 @@ class EmbeddingCollection(torch.nn.Module):
         self._configs = list(tables)
         self._need_indices = need_indices
         self.embeddings = torch.nn.ModuleDict()
-        self._feature_table: dict[str, str] = {}
+        # (output name, feature, table) in TorchRec's order: tables, then each table's
+        # features; a feature of several tables is named "feature@table"
+        self._outputs: list[tuple[str, str, str]] = []
+        tables_of: dict[str, list] = {}
         for cfg in self._configs:
             if cfg.name in self.embeddings:
                 raise ValueError(f"two tables are named {cfg.name!r}")
@@ -124,9 +129,16 @@ class EmbeddingCollection(torch.nn.Module):
             _init_table(emb, cfg, fused_optimizer)
             self.embeddings[cfg.name] = emb
             for feature in (cfg.feature_names or [cfg.name]):
-                if feature in self._feature_table:
-                    raise ValueError(f"feature {feature!r} is in two tables")
-                self._feature_table[feature] = cfg.name
+                tables_of.setdefault(feature, []).append(cfg.name)
+        for cfg in self._configs:
+            for feature in (cfg.feature_names or [cfg.name]):
+                shared = len(tables_of[feature]) > 1
+                self._outputs.append((f"{feature}@{cfg.name}" if shared else feature, feature,
+                                      cfg.name))
+        #: feature -> its table, for the features of one table (the one-call route's map)
+        self._feature_table: dict[str, str] = {f: t[0] for f, t in tables_of.items()
+                                               if len(t) == 1}
+        self._shared = len(self._feature_table) < len(tables_of)
 
     def embedding_configs(self) -> list:
         return self._configs
@@ -135,39 +147,51 @@ class EmbeddingCollection(torch.nn.Module):
         return self._need_indices
 
     def forward(self, features: Any) -> dict:
-        """``{feature: JaggedTensor}`` for every feature of the input."""
+        """``{name: JaggedTensor}`` for every feature of every table, in the order of the tables
+        and their features, as TorchRec's collection: ``name`` is the feature (``feature@table``
+        for a feature of several tables), the rows float32 whatever the table's dtype.  Keys of
+        the input that no table reads are ignored; a feature missing from the input is missing
+        from the output (TorchRec raises ``KeyError``; a sharded collection's rank may hold no
+        sample of a feature)."""
         keys, values, offsets, batch = _kjt_parts(features)
         lengths = features.lengths()
+        position = {k: i for i, k in enumerate(keys)}
+        outputs = [o for o in self._outputs if o[1] in position]
         num_keys = len(keys)
-        for key in keys:
-            if key not in self._feature_table:
-                raise KeyError(f"feature {key!r} is in no table of this collection")
         bounds = offsets[::batch].tolist() if batch > 0 else [0] * (num_keys + 1)
         jagged = _jagged_class()
-        rows = self._one_call(keys, values, offsets, bounds)
+        rows = None
+        if not self._shared and len(outputs) == num_keys == len(position):
+            # every key is a feature of one table: all of them in one call
+            rows = self._one_call(keys, values, offsets, bounds)
         if rows is not None:
             # every feature's rows from one call: each feature a slice of them
             sizes = [bounds[i + 1] - bounds[i] for i in range(num_keys)]
-            parts = torch.split(rows, sizes)
+            parts = torch.split(rows.float(), sizes)
             ids = torch.split(values, sizes) if self._need_indices else [None] * num_keys
             lens = lengths.split(batch) if batch > 0 else [lengths] * num_keys
-            return {key: jagged(values=parts[i], lengths=lens[i], weights=ids[i])
-                    for i, key in enumerate(keys)}
-        by_table: dict[str, list[int]] = {}
-        for i, key in enumerate(keys):
-            by_table.setdefault(self._feature_table[key], []).append(i)
+            out = {}
+            for name, feature, _ in outputs:
+                i = position[feature]
+                out[name] = jagged(values=parts[i], lengths=lens[i], weights=ids[i])
+            return out
+        by_table: dict[str, list] = {}
+        for name, feature, table in outputs:
+            by_table.setdefault(table, []).append((name, position[feature]))
         out: dict[str, Any] = {}
-        for table, idx in by_table.items():
+        for table, wanted in by_table.items():
             # the table's features in one lookup: their value ranges, back to back
+            idx = [i for _, i in wanted]
             pieces = [values[bounds[i]:bounds[i + 1]] for i in idx]
             ids = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-            rows = self.embeddings[table](ids)
+            rows = self.embeddings[table](ids).float()
             sizes = [bounds[i + 1] - bounds[i] for i in idx]
-            for i, part, ids_part in zip(idx, torch.split(rows, sizes), torch.split(ids, sizes)):
+            for (name, i), part, ids_part in zip(wanted, torch.split(rows, sizes),
+                                                 torch.split(ids, sizes)):
                 lens = lengths[i * batch:(i + 1) * batch]
-                out[keys[i]] = jagged(values=part, lengths=lens,
-                                      weights=ids_part if self._need_indices else None)
-        return {k: out[k] for k in keys}
+                out[name] = jagged(values=part, lengths=lens,
+                                   weights=ids_part if self._need_indices else None)
+        return {name: out[name] for name, _, _ in outputs}
 
     def _one_call(self, keys: list, values: Tensor, offsets: Tensor,
                   bounds: list) -> Optional[Tensor]:

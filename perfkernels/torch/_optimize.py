@@ -23,14 +23,21 @@ from torch.utils import _pytree as pytree
 from perfkernels.families.interaction._interaction import pair_lists
 
 from . import _convert, _fused_ops
-from ._bridge import IndexOutOfRangeError
 from ._collection import KeyedJaggedTensor, KeyedTensor
+from ._embedding import Embedding
 from ._embedding_bag import EmbeddingBag
+from ._quantized import QuantizedEmbeddingBag
+from ._quantized_embedding import QuantizedEmbedding
 
 log = logging.getLogger("perfkernels.torch")
 
 #: at most this many captures (input signatures) per model; others run the unfused modules
 MAX_CAPTURES = 8
+#: the captures of at most this many states of a model (its module tree, attributes and
+#: hooks) are kept: train() / eval() flips find theirs again
+MAX_STATES = 4
+#: a model that changes to a state not seen before more often than this runs its own forward
+MAX_CHANGES = 16
 
 _aten = torch.ops.aten
 
@@ -141,6 +148,19 @@ _LOOKUP_OPS = {torch.ops.perfkernels.embedding_bag.default: "ours",
                torch.ops.perfkernels.embedding_bag_quantized.default: "packed",
                _aten.embedding_bag.padding_idx: "aten", _aten.embedding_bag.default: "aten",
                _aten._embedding_bag.default: "aten"}
+
+
+#: ops whose registered gradient is dense whatever the module's ``sparse``
+_DENSE_GRAD_OPS = {torch.ops.perfkernels.embedding_bag.default,
+                   torch.ops.perfkernels.embedding.default,
+                   torch.ops.perfkernels.embedding_bag_collection.default,
+                   torch.ops.perfkernels.embedding_collection.default}
+
+
+#: lookups without autograd (what a capture without a gradient to record holds)
+_INFERENCE_OPS = {getattr(torch.ops.perfkernels, name).default for name in (
+    "embedding_bag_inference", "embedding_inference", "embedding_collection_inference",
+    "embedding_bag_collection_inference", "embedding_bags_interaction_inference")}
 
 
 #: lookups never fused yet, and why (reported)
@@ -379,6 +399,33 @@ class _Capture:
         gm.graph.eliminate_dead_code()
         gm.recompile()
         self.gm = gm
+        self.sparse_grad = self._dense_for_sparse(gm.graph, report, index)
+        # lookups that record no gradient (captured under no_grad, or its tables needed none):
+        # a call that must record one for such a table takes (or makes) another capture
+        self.no_grad_tables = [
+            self.fqn_module[t] for node in gm.graph.nodes
+            if node.op == "call_function" and node.target in _INFERENCE_OPS
+            for t in (node.args[0] if isinstance(node.args[0], (list, tuple))
+                      else [node.args[0]]) if t in self.fqn_module]
+
+    def records_no_gradient(self) -> bool:
+        """Whether a table the capture looks up without autograd needs a gradient now."""
+        return any(m.weight.requires_grad for m in self.no_grad_tables
+                   if isinstance(getattr(m, "weight", None), Tensor))
+
+    def _dense_for_sparse(self, graph, report, index) -> bool:
+        """Whether a lookup left in the graph reads a table whose module has ``sparse=True``:
+        the registered op's gradient is dense (the traced form), where the module gives a COO
+        gradient, so calls that record a gradient run the modules instead."""
+        for node in graph.nodes:
+            if node.op != "call_function" or node.target not in _DENSE_GRAD_OPS:
+                continue
+            tables = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+            if any(getattr(self.fqn_module.get(t), "sparse", False) for t in tables):
+                report.not_fused.append((index, node.name, "a table with sparse=True: calls "
+                                         "that record a gradient run the modules (COO gradient)"))
+                return True
+        return False
 
     # ---- guards: the dims the capture fixed, and the dims it found equal
     def _guard(self, placeholders):
@@ -748,10 +795,30 @@ class _State:
         self.ordered: list = []         # every capture, in order
         self.failed: set = set()
         self.capturing = False
+        self.watch: Optional[_Watch] = None   # the model as the captures saw it
+        self.others: list = []          # earlier (watch, captures, ordered, failed), newest last
+        self.changes = 0                # how often the model changed to a state not seen before
+        self.eager = False              # changed too often: the model's own forward from now
 
     def add(self, key, cap) -> None:
         self.captures.setdefault(key, []).append(cap)
         self.ordered.append(cap)
+
+    def switch(self, model) -> bool:
+        """The model changed: keep the captures of the state it had (up to MAX_STATES of them,
+        as model.train() / model.eval() flip between two), and take those of the state it has
+        now if it had it before (True), or none (False: it captures again)."""
+        if self.watch is not None:
+            self.others.append((self.watch, self.captures, self.ordered, self.failed))
+        self.captures, self.ordered, self.failed, self.watch = {}, [], set(), None
+        for i, (watch, captures, ordered, failed) in enumerate(self.others):
+            if watch.unchanged():
+                del self.others[i]
+                self.watch, self.captures, self.ordered, self.failed = \
+                    watch, captures, ordered, failed
+                return True
+        del self.others[:-(MAX_STATES - 1)]
+        return False
 
     def __deepcopy__(self, memo):
         # a copied model captures again (its graphs would read the original's parameters)
@@ -759,7 +826,126 @@ class _State:
 
     def __getstate__(self):
         return {"report": self.report, "captures": {}, "ordered": [], "failed": set(),
-                "capturing": False}
+                "capturing": False, "watch": None, "others": [], "changes": 0, "eager": False}
+
+
+# --------------------------------------------------------------------------- what is watched
+
+#: nn.Module's own containers in every module's ``__dict__``: the module tree, parameters and
+#: buffers are compared by content (``_Watch.containers``), the hooks by ``_hooked``; the rest
+#: (state-dict hooks, ...) never changes what forward computes
+_CONTAINERS = frozenset({
+    "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
+    "_backward_pre_hooks", "_backward_hooks", "_is_full_backward_hook", "_forward_hooks",
+    "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs", "_state_dict_hooks", "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"})
+#: what optimize() itself puts on the model
+_OWN = frozenset({"forward", "_perfkernels_optimize"})
+#: torch modules whose forward reads no plain attribute but these (their other attributes, such
+#: as Linear's in_features, only describe them): the rest of them is not compared at each call
+_READS = {torch.nn.Linear: ("training",), torch.nn.Sequential: ("training",),
+          torch.nn.ModuleList: ("training",), torch.nn.ModuleDict: ("training",),
+          torch.nn.Identity: ("training",), torch.nn.Sigmoid: ("training",),
+          torch.nn.Tanh: ("training",), torch.nn.ReLU: ("training", "inplace"),
+          torch.nn.Dropout: ("training", "p", "inplace")}
+#: modules that call no submodule in forward (the tables, torch's and ours)
+_LEAVES = frozenset({torch.nn.Linear, torch.nn.Identity, torch.nn.Sigmoid, torch.nn.Tanh,
+                     torch.nn.ReLU, torch.nn.Dropout, torch.nn.EmbeddingBag, torch.nn.Embedding,
+                     EmbeddingBag, Embedding, QuantizedEmbeddingBag, QuantizedEmbedding})
+#: the hook dictionaries of a module's own call
+_ROOT_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+               "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
+               "_backward_pre_hooks")
+_call = getattr(operator, "call", None) or (lambda f, x: f(x))
+_global_hooks = torch.nn.modules.module
+_HandleClass = torch.utils.hooks.RemovableHandle
+
+
+def _hooked(modules: list) -> bool:
+    """Whether a hook would run on a module under the root (its own forward, forward-pre or
+    backward hooks, or torch's global module hooks): the captured graph never calls the
+    submodules, so such a model runs its own forward.  (The root's hooks run around the
+    replaced forward, as on any module.)"""
+    g = _global_hooks
+    if (g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks
+            or g._global_backward_pre_hooks):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+               or m._backward_pre_hooks for m in modules[1:])
+
+
+def _snapshot(value):
+    """A value as compared later: a copy of a list, dict or set (so an in-place edit shows),
+    the value itself otherwise (compared by identity first, then ==)."""
+    return value.copy() if type(value) in (list, dict, set) else value
+
+
+class _Watch:
+    """The model as its captures saw it, compared at every call: each module's identity in the
+    tree, its parameters and buffers, its plain attributes (``training``, ``padding_idx``,
+    ``mode``, a model's own flags, ...) and whether any module has a hook.  About 50 C-level
+    comparisons per module; the hooks cost one integer comparison unless a hook handle was made
+    anywhere since the last call (then the hook dictionaries are read again)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.modules = list(model.modules())
+        self.dicts, self.getters, self.values, self.keys = [], [], [], []
+        for i, m in enumerate(self.modules):
+            d = m.__dict__
+            keys = _READS.get(type(m))
+            if keys is None or i == 0:
+                keys = tuple(k for k in d if k not in _CONTAINERS and (i or k not in _OWN))
+            keys = tuple(k for k in keys if k in d) or ("training",)
+            getter = operator.itemgetter(*keys)
+            self.dicts.append(d)
+            self.getters.append(getter)
+            self.keys.append(keys)
+            got = getter(d)
+            self.values.append(tuple(map(_snapshot, got)) if len(keys) > 1
+                               else _snapshot(got))
+        # a leaf's forward calls no submodule: its _modules is not compared, nor its empty
+        # parameter and buffer dictionaries
+        self.containers = []
+        for m in self.modules:
+            leaf = type(m) in _LEAVES
+            for c in (m._modules, m._parameters, m._buffers):
+                if c or not leaf:
+                    self.containers.append(c)
+        self.saved = [dict(c) for c in self.containers]
+        self.handle_id = _HandleClass.next_id
+        self.hooked = _hooked(self.modules)
+
+    def unchanged(self) -> bool:
+        """Whether the model is as it was (the hot path: call it at every call)."""
+        if self.hooked or _HandleClass.next_id != self.handle_id:
+            # a hook was made somewhere (or one was here: a removal changes no counter)
+            self.hooked = _hooked(self.modules)
+            self.handle_id = _HandleClass.next_id
+        try:
+            return (list(map(_call, self.getters, self.dicts)) == self.values
+                    and self.containers == self.saved)
+        except Exception:   # noqa: BLE001 - a key deleted, tensors compared: changed
+            return False
+
+    def what_changed(self, model: torch.nn.Module) -> str:
+        """Which module and attribute differ (for the report; the slow path)."""
+        now = _Watch(model)
+        if [id(m) for m in now.modules] != [id(m) for m in self.modules]:
+            return "the module tree"
+        names = {id(m): n for n, m in model.named_modules()}
+        for m, d, keys, old in zip(self.modules, self.dicts, self.keys, self.values):
+            for j, k in enumerate(keys):
+                was = old[j] if len(keys) > 1 else old
+                try:
+                    same = k in d and bool(d[k] is was or d[k] == was)
+                except Exception:   # noqa: BLE001 - tensors compared
+                    same = False
+                if not same:
+                    name = names.get(id(m))
+                    return (f"{name}.{k}" if name else k) if name is not None \
+                        else f"{k} of a {type(m).__name__}"
+        return f"the parameters or buffers of {len(self.modules)} modules"
 
 
 def _flatten_into(obj, flat: list, key: list) -> None:
@@ -769,7 +955,11 @@ def _flatten_into(obj, flat: list, key: list) -> None:
     elif type(obj) in (list, tuple):
         key.append((type(obj), len(obj)))
         for item in obj:
-            _flatten_into(item, flat, key)
+            if type(item) is Tensor:     # the common leaf, without a call (the hot path)
+                flat.append(item)
+                key.append((item.dtype, item.dim()))
+            else:
+                _flatten_into(item, flat, key)
     elif type(obj) is dict:
         key.append(tuple(obj))
         for item in obj.values():
@@ -820,6 +1010,10 @@ def _capture(model, state: _State, args, kwargs):
     report = state.report
     index = len(report.captures)
     state.capturing = True
+    # the model's own hooks run around each real call, not in the capture's run of forward
+    hooks = {name: model.__dict__[name] for name in _ROOT_HOOKS if name in model.__dict__}
+    for name, value in hooks.items():
+        model.__dict__[name] = type(value)()
     try:
         ep = torch.export.export(model, tuple(args), dict(kwargs), strict=False,
                                  dynamic_shapes=None if kwargs else _dynamic_shapes(args))
@@ -831,6 +1025,7 @@ def _capture(model, state: _State, args, kwargs):
         return None
     finally:
         state.capturing = False
+        model.__dict__.update(hooks)
     report.captures.append((_describe(args, kwargs), "captured"))
     return cap
 
@@ -842,17 +1037,12 @@ def _describe(args, kwargs) -> str:
     return ", ".join(str(s) for s in shapes[:3]) + more
 
 
-#: what the fused ops raise before writing anything: the unfused forward then runs (and raises
-#: the unfused model's own error, torch's class and message)
-_REFUSED = (_fused_ops.FusedInputError, IndexOutOfRangeError)
-
-
 def _optimized_forward(self, *args, **kwargs):
     """The optimized model's forward: the fused capture for these inputs' signature (captured at
     the first call with it), or the model's own forward where none applies."""
     state: _State = self.__dict__["_perfkernels_optimize"]
     own = type(self).forward
-    if state.capturing:
+    if state.capturing or state.eager:
         return own(self, *args, **kwargs)
     flat, key = _flatten(args, kwargs, self.training)
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():
@@ -862,27 +1052,73 @@ def _optimized_forward(self, *args, **kwargs):
             if cap.matches(flat):
                 return cap.run(flat)
         return own(self, *args, **kwargs)
+    watch = state.watch
+    if watch is None or not watch.unchanged():
+        if not _rewatch(self, state):
+            return own(self, *args, **kwargs)
+        watch = state.watch
+    if watch.hooked:
+        # a hook on a submodule runs only if the submodules run: the model's own forward
+        return own(self, *args, **kwargs)
     caps = state.captures.get(key)
     if caps is not None:
         for cap in caps:
             if cap.matches(flat):
-                try:
-                    return cap.run(flat)
-                except _REFUSED:
-                    # input the fused op refuses: the unfused modules raise their own error
-                    return own(self, *args, **kwargs)
+                if torch.is_grad_enabled():
+                    if cap.no_grad_tables and cap.records_no_gradient():
+                        continue      # made without a gradient to record: another capture
+                    if cap.sparse_grad:
+                        return own(self, *args, **kwargs)
+                return _run(cap, flat, self, args, kwargs)
     count = sum(len(v) for v in state.captures.values())
     if count >= MAX_CAPTURES or key in state.failed:
         return own(self, *args, **kwargs)
     cap = _capture(self, state, args, kwargs)
+    # what the capture's run of the forward set on the modules (a lazily made attribute) is
+    # part of the model the capture saw
+    state.watch = _Watch(self)
     if cap is None or not cap.matches(flat):
         state.failed.add(key)
         return own(self, *args, **kwargs)
     state.add(key, cap)
+    if torch.is_grad_enabled() and (
+            cap.sparse_grad or (cap.no_grad_tables and cap.records_no_gradient())):
+        return own(self, *args, **kwargs)
+    return _run(cap, flat, self, args, kwargs)
+
+
+def _run(cap, flat: list, model, args, kwargs):
+    """The capture's answer; where an op of it refuses the input (a fused op's refusal, a
+    lookup's RuntimeError for a bad index or 2-D indices with offsets, ...) the model's own
+    forward runs, which raises the modules' own error (torch's class and message)."""
     try:
         return cap.run(flat)
-    except _REFUSED:
-        return own(self, *args, **kwargs)
+    except Exception:   # noqa: BLE001 - the modules' own error (or answer) instead
+        pass
+    return type(model).forward(model, *args, **kwargs)
+
+
+def _rewatch(model, state: _State) -> bool:
+    """The model changed since its captures were made (or is seen for the first time): take
+    the captures of a state it had before, or watch it as it is now with none (the call captures
+    again); False when it changed to new states so often that it runs its own forward from now
+    on (a forward that edits its own modules at every call)."""
+    if state.watch is not None and (state.ordered or state.failed or state.others):
+        what = state.watch.what_changed(model)
+        if state.switch(model):
+            return True
+        state.changes += 1
+        if state.changes > MAX_CHANGES:
+            state.eager = True
+            state.report.captures.append((what, "changed again: the model runs its own "
+                                          "forward from now on"))
+            log.info("optimize: %s changed %d times; running the model's own forward",
+                     what, state.changes)
+            return False
+        state.report.captures.append((what, "changed: captured again"))
+        log.info("optimize: %s changed; capturing again", what)
+    state.watch = _Watch(model)
+    return True
 
 
 def optimize(model: torch.nn.Module, example_inputs: Any = None, *,
@@ -935,10 +1171,12 @@ def optimize(model: torch.nn.Module, example_inputs: Any = None, *,
     forward.__signature__ = inspect.signature(type(model).forward)
     model.forward = types.MethodType(forward, model)
     _last_report = report
-    if example_inputs is not None:
+    state.watch = _Watch(model)
+    if example_inputs is not None and not state.watch.hooked:
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         flat, key = _flatten(args, {}, model.training)
         cap = _capture(model, state, args, {})
+        state.watch = _Watch(model)
         if cap is not None and cap.matches(flat):
             state.add(key, cap)
     if verbose:

@@ -92,8 +92,9 @@ class ShardedEmbeddingCollection(_ShardedTables):
     * ``need_indices``: each JaggedTensor's weights are its IDs, as the unsharded collection's.
 
     ``forward(features)`` takes this rank's batch as a KeyedJaggedTensor (ours or TorchRec's)
-    and returns ``{feature: JaggedTensor}`` for the input's features, in its order: the rows of
-    the feature's IDs (the table's dtype) with the input's lengths.  A feature of no table is a
+    and returns ``{feature: JaggedTensor}`` for the input's features, in the order of the tables
+    and their features: the rows of the feature's IDs (float32, as TorchRec's) with the input's
+    lengths.  A feature of no table is a
     ``KeyError``, an ID outside its table torch's ``IndexError`` (on the rank that got it; the
     other ranks raise ``ValueError``; nothing is exchanged or written).  Every rank must call it,
     in the same order as the other collectives.  The parameters are the local rows,
@@ -158,8 +159,10 @@ class ShardedEmbeddingCollection(_ShardedTables):
         ids = (features.values().split(features.lengths().view(len(meta["keys"]), -1)
                                        .sum(1).tolist()) if self._need_indices and meta["keys"]
                else [None] * len(meta["keys"]))
-        return {key: jagged(values=v, lengths=lens, weights=i)
-                for key, v, lens, i in zip(meta["keys"], values, meta["lengths"], ids)}
+        out = {key: jagged(values=v.float(), lengths=lens, weights=i)
+               for key, v, lens, i in zip(meta["keys"], values, meta["lengths"], ids)}
+        # as the unsharded collection (and TorchRec's): the tables' feature order, float32 rows
+        return {key: out[key] for key in self._feature_names if key in out}
 
     def _route(self, per_feature: list) -> tuple:
         """Per (feature, shard start row): the feature's IDs in that shard's rows, rebased and
