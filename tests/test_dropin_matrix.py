@@ -36,22 +36,7 @@ EMB_AXES = dict(padding_idx=[None, 3], max_norm=[None, 1.0], sparse=[False, True
                 bad=[None, "index"])
 
 #: cases that fail because of a known gap fixed elsewhere: (predicate, reason)
-def _quantized_bag(c):
-    """A bag convert(bits=8) quantizes (it leaves max_norm and mode max to torch)."""
-    return (c["kind"] == "bag" and c["table"] == "bits8" and c["max_norm"] is None
-            and c["mode"] != "max")
-
-
-KNOWN = [
-    (lambda c: _quantized_bag(c) and c["psw"] and c["mode"] == "mean" and c["bad"] is None,
-     "item 16: a bits-converted bag computes mode mean with per_sample_weights (torch raises)"),
-    (lambda c: _quantized_bag(c) and c["bad"] == "form",
-     "item 16: bits-converted bags raise RuntimeError for 2-D input with offsets, 1-D without"),
-    (lambda c: (c["kind"] == "bag" and c["psw"] and c["mode"] == "mean" and c["bad"] == "index"
-                and c["form"] == "2d" and c["max_norm"] is None),
-     "item 16 (exception classes): the index is checked before per_sample_weights with mode "
-     "mean (torch's NotImplementedError comes first)"),
-]
+KNOWN: list = []
 
 
 def _cases(kind, axes, count, seed):

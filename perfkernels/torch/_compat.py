@@ -109,6 +109,8 @@ def torch_verdict(input: Tensor, weight: Tensor, offsets: Optional[Tensor],
         out = TORCH_EMBEDDING_BAG(input, weight, offsets, None, 2.0, False,
                                   "sum" if weighted_mean else mode, sparse, psw,
                                   include_last_offset, padding_idx)
+    except NotImplementedError as exc:    # (a RuntimeError): torch's refusal comes first
+        raise exc.with_traceback(None) from None
     except RuntimeError as exc:
         bad = _first_bad_index(input, weight.shape[0]) if weight.dim() == 2 else None
         if bad is not None:   # torch's wording of a bad index varies; ours is always the same

@@ -241,6 +241,9 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                     mode=self.mode, include_last_offset=self.include_last_offset,
                     padding_idx=self.padding_idx))
             except IndexError as exc:
+                if psw is not None and self.mode != "sum" and not self.weighted_mean:
+                    # torch refuses these weights before it reads an index
+                    return self._torch_answer(input, w, offsets, per_sample_weights, dtype)
                 raise index_error(exc) from None
             except (ValueError, TypeError):
                 if self.strict_offsets:

@@ -289,6 +289,12 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
         args = (packed, indices, offsets, per_sample_weights, mode,
                 self.include_last_offset, self.padding_idx, self.bits, self.embedding_dim)
         if _bags.capturing():
+            if self.float_reference and per_sample_weights is not None and self.mode != "sum":
+                # the float module refuses these weights (torch's words); nothing to capture
+                raise NotImplementedError(
+                    "embedding_bag: per_sample_weights was not None. per_sample_weights is only "
+                    f"supported for mode='sum' (got mode='{self.mode}'). Please open a feature "
+                    "request on GitHub.")
             return torch.ops.perfkernels.embedding_bag_quantized(*args)
         if type(indices) is not Tensor and _graph.is_proxy(indices):     # torch.fx
             return _graph.fx_call(self, torch.ops.perfkernels.embedding_bag_quantized.default,
@@ -318,6 +324,9 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
                 dim=self.embedding_dim, per_sample_weights=psw, mode=mode,
                 include_last_offset=self.include_last_offset, padding_idx=self.padding_idx)
         except IndexError as exc:
+            if self.float_reference and psw is not None and self.mode != "sum":
+                # torch refuses these weights before it reads an index
+                return self._float_answer(indices, offsets, per_sample_weights)
             raise index_error(exc, quantized=True) from None
         except (ValueError, TypeError) as exc:
             if self.float_reference:
