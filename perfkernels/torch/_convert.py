@@ -143,6 +143,9 @@ class _Swapper:
         copied = (_placement.sharing_reason(old) if old is not None and (
             bits is not None or dtype not in (None, old.dtype)) else None)
         new = _swap_one(name, module, dtype, bits, self.report, self.placement)
+        if new is not None and type(new).__module__ == "perfkernels.torch._torchrec_convert":
+            for inner in module.modules():    # a whole collection: not its tables one by one
+                self.modules.setdefault(id(inner), None)
         if new is not None and (tie is not None or copied is not None):
             n, a, b, note = self.report.swapped[-1]
             extra = tie if tie is not None else (
@@ -246,6 +249,9 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
     """Our replacement for one module, or None (with the reason in the report) to leave it."""
     from ._quantized import QuantizedEmbeddingBag
     kind = type(module).__name__
+    if type(module).__module__.startswith("torchrec."):   # TorchRec's collections, whole
+        from ._torchrec_convert import swap as swap_torchrec
+        return swap_torchrec(name, module, bits, report)
     qtype = _torch_ao_embedding_bag()
     if type(module) in (torch.nn.EmbeddingBag, torch.nn.Embedding):
         from ._torchao import is_torchao_weight
