@@ -189,3 +189,37 @@ def test_quant_ec_converted_answers_bit_for_bit(trec, dtype, need_indices):
             assert (w is None) == (g is None)
             if w is not None:
                 assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("bits", [None, 8, 4, 2])
+def test_float_ebc_converted_works_at_the_first_forward(trec, bits):
+    """TorchRec's float collection calls each table with input=, offsets=, per_sample_weights=;
+    the converted tables take those keywords (the independent reference: stock TorchRec)."""
+    torchrec = trec[0]
+    torch.manual_seed(3)
+    ebc = torchrec.EmbeddingBagCollection(tables=_bag_tables(torchrec, shared=True))
+    converted = pt.convert(ebc, bits=bits)
+    assert len(pt.last_report().swapped) == 3, str(pt.last_report())
+    assert type(converted) is type(ebc)
+    kjt = _kjt(torchrec, ["f0", "fs", "f1", "f2"], 5, 40)
+    want, got = ebc(kjt), converted(kjt)
+    assert got.keys() == want.keys()
+    tol = {None: 0, 8: 2e-3, 4: 0.05, 2: 0.2}[bits]
+    assert torch.allclose(got.values(), want.values().detach(), atol=tol, rtol=0)
+    buf = io.BytesIO()
+    torch.save(converted, buf)
+    buf.seek(0)
+    assert torch.equal(torch.load(buf, weights_only=False)(kjt).values(), got.values())
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_converted_embedding_bag_takes_torch_keywords(bits):
+    """An nn.EmbeddingBag swapped for a quantized one is called as nn.EmbeddingBag is."""
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(30, 8, mode="sum")
+    q = pt.convert(torch.nn.Sequential(bag), bits=bits)[0]
+    idx, offs = torch.tensor([1, 2, 3, 29]), torch.tensor([0, 1])
+    psw = torch.rand(4)
+    want = q(idx, offs, psw)
+    assert torch.equal(q(input=idx, offsets=offs, per_sample_weights=psw), want)
+    assert torch.allclose(want, bag(idx, offs, psw).detach(), atol={8: 0.02, 4: 0.3}[bits])

@@ -243,6 +243,33 @@ class _Swapper:
                "Parameter objects") + ".", UserWarning, stacklevel=3)
 
 
+def _quantized_bag_class() -> type:
+    """QuantizedEmbeddingBag as it replaces an ``nn.EmbeddingBag`` (made once)."""
+    global _QuantizedTorchEmbeddingBag
+    if _QuantizedTorchEmbeddingBag is None:
+        from ._quantized import QuantizedEmbeddingBag
+
+        class _QuantizedTorchEmbeddingBag(QuantizedEmbeddingBag):
+            """A :class:`QuantizedEmbeddingBag` in place of an ``nn.EmbeddingBag``: called as
+            that module is, its first argument ``input`` (TorchRec's collections call each
+            table with ``input=``, ``offsets=``, ``per_sample_weights=``)."""
+
+            def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
+                        per_sample_weights: Optional[Tensor] = None) -> Tensor:
+                return QuantizedEmbeddingBag.forward(self, input, offsets, per_sample_weights)
+
+            def _get_name(self) -> str:
+                return "QuantizedEmbeddingBag"
+
+        _QuantizedTorchEmbeddingBag.__module__ = __name__
+        _QuantizedTorchEmbeddingBag.__qualname__ = "_QuantizedTorchEmbeddingBag"
+        globals()["_QuantizedTorchEmbeddingBag"] = _QuantizedTorchEmbeddingBag
+    return _QuantizedTorchEmbeddingBag
+
+
+_QuantizedTorchEmbeddingBag = None
+
+
 def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
               bits: Optional[int], report: ConversionReport, placement: str = "auto"
               ) -> Optional[torch.nn.Module]:
@@ -265,7 +292,7 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
             report.skipped.append((name, kind, reason))
             return None
         if bits is not None:
-            new = QuantizedEmbeddingBag.from_float(module, bits=bits, placement=placement)
+            new = _quantized_bag_class().from_float(module, bits=bits, placement=placement)
             report.swapped.append((name, kind, "QuantizedEmbeddingBag", f"{bits}-bit rows"))
             return new
         new = EmbeddingBag.from_torch(module)     # (dtype= and placement: _Swapper)
