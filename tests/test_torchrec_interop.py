@@ -223,3 +223,25 @@ def test_converted_embedding_bag_takes_torch_keywords(bits):
     want = q(idx, offs, psw)
     assert torch.equal(q(input=idx, offsets=offs, per_sample_weights=psw), want)
     assert torch.allclose(want, bag(idx, offs, psw).detach(), atol={8: 0.02, 4: 0.3}[bits])
+
+
+def test_quant_collection_graph_tools_as_on_stock(trec):
+    """torchrec.fx.symbolic_trace of a converted collection records TorchRec's own forward (the
+    graph runs and answers as stock's); torch.jit.script refuses where it refuses stock's."""
+    torchrec = trec[0]
+    import torchrec.fx
+    stock, _ = _quant_ebc(trec, torch.quint4x2, shared=True)
+    converted = pt.convert(stock)
+    kjt = _kjt(torchrec, ["f0", "fs", "f1", "f2"], 4, 40)
+    want = stock(kjt)
+    for model in (stock, converted):
+        graph = torchrec.fx.symbolic_trace(model)
+        got = graph(kjt)
+        assert got.keys() == want.keys() and torch.equal(got.values(), want.values())
+    refused = []
+    for model in (stock, converted):
+        try:
+            torch.jit.script(model)
+        except Exception as exc:           # torch's own error, as for TorchRec's module
+            refused.append(type(exc).__name__)
+    assert len(refused) in (0, 2), refused

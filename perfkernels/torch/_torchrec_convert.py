@@ -155,15 +155,31 @@ def _modes(module: torch.nn.Module) -> list:
 
 # --------------------------------------------------------------------------- converted classes
 
+def _tracing() -> bool:
+    """Whether a graph tool is tracing (torch.fx / torchrec.fx, torch.export, torch.compile,
+    torch.jit.trace): it records TorchRec's own forward, whose ops it knows."""
+    return (torch.fx._symbolic_trace.is_fx_tracing() or torch.compiler.is_compiling()
+            or torch.jit.is_tracing())
+
+
+def _base_forward(self: Any, features: Any, mixin: type) -> Any:
+    """TorchRec's forward of the class that ``mixin`` was mixed into."""
+    mro = type(self).__mro__
+    return mro[mro.index(mixin) + 1].forward(self, features)
+
+
 class _QuantEBCForward:
     """forward() of a converted ``torchrec.quant`` EmbeddingBagCollection (mixed in before
     TorchRec's class)."""
 
+    def _torchrec_forward(self, features: Any) -> Any:
+        return _base_forward(self, features, _QuantEBCForward)
+
     def forward(self, features: Any) -> Any:
         from torchrec.sparse.jagged_tensor import KeyedTensor
         lookup: _Lookup = self._pk_lookup
-        if not lookup.arrays:
-            return type(self).__mro__[2].forward(self, features)
+        if not lookup.arrays or _tracing():
+            return _QuantEBCForward._torchrec_forward(self, features)
         values, offsets, weights, _ = _feature_inputs(features, self._feature_names)
         out = lookup(values, offsets, weights if self._is_weighted else None)
         if self._output_dtype != torch.float32:
@@ -176,9 +192,14 @@ class _QuantECForward:
     """forward() of a converted ``torchrec.quant`` EmbeddingCollection: every value its own bag
     of one row in the one multi-table call, split per feature into TorchRec's JaggedTensors."""
 
+    def _torchrec_forward(self, features: Any) -> Any:
+        return _base_forward(self, features, _QuantECForward)
+
     def forward(self, features: Any) -> Any:
         from torchrec.sparse.jagged_tensor import JaggedTensor
         lookup: _Lookup = self._pk_lookup
+        if _tracing():
+            return _QuantECForward._torchrec_forward(self, features)
         names = self._pk_names
         values, offsets, _, batch = _feature_inputs(features, names)
         lengths = offsets[1:] - offsets[:-1]
