@@ -199,13 +199,18 @@ def test_float_ebc_converted_works_at_the_first_forward(trec, bits):
     torch.manual_seed(3)
     ebc = torchrec.EmbeddingBagCollection(tables=_bag_tables(torchrec, shared=True))
     converted = pt.convert(ebc, bits=bits)
-    assert len(pt.last_report().swapped) == 3, str(pt.last_report())
-    assert type(converted) is type(ebc)
-    kjt = _kjt(torchrec, ["f0", "fs", "f1", "f2"], 5, 40)
+    assert len(pt.last_report().swapped) == 4, str(pt.last_report())   # 3 tables, 1 collection
+    assert isinstance(converted, torchrec.EmbeddingBagCollection)
+    assert list(converted.state_dict()) == list(pt.convert(ebc, bits=bits).state_dict())
+    kjt = _kjt(torchrec, ["f2", "fs", "f1", "f0"], 5, 40)
     want, got = ebc(kjt), converted(kjt)
     assert got.keys() == want.keys()
-    tol = {None: 0, 8: 2e-3, 4: 0.05, 2: 0.2}[bits]
+    tol = {None: 1e-6, 8: 2e-3, 4: 0.05, 2: 0.2}[bits]
     assert torch.allclose(got.values(), want.values().detach(), atol=tol, rtol=0)
+    with torch.no_grad():       # one multi-table call: as TorchRec's loop over our tables
+        one = converted(kjt)
+        loop = converted._torchrec_forward(kjt)
+    assert torch.equal(one.values(), loop.values())
     buf = io.BytesIO()
     torch.save(converted, buf)
     buf.seek(0)
@@ -245,3 +250,20 @@ def test_quant_collection_graph_tools_as_on_stock(trec):
         except Exception as exc:           # torch's own error, as for TorchRec's module
             refused.append(type(exc).__name__)
     assert len(refused) in (0, 2), refused
+
+
+def test_float_ebc_converted_runs_one_call_without_gradient(trec, monkeypatch):
+    torchrec = trec[0]
+    ebc = torchrec.EmbeddingBagCollection(tables=_bag_tables(torchrec, shared=True))
+    converted = pt.convert(ebc, bits=4)
+    calls = []
+    real = pk.embedding_bags_multi
+
+    def counting(*args, **kwargs):
+        calls.append(len(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pk, "embedding_bags_multi", counting)
+    with torch.no_grad():
+        converted(_kjt(torchrec, ["f0", "fs", "f1", "f2"], 4, 40))
+    assert calls == [5]

@@ -451,6 +451,9 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
                 new = swap(full, child)
                 if new is not None:
                     setattr(parent, child_name, new)
+    if any(type(m).__module__.startswith("torchrec.") for m in model.modules()):
+        from ._torchrec_convert import convert_float_collections
+        model = convert_float_collections(model, report)
     swap.warn_replaced(model, original, memo)
     for entry in report.swapped:
         log.info("swapped %s: %s -> %s (%s)", *entry)

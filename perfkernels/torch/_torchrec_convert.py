@@ -226,6 +226,87 @@ class _QuantECForward:
         return out
 
 
+class _FloatEBCForward:
+    """forward() of TorchRec's float EmbeddingBagCollection after convert() swapped its tables
+    for ours: without a gradient to record, every feature in one multi-table call over those
+    tables (float or, after ``bits=``, packed rows); else TorchRec's loop over them."""
+
+    def _torchrec_forward(self, features: Any) -> Any:
+        return _base_forward(self, features, _FloatEBCForward)
+
+    def forward(self, features: Any) -> Any:
+        if _tracing() or (torch.is_grad_enabled() and any(
+                p.requires_grad for p in self.parameters())):
+            return self._torchrec_forward(features)
+        lookup = self._pk_float_lookup()
+        if lookup is None:
+            return self._torchrec_forward(features)
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+        names = [f for cfg in self._embedding_bag_configs for f in cfg.feature_names]
+        values, offsets, weights, _ = _feature_inputs(features, names)
+        out = lookup(values, offsets, weights if self._is_weighted else None)
+        return KeyedTensor(keys=self._embedding_names, values=out,
+                           length_per_key=self._lengths_per_embedding)
+
+    def _pk_float_lookup(self) -> Optional[_Lookup]:
+        """The one call over the tables as they are now (None where one is not ours, or not
+        one the multi-table kernel runs: TorchRec's loop answers)."""
+        from ._embedding_bag import EmbeddingBag
+        from ._quantized import QuantizedEmbeddingBag
+        tables, bits, dims, modes = [], [], [], []
+        for cfg in self._embedding_bag_configs:
+            m = self.embedding_bags[cfg.name]
+            if isinstance(m, QuantizedEmbeddingBag):
+                t, b = m.packed_weight, m.bits
+                mode = m.mode if m.average_mean else "sum"
+                ok = m.output_dtype in (None, torch.float32) and m.padding_idx is None
+            elif isinstance(m, EmbeddingBag):
+                t, b, mode = m.weight, None, m.mode
+                ok = (m.max_norm is None and m.padding_idx is None and t.dtype == torch.float32
+                      and m.output_dtype in (None, torch.float32))
+            else:
+                return None
+            if not ok or t.device.type != "cpu" or mode not in ("sum", "mean"):
+                return None
+            for _ in cfg.feature_names:
+                tables.append(t.detach())
+                bits.append(b)
+                dims.append(cfg.embedding_dim)
+                modes.append(mode)
+        key = tuple((id(t), t.data_ptr()) for t in tables)
+        cached = self.__dict__.get("_pk_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, _Lookup(tables, bits, dims, modes))
+            self.__dict__["_pk_cache"] = cached
+        return cached[1]
+
+
+def convert_float_collections(model: torch.nn.Module, report: Any) -> torch.nn.Module:
+    """After convert() swapped the tables: TorchRec's float EmbeddingBagCollections in
+    ``model`` run every feature in one call (their class becomes a subclass of TorchRec's; a
+    bare collection is ``model`` itself)."""
+    qual = "torchrec.modules.embedding_modules.EmbeddingBagCollection"
+
+    def swapped(name: str, m: torch.nn.Module) -> Optional[torch.nn.Module]:
+        if f"{type(m).__module__}.{type(m).__name__}" != qual:
+            return None
+        report.swapped.append((name, "torchrec EmbeddingBagCollection",
+                               "perfkernels EmbeddingBagCollection",
+                               "its tables in one call without a gradient"))
+        return _shallow(m, _converted_class(type(m), _FloatEBCForward))
+
+    top = swapped("", model)
+    if top is not None:
+        return top
+    for name, parent in list(model.named_modules()):
+        for child_name, child in list(parent._modules.items()):
+            new = None if child is None else swapped(
+                f"{name}.{child_name}" if name else child_name, child)
+            if new is not None:
+                setattr(parent, child_name, new)
+    return model
+
+
 _CLASSES: dict = {}
 
 
@@ -234,7 +315,7 @@ def _converted_class(base: type, mixin: type) -> type:
     named in this module (so that pickle finds it)."""
     key = (base, mixin)
     if key not in _CLASSES:
-        name = f"Converted{base.__name__}"
+        name = f"Converted{'Float' if mixin is _FloatEBCForward else ''}{base.__name__}"
         cls = type(name, (mixin, base), {"__module__": __name__, "__qualname__": name})
         _CLASSES[key] = cls
         globals()[name] = cls
@@ -246,6 +327,9 @@ def __getattr__(name: str) -> type:
     if name == "ConvertedEmbeddingBagCollection":
         from torchrec.quant.embedding_modules import EmbeddingBagCollection
         return _converted_class(EmbeddingBagCollection, _QuantEBCForward)
+    if name == "ConvertedFloatEmbeddingBagCollection":
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+        return _converted_class(EmbeddingBagCollection, _FloatEBCForward)
     if name == "ConvertedEmbeddingCollection":
         from torchrec.quant.embedding_modules import EmbeddingCollection
         return _converted_class(EmbeddingCollection, _QuantECForward)
