@@ -357,7 +357,7 @@ def test_convert_quantizes_float_tables(bits):
     gen = torch.Generator().manual_seed(0)
     ix, off = _bags(gen, 80, 10, 6, pad=0)
     new = pt.convert(model, bits=bits)
-    assert all(type(m) is pt.QuantizedEmbeddingBag and m.bits == bits for m in new)
+    assert all(isinstance(m, pt.QuantizedEmbeddingBag) and m.bits == bits for m in new)
     for f, q in zip(model, new):
         # against the dequantized table looked up by torch: the same rows, float rounding apart
         deq = torch.nn.EmbeddingBag.from_pretrained(q.dequantize(), mode=f.mode,

@@ -153,6 +153,9 @@ class _Swapper:
         copied = (_placement.sharing_reason(old) if old is not None and (
             bits is not None or dtype not in (None, old.dtype)) else None)
         new = _swap_one(name, module, dtype, bits, self.report, self.placement)
+        if new is not None and type(new).__module__ == "perfkernels.torch._torchrec_convert":
+            for inner in module.modules():    # a whole collection: not its tables one by one
+                self.modules.setdefault(id(inner), None)
         if new is not None and (tie is not None or copied is not None):
             n, a, b, note = self.report.swapped[-1]
             extra = tie if tie is not None else (
@@ -250,12 +253,42 @@ class _Swapper:
                "Parameter objects") + ".", UserWarning, stacklevel=3)
 
 
+def _quantized_bag_class() -> type:
+    """QuantizedEmbeddingBag as it replaces an ``nn.EmbeddingBag`` (made once)."""
+    global _QuantizedTorchEmbeddingBag
+    if _QuantizedTorchEmbeddingBag is None:
+        from ._quantized import QuantizedEmbeddingBag
+
+        class _QuantizedTorchEmbeddingBag(QuantizedEmbeddingBag):
+            """A :class:`QuantizedEmbeddingBag` in place of an ``nn.EmbeddingBag``: called as
+            that module is, its first argument ``input`` (TorchRec's collections call each
+            table with ``input=``, ``offsets=``, ``per_sample_weights=``)."""
+
+            def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
+                        per_sample_weights: Optional[Tensor] = None) -> Tensor:
+                return QuantizedEmbeddingBag.forward(self, input, offsets, per_sample_weights)
+
+            def _get_name(self) -> str:
+                return "QuantizedEmbeddingBag"
+
+        _QuantizedTorchEmbeddingBag.__module__ = __name__
+        _QuantizedTorchEmbeddingBag.__qualname__ = "_QuantizedTorchEmbeddingBag"
+        globals()["_QuantizedTorchEmbeddingBag"] = _QuantizedTorchEmbeddingBag
+    return _QuantizedTorchEmbeddingBag
+
+
+_QuantizedTorchEmbeddingBag = None
+
+
 def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
               bits: Optional[int], report: ConversionReport, placement: str = "auto"
               ) -> Optional[torch.nn.Module]:
     """Our replacement for one module, or None (with the reason in the report) to leave it."""
     from ._quantized import QuantizedEmbeddingBag
     kind = type(module).__name__
+    if type(module).__module__.startswith("torchrec."):   # TorchRec's collections, whole
+        from ._torchrec_convert import swap as swap_torchrec
+        return swap_torchrec(name, module, bits, report)
     qtype = _torch_ao_embedding_bag()
     if type(module) in (torch.nn.EmbeddingBag, torch.nn.Embedding):
         from ._torchao import is_torchao_weight
@@ -269,7 +302,7 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
             report.skipped.append((name, kind, reason))
             return None
         if bits is not None:
-            new = QuantizedEmbeddingBag.from_float(module, bits=bits, placement=placement)
+            new = _quantized_bag_class().from_float(module, bits=bits, placement=placement)
             report.swapped.append((name, kind, "QuantizedEmbeddingBag", f"{bits}-bit rows"))
             return new
         new = EmbeddingBag.from_torch(module)     # (dtype= and placement: _Swapper)
@@ -441,6 +474,9 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
                 new = swap(full, child)
                 if new is not None:
                     setattr(parent, child_name, new)
+    if any(type(m).__module__.startswith("torchrec.") for m in model.modules()):
+        from ._torchrec_convert import convert_float_collections
+        model = convert_float_collections(model, report)
     swap.warn_replaced(model, original, memo)
     for entry in report.swapped:
         log.info("swapped %s: %s -> %s (%s)", *entry)
