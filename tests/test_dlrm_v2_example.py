@@ -3,6 +3,7 @@ network's input against torch's own bag ops, and (slow) TorchRec's DLRM_DCN with
 weights."""
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "dlrm_v2.py"
 def _example():
     spec = importlib.util.spec_from_file_location("dlrm_v2_example", EXAMPLE)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod      # torch.compile imports the module of the classes it traces
     spec.loader.exec_module(mod)
     return mod
 
