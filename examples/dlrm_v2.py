@@ -230,28 +230,42 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def time_samples(model: DLRMv2, gen: datasets.CriteoLike, count: int) -> dict:
-    """Run ``count`` MLPerf-style samples (one warm-up first): pairs/s, p50/p99 ms a sample, and
-    the lookups' share of the time."""
-    latencies, pairs, preds = [], 0, []
+def time_samples(model: DLRMv2, gen: datasets.CriteoLike, count: int,
+                 parts: Optional[dict] = None) -> dict:
+    """Run ``count`` MLPerf-style samples (one warm-up first) through each dense part of
+    ``parts`` (``{name: (bottom, over)}``, from :meth:`DLRMv2.set_dense`; default: the current
+    one), the parts taking turns on each sample (interleaved, so that a load on the machine falls
+    on all alike).  ``{name: result}``, per part: pairs/s, p50/p99 ms a sample, the lookups'
+    time and the logits."""
+    parts = parts or {model.dense_kind: (model._bottom, model._over)}
+    stats = {k: {"lat": [], "lookup": 0.0, "preds": []} for k in parts}
+    pairs = 0
     with torch.inference_mode():
         warm = gen.batch(128, index=10 ** 6)
-        model(*(torch.from_numpy(a) for a in (warm.dense, warm.values, warm.lengths)))
-        model.lookup_s = 0.0
+        for bottom, over in parts.values():
+            model._bottom, model._over = bottom, over
+            model(*(torch.from_numpy(a) for a in (warm.dense, warm.values, warm.lengths)))
         for sample in gen.samples(count):
             dense = torch.from_numpy(sample.dense)
             values, lengths = torch.from_numpy(sample.values), torch.from_numpy(sample.lengths)
-            t = time.perf_counter()
-            logits = model(dense, values, lengths)
-            latencies.append(time.perf_counter() - t)
+            for k, (bottom, over) in parts.items():
+                model._bottom, model._over = bottom, over
+                model.lookup_s = 0.0
+                t = time.perf_counter()
+                logits = model(dense, values, lengths)
+                stats[k]["lat"].append(time.perf_counter() - t)
+                stats[k]["lookup"] += model.lookup_s
+                stats[k]["preds"].append((sample, logits))
             pairs += sample.batch_size
-            preds.append((sample, logits))
-    total = sum(latencies)
-    return dict(pairs=pairs, pairs_per_s=pairs / total if total else 0.0,
-                p50_ms=1e3 * float(np.percentile(latencies, 50)) if latencies else 0.0,
-                p99_ms=1e3 * float(np.percentile(latencies, 99)) if latencies else 0.0,
-                lookup_ms=1e3 * model.lookup_s / max(len(latencies), 1),
-                lookup_share=model.lookup_s / total if total else 0.0, preds=preds)
+    out = {}
+    for k, st in stats.items():
+        lat, total = st["lat"], sum(st["lat"])
+        out[k] = dict(pairs=pairs, pairs_per_s=pairs / total if total else 0.0,
+                      p50_ms=1e3 * float(np.percentile(lat, 50)) if lat else 0.0,
+                      p99_ms=1e3 * float(np.percentile(lat, 99)) if lat else 0.0,
+                      lookup_ms=1e3 * st["lookup"] / max(len(lat), 1),
+                      lookup_share=st["lookup"] / total if total else 0.0, preds=st["preds"])
+    return out
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -269,23 +283,26 @@ def run(args: argparse.Namespace) -> dict:
     calib = [tuple(torch.from_numpy(a) for a in (b.dense, b.values, b.lengths)) for b in calib]
     threads = [int(n) for n in str(args.threads).split(",")] if args.threads else [None]
     preds = None
+    parts = {}
     for kind in args.dense.split(","):
-        t = time.perf_counter()
         model.set_dense(kind, calib)
-        for n in threads:
-            if n:
-                pk.set_num_threads(n)
-                torch.set_num_threads(n)
-            r = time_samples(model, gen, args.samples)
-            r.update(dense=kind, threads=n or torch.get_num_threads(),
-                     prepare_s=time.perf_counter() - t)
+        parts[kind] = (model._bottom, model._over)
+    for n in threads:
+        if n:
+            pk.set_num_threads(n)
+            torch.set_num_threads(n)
+        runs = time_samples(model, gen, args.samples, parts)
+        for kind, r in runs.items():
+            r.update(dense=kind, threads=n or torch.get_num_threads())
             if kind == "eager" and preds is None:
                 preds = r["preds"]
-            if preds is not None and kind != "eager":
+            result["runs"].append(r)
+        for r in result["runs"][-len(runs):]:
+            if preds is not None and r["dense"] != "eager":
                 diffs = [float((b[1] - a[1]).abs().max()) for a, b in zip(preds, r["preds"])]
                 r["logit_diff_vs_eager"] = max(diffs)
-            del r["preds"]
-            result["runs"].append(r)
+    for r in result["runs"]:
+        r.pop("preds", None)
     if args.check_torchrec:
         if preds is None:
             raise ValueError("--check-torchrec compares the eager dense part: keep 'eager' in "
