@@ -20,11 +20,20 @@ every later one, shared between processes). The lookups of all 26 tables are one
 columns of the cross network's input.  Inputs are :class:`perfkernels.datasets.CriteoLike`
 samples (power-law IDs, MLPerf's multi-hot bags, 100-700 pairs a sample).
 
+The dense part (bottom MLP, cross network, top MLP) is torch's, run as ``--dense``: ``eager``
+(float32), ``compiled`` (float32, ``torch.compile`` by Inductor with freezing:
+:func:`perfkernels.torch.compile_frozen`) or ``int8`` (torchao's PT2E flow with the x86 Inductor
+quantizer, calibrated on ``--calibration`` batches and compiled with freezing:
+:func:`perfkernels.torch.quantize_dense`; torchao is imported only then), or a list of them, each
+run at each of ``--threads`` (e.g. ``1,2``), reporting pairs/s, p50/p99 per sample and the
+lookups' time.
+
 With TorchRec installed, ``--check-torchrec`` builds TorchRec's ``DLRM_DCN`` with the same
 weights (its float tables: our tables dequantized, so only where float32 tables fit) and checks
 that the predictions agree.
 
     python examples/dlrm_v2.py --scale 64 --bits 4:big,8:small --samples 20
+    python examples/dlrm_v2.py --scale 256 --samples 12 --threads 1,2 --dense eager,compiled,int8
 """
 from __future__ import annotations
 
@@ -122,12 +131,38 @@ class DLRMv2(nn.Module):
         self.cross = LowRankCrossNet((len(self.tables) + 1) * DIM, CROSS_LAYERS, CROSS_RANK)
         self.top = mlp(TOP, (len(self.tables) + 1) * DIM, last_relu=False)
         self.lookup_s = 0.0
+        self.dense_kind = "eager"
+        self._bottom, self._over = self.bottom, nn.Sequential(self.cross, self.top)
+
+    def set_dense(self, kind: str, calibration: Sequence = ()) -> None:
+        """Run the dense part (bottom MLP; cross network + top MLP) as ``kind``: ``"eager"``
+        (float32 eager), ``"compiled"`` (float32, ``torch.compile`` by Inductor with freezing) or
+        ``"int8"`` (torchao's PT2E flow with the x86 Inductor quantizer, compiled with freezing;
+        its scales calibrated on ``calibration``, ``(dense, values, lengths)`` batches)."""
+        from perfkernels.torch import compile_frozen, quantize_dense
+        over = nn.Sequential(self.cross, self.top).eval()
+        if kind == "eager":
+            self._bottom, self._over = self.bottom, over
+        elif kind == "compiled":
+            self._bottom, self._over = compile_frozen(self.bottom.eval()), compile_frozen(over)
+        elif kind == "int8":
+            if not calibration:
+                raise ValueError("set_dense('int8') needs calibration batches")
+            self._bottom = self.bottom
+            with torch.no_grad():
+                xs = [self.interaction_input(*c) for c in calibration]
+            self._bottom = quantize_dense(self.bottom, (calibration[0][0],),
+                                          calibration=[(c[0],) for c in calibration])
+            self._over = quantize_dense(over, (xs[0],), calibration=[(x,) for x in xs])
+        else:
+            raise ValueError(f"dense must be eager, compiled or int8; got {kind!r}")
+        self.dense_kind = kind
 
     def interaction_input(self, dense: torch.Tensor, values: torch.Tensor,
                           lengths: torch.Tensor) -> torch.Tensor:
         """``[B, 27 * 128]``: the bottom MLP's output, then each table's pooled rows."""
         x = torch.empty(dense.shape[0], (len(self.tables) + 1) * DIM)
-        x[:, :DIM] = self.bottom(dense)
+        x[:, :DIM] = self._bottom(dense)
         t = time.perf_counter()
         pk.embedding_bags_multi(self.tables, values.numpy(), lengths=lengths.numpy(),
                                 bits=self.bits, dims=self.dims, out=x[:, DIM:].numpy())
@@ -137,7 +172,7 @@ class DLRMv2(nn.Module):
     def forward(self, dense: torch.Tensor, values: torch.Tensor,
                 lengths: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, 1]``."""
-        return self.top(self.cross(self.interaction_input(dense, values, lengths)))
+        return self._over(self.interaction_input(dense, values, lengths))
 
 
 def torchrec_twin(model: DLRMv2, keys: Sequence[str]):
@@ -183,41 +218,95 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--exponent", type=float, default=1.05, help="the IDs' power law")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tables-dir", default=None, help="keep the tables as files here")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", default=None,
+                   help="threads (perfkernels' and torch's), or a list to run each: 1,2")
+    p.add_argument("--dense", default="eager",
+                   help="the dense part, one or a list of: eager (float32), compiled (float32, "
+                        "torch.compile with freezing), int8 (torchao's PT2E, compiled)")
+    p.add_argument("--calibration", type=int, default=4,
+                   help="batches of 256 pairs that calibrate the int8 dense part")
     p.add_argument("--check-torchrec", action="store_true",
                    help="compare with TorchRec's DLRM_DCN (float32 tables: small --scale only)")
     return p.parse_args(argv)
 
 
+def time_samples(model: DLRMv2, gen: datasets.CriteoLike, count: int,
+                 parts: Optional[dict] = None) -> dict:
+    """Run ``count`` MLPerf-style samples (one warm-up first) through each dense part of
+    ``parts`` (``{name: (bottom, over)}``, from :meth:`DLRMv2.set_dense`; default: the current
+    one), the parts taking turns on each sample (interleaved, so that a load on the machine falls
+    on all alike).  ``{name: result}``, per part: pairs/s, p50/p99 ms a sample, the lookups'
+    time and the logits."""
+    parts = parts or {model.dense_kind: (model._bottom, model._over)}
+    stats = {k: {"lat": [], "lookup": 0.0, "preds": []} for k in parts}
+    pairs = 0
+    with torch.inference_mode():
+        warm = gen.batch(128, index=10 ** 6)
+        for bottom, over in parts.values():
+            model._bottom, model._over = bottom, over
+            model(*(torch.from_numpy(a) for a in (warm.dense, warm.values, warm.lengths)))
+        for sample in gen.samples(count):
+            dense = torch.from_numpy(sample.dense)
+            values, lengths = torch.from_numpy(sample.values), torch.from_numpy(sample.lengths)
+            for k, (bottom, over) in parts.items():
+                model._bottom, model._over = bottom, over
+                model.lookup_s = 0.0
+                t = time.perf_counter()
+                logits = model(dense, values, lengths)
+                stats[k]["lat"].append(time.perf_counter() - t)
+                stats[k]["lookup"] += model.lookup_s
+                stats[k]["preds"].append((sample, logits))
+            pairs += sample.batch_size
+    out = {}
+    for k, st in stats.items():
+        lat, total = st["lat"], sum(st["lat"])
+        out[k] = dict(pairs=pairs, pairs_per_s=pairs / total if total else 0.0,
+                      p50_ms=1e3 * float(np.percentile(lat, 50)) if lat else 0.0,
+                      p99_ms=1e3 * float(np.percentile(lat, 99)) if lat else 0.0,
+                      lookup_ms=1e3 * st["lookup"] / max(len(lat), 1),
+                      lookup_share=st["lookup"] / total if total else 0.0, preds=st["preds"])
+    return out
+
+
 def run(args: argparse.Namespace) -> dict:
-    if args.threads:
-        pk.set_num_threads(args.threads)
-        torch.set_num_threads(args.threads)
+    """Build the model and run it: ``result["runs"]`` has one entry per (dense part, threads)."""
     rows = datasets.dlrm_v2_rows(args.scale)
     fmts = table_formats(args.bits, datasets.DLRM_V2_ROWS)
     torch.manual_seed(args.seed)
     t = time.perf_counter()
     tabs = build_or_map_tables(rows, fmts, args.seed, args.tables_dir)
     result = {"rows": sum(rows), "table_bytes": sum(t.nbytes for t in tabs),
-              "tables_s": time.perf_counter() - t}
+              "tables_s": time.perf_counter() - t, "runs": []}
     model = DLRMv2(tabs, fmts).eval()
     gen = datasets.CriteoLike(rows, exponent=args.exponent, seed=args.seed)
-    latencies, pairs, preds = [], 0, []
-    with torch.inference_mode():
-        for sample in gen.samples(args.samples):
-            dense = torch.from_numpy(sample.dense)
-            values, lengths = torch.from_numpy(sample.values), torch.from_numpy(sample.lengths)
-            t = time.perf_counter()
-            logits = model(dense, values, lengths)
-            latencies.append(time.perf_counter() - t)
-            pairs += sample.batch_size
-            preds.append((sample, logits))
-    total = sum(latencies)
-    result.update(pairs=pairs, pairs_per_s=pairs / total if total else 0.0,
-                  p50_ms=1e3 * float(np.percentile(latencies, 50)) if latencies else 0.0,
-                  p99_ms=1e3 * float(np.percentile(latencies, 99)) if latencies else 0.0,
-                  lookup_share=model.lookup_s / total if total else 0.0)
+    calib = [gen.batch(256, index=10 ** 6 + 1 + i) for i in range(args.calibration)]
+    calib = [tuple(torch.from_numpy(a) for a in (b.dense, b.values, b.lengths)) for b in calib]
+    threads = [int(n) for n in str(args.threads).split(",")] if args.threads else [None]
+    preds = None
+    parts = {}
+    for kind in args.dense.split(","):
+        model.set_dense(kind, calib)
+        parts[kind] = (model._bottom, model._over)
+    for n in threads:
+        if n:
+            pk.set_num_threads(n)
+            torch.set_num_threads(n)
+        runs = time_samples(model, gen, args.samples, parts)
+        for kind, r in runs.items():
+            r.update(dense=kind, threads=n or torch.get_num_threads())
+            if kind == "eager" and preds is None:
+                preds = r["preds"]
+            result["runs"].append(r)
+        for r in result["runs"][-len(runs):]:
+            if preds is not None and r["dense"] != "eager":
+                diffs = [float((b[1] - a[1]).abs().max()) for a, b in zip(preds, r["preds"])]
+                r["logit_diff_vs_eager"] = max(diffs)
+    for r in result["runs"]:
+        r.pop("preds", None)
     if args.check_torchrec:
+        if preds is None:
+            raise ValueError("--check-torchrec compares the eager dense part: keep 'eager' in "
+                             "--dense")
         twin = torchrec_twin(model, gen.keys)
         diff = scale = 0.0
         with torch.inference_mode():
@@ -235,9 +324,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r = run(args)
     print(f"DLRM-v2 at 1/{args.scale:g} size, tables {args.bits}: {r['rows']:,} rows, "
           f"{r['table_bytes'] / 2**30:.2f} GiB, ready in {r['tables_s']:.1f} s")
-    print(f"{r['pairs']} pairs in {args.samples} samples: {r['pairs_per_s']:,.0f} pairs/s, "
-          f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms a sample, lookups "
-          f"{100 * r['lookup_share']:.0f}% of the time")
+    for run_ in r["runs"]:
+        extra = (f", logits within {run_['logit_diff_vs_eager']:.1e} of eager"
+                 if "logit_diff_vs_eager" in run_ else "")
+        print(f"dense {run_['dense']:>8}, {run_['threads']} thread(s): {run_['pairs']} pairs in "
+              f"{args.samples} samples: {run_['pairs_per_s']:,.0f} pairs/s, p50 "
+              f"{run_['p50_ms']:.1f} ms, p99 {run_['p99_ms']:.1f} ms a sample; lookups "
+              f"{run_['lookup_ms']:.1f} ms a sample ({100 * run_['lookup_share']:.0f}%), the "
+              f"dense part the rest{extra}")
     if "torchrec_max_abs_diff" in r:
         print(f"TorchRec DLRM_DCN, same weights: largest logit difference "
               f"{r['torchrec_max_abs_diff']:.2e} ({r['torchrec_rel_diff']:.1e} of the largest "

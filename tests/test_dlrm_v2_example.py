@@ -2,6 +2,8 @@
 network's input against torch's own bag ops, and (slow) TorchRec's DLRM_DCN with the same
 weights."""
 import importlib.util
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "dlrm_v2.py"
 def _example():
     spec = importlib.util.spec_from_file_location("dlrm_v2_example", EXAMPLE)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod      # torch.compile imports the module of the classes it traces
     spec.loader.exec_module(mod)
     return mod
 
@@ -69,4 +72,34 @@ def test_predictions_agree_with_torchrec_dlrm_dcn():
     ex = _example()
     r = ex.run(ex.parse_args(["--scale", "20000", "--samples", "2", "--check-torchrec",
                               "--bits", "4:big,8:small"]))
-    assert r["pairs"] >= 200 and r["torchrec_rel_diff"] < 1e-4, r
+    assert r["runs"][0]["pairs"] >= 200 and r["torchrec_rel_diff"] < 1e-4, r
+
+
+def test_set_dense_refuses_unknown_kinds():
+    ex = _example()
+    from perfkernels import datasets
+    rows = datasets.dlrm_v2_rows(20_000)
+    fmts = ex.table_formats("8", datasets.DLRM_V2_ROWS)
+    model = ex.DLRMv2(ex.build_or_map_tables(rows, fmts, 0, None, progress=False), fmts).eval()
+    with pytest.raises(ValueError, match="eager, compiled or int8"):
+        model.set_dense("fp8")
+    with pytest.raises(ValueError, match="calibration"):
+        model.set_dense("int8")
+
+
+@pytest.mark.slow            # Inductor compiles the float32 and int8 dense parts: minutes
+def test_compiled_and_int8_dense_parts_agree_with_eager():
+    try:
+        import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401
+    except Exception as exc:
+        if os.environ.get("PERFKERNELS_REQUIRE_TORCHAO") == "1":
+            raise
+        pytest.skip(f"torchao is not usable here (optional): {exc}")
+    ex = _example()
+    r = ex.run(ex.parse_args(["--scale", "20000", "--samples", "2", "--threads", "1",
+                              "--dense", "eager,compiled,int8", "--calibration", "2"]))
+    eager, compiled, int8 = r["runs"]
+    assert [x["dense"] for x in r["runs"]] == ["eager", "compiled", "int8"]
+    assert compiled["logit_diff_vs_eager"] < 1e-5, compiled
+    assert 0 < int8["logit_diff_vs_eager"] < 0.05, int8
+    assert all(x["pairs"] == eager["pairs"] > 0 for x in r["runs"])

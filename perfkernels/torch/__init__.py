@@ -11,6 +11,9 @@ perfkernels[torch]``).
 * :func:`convert` swaps them into an existing model, their tables placed for gathers (2 MiB
   huge pages; :func:`place`, :func:`placement_report`); :func:`route_functional` routes
   ``torch.nn.functional.embedding_bag`` to :func:`embedding_bag`;
+* :func:`quantize_dense` puts a dense submodule (MLPs, cross layers) into int8 through torchao's
+  PT2E flow compiled by Inductor (torchao optional), :func:`compile_frozen` compiles one in
+  float32 with freezing; the lookups stay perfkernels';
 * every kernel is also a ``torch.library`` custom op (``torch.ops.perfkernels.*``) with a fake
   implementation, so ``torch.compile(fullgraph=True)`` and ``torch.export`` see it; eager calls
   take a cheaper direct route.  The bag ops are registered from a native library on PyTorch's
@@ -46,6 +49,7 @@ from ._threads import torch_threads_in_use, use_torch_threads
 from ._optimize import OptimizationReport, last_optimize_report, optimize
 from ._placement import place, placement_report
 from ._native_ops import native_library_path
+from ._dense_int8 import compile_frozen, quantize_dense
 
 __all__ = [
     "IndexOutOfRangeError", "BagBackward",
@@ -60,6 +64,7 @@ __all__ = [
     "place", "placement_report",
     "optimize", "OptimizationReport", "last_optimize_report",
     "native_library_path",
+    "quantize_dense", "compile_frozen",
 ]
 
 _threads._init_from_environment()
