@@ -49,7 +49,17 @@ def compile_frozen(module: nn.Module, dynamic: bool = True) -> nn.Module:
     """``module`` compiled by Inductor with ``freezing`` (weights folded in as constants: the form
     in which Inductor picks oneDNN's prepacked float32 and int8 GEMMs), for inference: a module
     whose calls run under ``no_grad``.  ``dynamic``: one compilation for every batch size.
-    Put a float module in ``eval()`` mode first."""
+    Put a float module in ``eval()`` mode first.  Nothing is compiled until the first call, which
+    raises what ``torch.compile`` raises (a C++ compiler is needed, as for any Inductor build).
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> mlp = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+    >>> frozen = pkt.compile_frozen(mlp)          # compiles at its first call
+    >>> frozen(torch.randn(4, 16)).shape          # doctest: +SKIP
+    torch.Size([4, 8])
+    """
     return _FrozenCompiled(module, dynamic)
 
 
@@ -90,6 +100,19 @@ def quantize_dense(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
         torchao (0.14 or newer, with ``torchao.quantization.pt2e``) is not installed.
     TypeError
         ``module`` is not an ``nn.Module`` or ``example_inputs`` holds a non-tensor.
+
+    Examples
+    --------
+    >>> import torch, perfkernels.torch as pkt
+    >>> mlp = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+    >>> x = torch.randn(32, 16)
+    >>> int8 = pkt.quantize_dense(mlp, (x,))      # doctest: +SKIP
+    >>> (int8(x) - mlp(x)).abs().max() < 0.1      # doctest: +SKIP
+    tensor(True)
+    >>> pkt.quantize_dense(lambda x: x, (x,))
+    Traceback (most recent call last):
+        ...
+    TypeError: quantize_dense(): module must be an nn.Module, not function
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"quantize_dense(): module must be an nn.Module, not "
