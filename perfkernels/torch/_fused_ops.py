@@ -162,6 +162,15 @@ def _eager(dense, weights, indices, offsets, include_last_offset, interaction, p
 
 
 _functorch_active = torch._C._are_functorch_transforms_active
+_tracing_state = torch._C._get_tracing_state
+
+
+def _lean_autograd() -> bool:
+    """Whether an eager call with a gradient may take the lean autograd functions: not while a
+    profiler runs (the registered op, recorded by name), a functorch transform is active or
+    ``torch.jit.trace`` records (the registered op and its autograd serve those)."""
+    return (not _bags._profiler_enabled() and not _functorch_active()
+            and _tracing_state() is None)
 
 
 def _c_apply(function):
@@ -180,12 +189,12 @@ def embedding_bags_interaction(dense, weights, indices, offsets, include_last_of
     torch.compile / torch.export, and while a profiler runs, the registered op (one op in their
     graphs, recorded by name)."""
     grad = _needs_grad(dense, weights)
-    if not torch.compiler.is_compiling() and not _bags._profiler_enabled():
+    if not torch.compiler.is_compiling():
         args = (include_last_offset, interaction, pairs, self_interaction, mean, padding_idx,
                 bits, dims, group)
-        if not grad:
+        if not grad and not _bags._profiler_enabled():
             return _eager(dense, weights, indices, offsets, *args)
-        if not _functorch_active():
+        if grad and _lean_autograd():
             return _bags_interaction_apply(dense, indices, offsets, args, *weights)
     op = embedding_bags_interaction_op if grad else embedding_bags_interaction_inference_op
     return _call(op, dense, weights, indices, offsets, include_last_offset, interaction, pairs,
@@ -253,12 +262,13 @@ def collection_interaction(dense, weights, values, offsets, num_keys, features, 
     without a gradient to record, the kernels straight from the tensors; with one, the same
     forward under :class:`_CollectionInteraction`; under torch.compile / torch.export and while
     a profiler runs, the registered op."""
-    if not torch.compiler.is_compiling() and not _bags._profiler_enabled():
+    if not torch.compiler.is_compiling():
         args = (num_keys, features, tables, interaction, pairs, self_interaction, mean,
                 padding_idx, group)
-        if not _needs_grad(dense, weights):
+        grad = _needs_grad(dense, weights)
+        if not grad and not _bags._profiler_enabled():
             return _collection_eager(dense, weights, values, offsets, *args)
-        if not _functorch_active():
+        if grad and _lean_autograd():
             return _collection_interaction_apply(dense, values, offsets, args, *weights)
     return _call(collection_interaction_op, dense, weights, values, offsets, num_keys, features,
                  tables, interaction, pairs, self_interaction, mean, padding_idx, group)
