@@ -108,6 +108,8 @@ def run_latency(args: argparse.Namespace) -> dict:
     """Build the columns, time every batch size, print the table; returns the measurements:
     ``{"columns": [...], "notes": [...], "threads": n, "batches": {B: {column: {"p50": s,
     "p99": s, "max_pred_diff": d}}}}``."""
+    if getattr(args, "train_step", False):
+        return run_step_latency(args)
     ref = _reference()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -162,6 +164,89 @@ def run_latency(args: argparse.Namespace) -> dict:
     return result
 
 
+def train_columns(stock: torch.nn.Module, optimizer: str, lr: float
+                  ) -> tuple[dict[str, object], list[str]]:
+    """One training step per column (forward, binary cross-entropy, backward, optimizer step),
+    each on its own copy of ``stock``: ``stock`` with torch's ``optimizer`` ("sgd" or
+    "adagrad", which take the tables' sparse gradients) over every parameter; ``convert`` and
+    ``optimize`` with the same optimizer fused into the tables (the table updated during
+    backward) and torch's over the MLPs."""
+    notes: list[str] = []
+    torch_opt = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad}[optimizer]
+
+    def step_of(model, opt):
+        def step(dense, offsets, indices, target):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.binary_cross_entropy(model(dense, offsets, indices),
+                                                            target)
+            loss.backward()
+            opt.step()
+        return step
+    model = copy.deepcopy(stock).train()
+    columns: dict[str, object] = {"stock": step_of(model, torch_opt(model.parameters(), lr=lr))}
+    sides = [("convert", pt.convert)]
+    if hasattr(pt, "optimize"):
+        sides.append(("optimize", pt.optimize))
+    else:
+        notes.append("optimize: not in this perfkernels (no perfkernels.torch.optimize)")
+    for name, make in sides:
+        model = make(copy.deepcopy(stock)).train()
+        tables = set()
+        for bag in model.emb_l:
+            bag.set_fused_optimizer((optimizer, {"lr": lr}))
+            tables.add(id(bag.weight))
+        dense = [p for p in model.parameters() if id(p) not in tables]
+        columns[name] = step_of(model, torch_opt(dense, lr=lr))
+    return columns, notes
+
+
+def run_step_latency(args: argparse.Namespace) -> dict:
+    """``--latency --train-step``: the latency of a training step of the same model, columns
+    stock / convert / optimize (see :func:`train_columns`), timed as :func:`run_latency` times
+    forwards; returns ``{"columns": [...], "notes": [...], "threads": n, "batches": {B:
+    {column: {"p50": s, "p99": s, "speedup": x}}}}``."""
+    ref = _reference()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    batches = parse_batches(args.batches)
+    dim = args.dim or 16
+    bag_size = args.bag_size or 1
+    optimizer = getattr(args, "fused_optimizer", None) or "sgd"
+    if optimizer not in ("sgd", "adagrad"):
+        raise SystemExit(f"--train-step compares torch's sparse sgd or adagrad; got "
+                         f"--fused-optimizer {optimizer}")
+    lr = getattr(args, "lr", None) or 0.01
+    stock = ref.kaggle_model(args.max_rows or 1_000_000, dim=dim, seed=args.seed)
+    columns, notes = train_columns(stock, optimizer, lr)
+    print(f"reference DLRM, {len(stock.emb_l)} tables x {dim}, training step (forward, "
+          f"backward, {optimizer} lr {lr}: torch's on sparse gradients for stock, fused into "
+          f"the tables for convert / optimize); torch threads {torch.get_num_threads()}")
+    for note in notes:
+        print(f"  ({note})")
+    width = 27
+    print(f"\nms per step, p50 / p99 (speed-up over stock: median of per-round ratios)")
+    print(f"{'batch':>6}" + "".join(f"{n:>{width}}" for n in columns))
+    result: dict = {"threads": torch.get_num_threads(), "columns": list(columns),
+                    "notes": notes, "batches": {}}
+    for b in batches:
+        data = []
+        for _ in range(args.distinct):
+            dense, offsets, indices = ref.kaggle_batch(stock, b, rng, bag_size)
+            data.append((dense, offsets, indices,
+                         torch.from_numpy(rng.integers(0, 2, (b, 1)).astype(np.float32))))
+        t = time_batch(columns, data, args.rounds, args.warmup, args.budget)
+        stats = {n: {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
+                     "speedup": float(np.median(t["stock"] / v)), "samples": len(v)}
+                 for n, v in t.items()}
+        result["batches"][b] = stats
+        print(f"{b:>6}" + "".join(
+            f"{s['p50'] * 1e3:.3f} / {s['p99'] * 1e3:.3f} ({s['speedup']:.2f}x)".rjust(width)
+            for s in stats.values()))
+    return result
+
+
 def plot_latency(result: dict, path: str) -> None:
     """p50 (solid) and p99 (dotted) per forward against batch size, one colour per column."""
     import matplotlib
@@ -205,5 +290,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="distinct input batches cycled through (default 4)")
     g.add_argument("--threads", type=int, default=None,
                    help="torch (and so perfkernels) threads (default: torch's)")
+    g.add_argument("--train-step", action="store_true",
+                   help="time training steps (forward, backward, --fused-optimizer sgd or "
+                        "adagrad, default sgd, at --lr) instead of forwards: stock with torch's "
+                        "sparse optimizer against convert() and optimize() with it fused")
     g.add_argument("--no-compile", action="store_true",
                    help="leave out the torch.compile columns (they compile per batch size)")

@@ -85,6 +85,18 @@ def index_error_at(position: int, value: int, rows: int) -> IndexOutOfRangeError
                                   f"{rows} rows"))
 
 
+def padded_index_error(exc: IndexOutOfRangeError) -> IndexOutOfRangeError:
+    """``exc`` in the wording torch's ``embedding_bag`` uses for a bad index when the lookup has
+    a ``padding_idx`` (``embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx
+    to be 10``), with the position and the valid range after it."""
+    m = _NATIVE_INDEX_MESSAGE.search(str(exc))
+    if m is None:
+        return exc
+    return IndexOutOfRangeError(
+        f"embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be "
+        f"{m.group(2)} (index {m.group(1)} of input; valid range [0, {m.group(3)}))")
+
+
 def as_numpy(t: torch.Tensor) -> np.ndarray:
     """A NumPy view of a CPU tensor's memory (no copy), bfloat16 as ``ml_dtypes.bfloat16``; a
     negative view (``x.conj().imag``, whose memory holds the negated values) is resolved into a

@@ -12,7 +12,7 @@ import perfkernels as pk
 
 from . import _bags, _compat, _fused, _graph, _placement, _route, _tensor_bags
 from ._route import Route
-from ._bridge import TableViewCache, index_error
+from ._bridge import IndexOutOfRangeError, TableViewCache, index_error, padded_index_error
 from ._fallback import unsupported_reason, warn_once
 
 _module_lookup = _tensor_bags.module_lookup
@@ -184,11 +184,16 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
         # The plain cases in C (our kernel without a gradient, torch's own with one), whose
         # answer is None for everything else: that goes to _forward.  (_bags.capturing(),
         # inlined; forward-mode AD: torch's function, which computes or refuses the tangent.)
-        if not _is_compiling() and _tracing_state() is None and _fwad._current_level < 0:
-            out = _module_lookup(self, input, offsets, per_sample_weights)
-            if out is not None:
-                return out
-        return self._forward(input, offsets, per_sample_weights)
+        try:
+            if not _is_compiling() and _tracing_state() is None and _fwad._current_level < 0:
+                out = _module_lookup(self, input, offsets, per_sample_weights)
+                if out is not None:
+                    return out
+            return self._forward(input, offsets, per_sample_weights)
+        except IndexOutOfRangeError as exc:
+            if self.padding_idx is None:
+                raise
+            raise padded_index_error(exc) from None     # (torch's wording there)
 
     def _forward(self, input: Tensor, offsets: Optional[Tensor] = None,
                  per_sample_weights: Optional[Tensor] = None) -> Tensor:

@@ -147,17 +147,55 @@ def _needs_grad(dense: Tensor, weights: list) -> bool:
                                         or any(w.requires_grad for w in weights))
 
 
-def embedding_bags_interaction(dense, weights, indices, offsets, include_last_offset, interaction,
-                               pairs, self_interaction, mean, padding_idx, bits, dims, group):
-    """What an optimized model's eager graph calls: without a gradient to record, the kernels
-    straight from the tensors (no dispatcher); else, and under torch.compile / torch.export /
-    torch.jit.trace, the registered op (one op in their graphs)."""
-    grad = _needs_grad(dense, weights)
-    if not grad and not any(bits) and not _route.capturing():
+def _eager(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
+           self_interaction, mean, padding_idx, bits, dims, group):
+    """The lookups and the interaction without recording a gradient: the kernels straight from
+    the tensors (no dispatcher) where they take them, else the native op's inference twin."""
+    if not any(bits):
         out = _fast(dense, weights, indices, offsets, include_last_offset, interaction, pairs,
                     self_interaction, mean, padding_idx)
         if out is not None:
             return out
+    return _call(embedding_bags_interaction_inference_op, dense, weights, indices, offsets,
+                 include_last_offset, interaction, pairs, self_interaction, mean, padding_idx,
+                 bits, dims, group)
+
+
+_functorch_active = torch._C._are_functorch_transforms_active
+_tracing_state = torch._C._get_tracing_state
+
+
+def _lean_autograd() -> bool:
+    """Whether an eager call with a gradient may take the lean autograd functions: not while a
+    profiler runs (the registered op, recorded by name), a functorch transform is active or
+    ``torch.jit.trace`` records (the registered op and its autograd serve those)."""
+    return (not _bags._profiler_enabled() and not _functorch_active()
+            and _tracing_state() is None)
+
+
+def _c_apply(function):
+    """``function.apply`` without its Python wrapper (which binds default arguments and unwraps
+    functorch's dead wrappers, neither of which applies where no functorch transform is active,
+    as callers check): several microseconds a call."""
+    return super(torch.autograd.Function, function).apply
+
+
+def embedding_bags_interaction(dense, weights, indices, offsets, include_last_offset, interaction,
+                               pairs, self_interaction, mean, padding_idx, bits, dims, group):
+    """What an optimized model's eager graph calls: without a gradient to record (grad mode off,
+    or no input requiring one), the kernels straight from the tensors (no dispatcher); with one,
+    the same forward under :class:`_BagsInteraction` (a lean autograd function: the backward of
+    the registered op's autograd, without torch.library's per-call argument handling); under
+    torch.compile / torch.export / torch.jit.trace, and while a profiler runs, the registered op
+    (one op in their graphs, recorded by name)."""
+    grad = _needs_grad(dense, weights)
+    if not _route.capturing():
+        args = (include_last_offset, interaction, pairs, self_interaction, mean, padding_idx,
+                bits, dims, group)
+        if not grad and not _bags._profiler_enabled():
+            return _eager(dense, weights, indices, offsets, *args)
+        if grad and _lean_autograd():
+            return _bags_interaction_apply(dense, indices, offsets, args, *weights)
     if torch._C._get_tracing_state() is not None:
         # torch.jit.trace: the op chosen without the grad mode, which its check changes
         grad = _graph.records_grad_traced(dense, *weights)
@@ -201,20 +239,40 @@ def _collection_fake(dense, weights, values, offsets, num_keys, features, tables
                            dtype=torch.float32)
 
 
+def _collection_eager(dense, weights, values, offsets, num_keys, features, tables, interaction,
+                      pairs, self_interaction, mean, padding_idx, group):
+    """The KJT lookups and the interaction without recording a gradient: the kernels straight
+    from the tensors where they take them, else the native op below its autograd kernel."""
+    try:
+        idx, offs = _split_kjt(values, offsets, num_keys, features)
+    except FusedInputError:
+        idx = None
+    if idx is not None:
+        out = _fast(dense, [weights[t] for t in tables], idx, offs, True, interaction, pairs,
+                    self_interaction, [mean[t] for t in tables],
+                    [padding_idx[t] for t in tables])
+        if out is not None:
+            return out
+    with torch._C._AutoDispatchBelowAutograd():
+        return _call(collection_interaction_op, dense, weights, values, offsets, num_keys,
+                     features, tables, interaction, pairs, self_interaction, mean, padding_idx,
+                     group)
+
+
 def collection_interaction(dense, weights, values, offsets, num_keys, features, tables,
                            interaction, pairs, self_interaction, mean, padding_idx, group):
-    """The KJT form of :func:`embedding_bags_interaction` (the optimized graph's eager call)."""
-    if not _needs_grad(dense, weights) and not _route.capturing():
-        try:
-            idx, offs = _split_kjt(values, offsets, num_keys, features)
-        except FusedInputError:
-            idx = None
-        if idx is not None:
-            out = _fast(dense, [weights[t] for t in tables], idx, offs, True, interaction, pairs,
-                        self_interaction, [mean[t] for t in tables],
-                        [padding_idx[t] for t in tables])
-            if out is not None:
-                return out
+    """The KJT form of :func:`embedding_bags_interaction` (the optimized graph's eager call):
+    without a gradient to record, the kernels straight from the tensors; with one, the same
+    forward under :class:`_CollectionInteraction`; under torch.compile / torch.export / torch.jit.trace and while
+    a profiler runs, the registered op."""
+    if not _route.capturing():
+        args = (num_keys, features, tables, interaction, pairs, self_interaction, mean,
+                padding_idx, group)
+        grad = _needs_grad(dense, weights)
+        if not grad and not _bags._profiler_enabled():
+            return _collection_eager(dense, weights, values, offsets, *args)
+        if grad and _lean_autograd():
+            return _collection_interaction_apply(dense, values, offsets, args, *weights)
     return _call(collection_interaction_op, dense, weights, values, offsets, num_keys, features,
                  tables, interaction, pairs, self_interaction, mean, padding_idx, group)
 
@@ -239,17 +297,20 @@ def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: s
     pool): each table's gradient is a ``[B, D]`` column slice of one ``[B, F, D]`` result."""
     grad = grad.float()
     d = dense.shape[1]
-    if interaction == "cat":
+    if interaction == "cat":    # (``pooled``: the tables' widths are enough)
         parts, col = [], d
         for p in pooled:
-            parts.append(grad[:, col:col + p.shape[1]])
-            col += p.shape[1]
+            width = p if isinstance(p, int) else p.shape[1]
+            parts.append(grad[:, col:col + width])
+            col += width
         return grad[:, :d], parts
+    stacked = isinstance(pooled, Tensor)      # [B, F, D], or F [B, D] tensors
     g_dense, g_pooled = dot_interaction_backward(
         as_numpy(grad.contiguous()), as_numpy(dense.detach().float().contiguous()),
-        [as_numpy(p.contiguous()) for p in pooled], pairs=pairs, self_interaction=itself)
+        as_numpy(pooled) if stacked else [as_numpy(p.contiguous()) for p in pooled],
+        pairs=pairs, self_interaction=itself)
     g_pooled = torch.from_numpy(g_pooled)
-    return torch.from_numpy(g_dense), [g_pooled[:, f] for f in range(len(pooled))]
+    return torch.from_numpy(g_dense), [g_pooled[:, f] for f in range(g_pooled.shape[1])]
 
 
 def _table_grads(grads, weights, indices, offsets, include_last, mean, padding_idx, modules,
@@ -282,29 +343,77 @@ def _per_table_setup(ctx, inputs, output):
     (dense, weights, indices, offsets, include_last, interaction, pairs, itself, mean,
      padding_idx, bits, dims, group) = inputs
     ctx.save_for_backward(dense, *weights, *indices, *offsets)
-    ctx.options = (len(weights), include_last, interaction, pairs, itself, mean, padding_idx,
-                   bits, dims, group)
-    ctx.requires = [w.requires_grad for w in weights]
+    ctx.num = len(weights)
+    ctx.options = (include_last, interaction, pairs, itself, mean, padding_idx, bits, dims,
+                   group)
+
+
+def _per_table_grads(grad, dense, weights, indices, offsets, options, needs_dense: bool,
+                     needs_tables: bool):
+    """(d dense or None, [d weights[f] or None]) of the per-table op for the output gradient
+    ``grad``; ``options``: the op's arguments after ``offsets``."""
+    include_last, interaction, pairs, itself, mean, padding_idx, bits, dims, group = options
+    if interaction == "cat":    # the gradient's column slices: no lookup needed
+        pooled = [d if b else w.shape[1] for w, b, d in zip(weights, bits, dims)]
+    else:
+        pooled = None
+        if not any(bits):       # every table's pooled rows in one call, as [B, F, D]
+            rows = _fast(dense.new_empty((dense.shape[0], 0), dtype=torch.float32), weights,
+                         indices, offsets, include_last, "cat", pairs, itself, mean,
+                         padding_idx)
+            if rows is not None:
+                pooled = rows.view(dense.shape[0], len(weights), -1)
+        if pooled is None:
+            pooled = _pooled(weights, indices, offsets, include_last, mean, padding_idx, bits,
+                             dims)
+    g_dense, g_pooled = _interaction_grads(grad, dense, pooled, interaction, pairs, itself)
+    modules = [_group_module(group, f) for f in range(len(weights))]
+    g_tables = _table_grads(g_pooled, weights, indices, offsets, include_last, mean,
+                            padding_idx, modules, needs_tables)
+    g_dense = g_dense.to(dense.dtype) if needs_dense else None
+    return g_dense, [g if w.requires_grad else None for g, w in zip(g_tables, weights)]
 
 
 def _per_table_backward(ctx, grad):
-    num, include_last, interaction, pairs, itself, mean, padding_idx, bits, dims, group = \
-        ctx.options
+    num = ctx.num
     dense, *rest = ctx.saved_tensors
-    weights, indices, offsets = rest[:num], rest[num:2 * num], rest[2 * num:]
-    pooled = _pooled(weights, indices, offsets, include_last, mean, padding_idx, bits, dims)
-    g_dense, g_pooled = _interaction_grads(grad, dense, pooled, interaction, pairs, itself)
-    modules = [_group_module(group, f) for f in range(num)]
-    g_tables = _table_grads(g_pooled, weights, indices, offsets, include_last, mean,
-                            padding_idx, modules, ctx.needs_input_grad[1])
-    g_dense = g_dense.to(dense.dtype) if ctx.needs_input_grad[0] else None
-    g_tables = [g if r else None for g, r in zip(g_tables, ctx.requires)]
+    g_dense, g_tables = _per_table_grads(grad, dense, rest[:num], rest[num:2 * num],
+                                         rest[2 * num:], ctx.options, ctx.needs_input_grad[0],
+                                         ctx.needs_input_grad[1])
     return (g_dense, g_tables, [None] * num, [None] * num, None, None, None, None, None, None,
             None, None, None)
 
 
 torch.library.register_autograd("perfkernels::embedding_bags_interaction", _per_table_backward,
                                 setup_context=_per_table_setup)
+
+
+class _BagsInteraction(torch.autograd.Function):
+    """The eager form of the registered op's autograd: ``(dense, indices, offsets, options,
+    *weights)``, ``options`` the op's arguments after ``offsets``.  The forward runs the no-grad
+    route; the backward is the registered op's."""
+
+    @staticmethod
+    def forward(ctx, dense, indices, offsets, options, *weights):
+        weights = list(weights)
+        out = _eager(dense, weights, indices, offsets, *options)
+        ctx.save_for_backward(dense, *weights, *indices, *offsets)
+        ctx.num = len(weights)
+        ctx.options = options
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        num = ctx.num
+        dense, *rest = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        g_dense, g_tables = _per_table_grads(grad, dense, rest[:num], rest[num:2 * num],
+                                             rest[2 * num:], ctx.options, needs[0],
+                                             any(needs[4:]))
+        return (g_dense, None, None, None, *g_tables)
+
+
+_bags_interaction_apply = _c_apply(_BagsInteraction)
 
 
 def _collection_setup(ctx, inputs, output):
@@ -316,8 +425,18 @@ def _collection_setup(ctx, inputs, output):
 
 
 def _collection_backward(ctx, grad):
-    num_keys, features, tables, interaction, pairs, itself, mean, padding_idx, group = ctx.options
     dense, values, offsets, *weights = ctx.saved_tensors
+    g_dense, g_weights = _collection_grads(grad, dense, values, offsets, weights, ctx.options,
+                                           ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+    return (g_dense, g_weights, None, None, None, None, None, None, None, None, None, None,
+            None)
+
+
+def _collection_grads(grad, dense, values, offsets, weights, options, needs_dense: bool,
+                      needs_tables: bool):
+    """(d dense or None, [d weights[t] or None]) of the collection op for the output gradient
+    ``grad``; ``options``: the op's arguments after ``offsets``."""
+    num_keys, features, tables, interaction, pairs, itself, mean, padding_idx, group = options
     idx, offs = _split_kjt(values, offsets, num_keys, features)
     slot_w = [weights[t] for t in tables]
     slot_mean = [mean[t] for t in tables]
@@ -325,7 +444,7 @@ def _collection_backward(ctx, grad):
     pooled = _pooled(slot_w, idx, offs, True, slot_mean, slot_pad)
     g_dense, g_pooled = _interaction_grads(grad, dense, pooled, interaction, pairs, itself)
     g_weights = [None] * len(weights)
-    if ctx.needs_input_grad[1]:
+    if needs_tables:
         # a table read by several slots: one backward over all of its bags (so a fused
         # optimizer steps once per table, as the collection does)
         for t in sorted(set(tables)):
@@ -344,10 +463,34 @@ def _collection_backward(ctx, grad):
                 o_i = torch.cat(pieces)
             g_weights[t] = _table_grads([g_i], [weights[t]], [i_i], [o_i], True, [mean[t]],
                                         [padding_idx[t]], [_group_module(group, t)], True)[0]
-    g_dense = g_dense.to(dense.dtype) if ctx.needs_input_grad[0] else None
-    return (g_dense, g_weights, None, None, None, None, None, None, None, None, None, None,
-            None)
+    g_dense = g_dense.to(dense.dtype) if needs_dense else None
+    return g_dense, g_weights
 
 
 torch.library.register_autograd("perfkernels::collection_interaction", _collection_backward,
                                 setup_context=_collection_setup)
+
+
+class _CollectionInteraction(torch.autograd.Function):
+    """The eager form of the registered collection op's autograd: ``(dense, values, offsets,
+    options, *weights)``, ``options`` the op's arguments after ``offsets``; the backward is the
+    registered op's."""
+
+    @staticmethod
+    def forward(ctx, dense, values, offsets, options, *weights):
+        weights = list(weights)
+        out = _collection_eager(dense, weights, values, offsets, *options)
+        ctx.save_for_backward(dense, values, offsets, *weights)
+        ctx.options = options
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        dense, values, offsets, *weights = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        g_dense, g_weights = _collection_grads(grad, dense, values, offsets, weights,
+                                               ctx.options, needs[0], any(needs[4:]))
+        return (g_dense, None, None, None, *g_weights)
+
+
+_collection_interaction_apply = _c_apply(_CollectionInteraction)
