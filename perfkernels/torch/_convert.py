@@ -13,7 +13,7 @@ import torch.autograd.forward_ad as _fwad
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _bags, _placement, _route, _tensor_bags
+from . import _bags, _graph, _placement, _route, _tensor_bags
 from ._embedding import Embedding, embedding as _embedding_functional
 from ._route import Route
 from ._embedding_bag import EmbeddingBag
@@ -264,6 +264,12 @@ def _quantized_bag_class() -> type:
             that module is, its first argument ``input`` (TorchRec's collections call each
             table with ``input=``, ``offsets=``, ``per_sample_weights=``)."""
 
+            def _script_input_forward(self, input: Tensor, offsets: Optional[Tensor] = None,
+                                      per_sample_weights: Optional[Tensor] = None) -> Tensor:
+                # what torch.jit.script compiles for forward (see _graph.script_as)
+                return self._script_forward(input, offsets, per_sample_weights, None)
+
+            @_graph.script_as(_script_input_forward)
             def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
                         per_sample_weights: Optional[Tensor] = None) -> Tensor:
                 return QuantizedEmbeddingBag.forward(self, input, offsets, per_sample_weights)
