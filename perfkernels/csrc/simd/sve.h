@@ -4,9 +4,10 @@
  * The family bodies keep their accumulators in arrays of vectors and choose passes by VL when
  * compiling; SVE's vector types are sizeless (no arrays, no sizeof, the length known only at run
  * time), so the bodies cannot be instantiated over them as they are written.  What SVE brings at
- * this level is GCC's own vectorisation of the plain loops (scalar tails, the scalar parts of the
- * bodies), in vector-length-agnostic predicated SVE code that runs at the CPU's length; the
- * registry chooses this level only on CPUs whose kernel reports HWCAP_SVE. */
+ * this level: the float32 bags of common/bags_sve.h (written for SVE, length-agnostic, taken
+ * where the vectors are wider than NEON's), and GCC's own vectorisation of the plain loops
+ * (scalar tails, the scalar parts of the bodies) in predicated SVE code.  The registry chooses
+ * this level only on CPUs whose kernel reports HWCAP_SVE. */
 #ifndef PK_SIMD_SVE_H
 #define PK_SIMD_SVE_H
 
