@@ -6,13 +6,15 @@ from perfkernels._c_cpu cimport (PK_CPU_FEATURE_COUNT, PK_FAR_INTO_L1, pk_build_
                                  pk_isa_compiled, pk_isa_name)
 
 def detect():
-    """Return ``{feature_name: bool}`` from cpuid and xgetbv (all False off x86-64)."""
+    """Return ``{feature_name: bool}`` for the features of this build's architecture: cpuid and
+    xgetbv on x86-64, getauxval(AT_HWCAP, AT_HWCAP2) on aarch64 Linux (no names elsewhere)."""
     cdef unsigned long long bits = pk_cpu_detect()
-    return {pk_cpu_feature_name(i).decode(): bool((bits >> i) & 1) for i in range(PK_CPU_FEATURE_COUNT)}
+    return {pk_cpu_feature_name(i).decode(): bool((bits >> i) & 1) for i in range(PK_CPU_FEATURE_COUNT)
+            if pk_cpu_feature_name(i)[0] != 0}
 
 
 def isa_compiled(int isa):
-    """True if this build contains the kernels of ISA level ``isa`` (0 scalar, 1 avx2, 2 avx512)."""
+    """True if this build contains the kernels of ISA level ``isa`` (its index in the registry: 0 scalar, 1 avx2, ...)."""
     return bool(pk_isa_compiled(isa))
 
 

@@ -22,6 +22,10 @@ from typing import Callable, Iterator
 from . import _cpu, _registry
 
 ISAS: tuple[str, ...] = _registry.NAMES
+#: the levels of this machine's architecture (the others are never built here): the choices an
+#: error names
+NATIVE_ISAS: tuple[str, ...] = tuple(lv.name for lv in _registry.LEVELS
+                                     if lv.arch in ("any", _registry.host_arch()))
 
 #: CPU features each level needs (os_ymm/os_zmm: the OS saves the wider registers).
 REQUIREMENTS: dict[str, tuple[str, ...]] = {lv.name: lv.requires for lv in _registry.LEVELS}
@@ -93,12 +97,13 @@ def active_isa() -> str:
 
 def _check_runnable(isa: object, source: str) -> int:
     if not isinstance(isa, str) or isa.lower() not in ISAS:
-        raise ValueError(f"{source}={isa!r} is not an ISA level; valid choices: {', '.join(ISAS)} "
+        raise ValueError(f"{source}={isa!r} is not an ISA level; valid choices: {', '.join(NATIVE_ISAS)} "
                          f"(this machine can run: {', '.join(available_isas())})")
     isa = isa.lower()
     if not _compiled(isa):
         raise RuntimeError(f"{source}={isa!r}: this build of perfkernels does not contain {isa} kernels "
-                           f"(not an x86-64 build, or a build that left it out with PERFKERNELS_LEVELS); "
+                           f"(a level of another architecture, or a build that left it out with "
+                           f"PERFKERNELS_LEVELS); "
                            f"valid choices here: {', '.join(available_isas())}")
     missing = _missing(isa)
     if missing:
@@ -124,7 +129,7 @@ def register(setter: Callable[[int], None]) -> None:
 
 @contextlib.contextmanager
 def use_isa(isa: str) -> Iterator[str]:
-    """Run the body with every kernel forced to ``isa`` (``"scalar"``, ``"avx2"``, ``"avx512"``, ...).
+    """Run the body with every kernel forced to ``isa`` (``"scalar"``, ``"avx2"``, ``"neon"``, ...).
 
     Meant for tests and benchmarks.  The setting is process-wide, not per thread (every kernel
     call of every thread uses the one active level).  Blocks may nest and may overlap in several
@@ -206,7 +211,7 @@ def show_runtime() -> None:
         f"  far prefetch  rows of tables of 16 MiB and more into {_cpu.far_prefetch().upper()}"
         f"   [{'PERFKERNELS_FAR_PREFETCH' if _far_env() else 'by CPU vendor'}]",
     ]
-    for isa in ISAS[1:]:
+    for isa in NATIVE_ISAS[1:]:
         missing = _missing(isa)
         if missing:
             lines.append(f"  {isa:<13} unavailable: missing {', '.join(missing)}")

@@ -45,9 +45,25 @@ LEVELS: tuple[IsaLevel, ...] = (
     IsaLevel("avx512", "x86_64",
              _AVX2_FLAGS + ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"),
              _AVX2_NEEDS + ("avx512f", "avx512bw", "avx512dq", "avx512vl", "os_zmm")),
+    # aarch64 (Linux: features from getauxval(AT_HWCAP)).  neon: Advanced SIMD, which every
+    # Armv8-A CPU has (4 float32 lanes, 32 registers).  sve: float32 bags in length-agnostic SVE
+    # (common/bags_sve.h; the vector length read at run time, used where wider than NEON's);
+    # every other kernel is the NEON body (the bodies' accumulator arrays need a width known when
+    # compiling, which SVE's sizeless types are not), compiled with SVE enabled, so the loops GCC
+    # vectorises itself use SVE too; chosen over neon only on CPUs that have SVE.
+    IsaLevel("neon", "aarch64", ("-march=armv8-a",), ("asimd",)),
+    IsaLevel("sve", "aarch64", ("-march=armv8.2-a+sve",), ("asimd", "sve")),
 )
 
 NAMES: tuple[str, ...] = tuple(level.name for level in LEVELS)
+
+
+def host_arch() -> str:
+    """The ``arch`` of levels built for this machine ("x86_64", "aarch64", ...), as setup.py
+    names the target."""
+    import platform
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
 BY_NAME: dict[str, IsaLevel] = {level.name: level for level in LEVELS}
 
 

@@ -5,9 +5,10 @@
  * name:  the level (PERFKERNELS_ISA value), the suffix of its C symbols (pk_lstm_forward_avx2) and
  *        the stem of its files (build/csrc/<family>/<name>.c, perfkernels/csrc/simd/<name>.h);
  * built: 1 when the build contains the level: always for scalar; for another level,
- *        PK_BUILT_<name>, 1 when the target is the level's architecture and the build does not
- *        leave the level out (setup.py's PERFKERNELS_LEVELS defines PK_OMIT_<name> for each level
- *        it omits; the level's files then compile to nothing and its table rows are NULL);
+ *        PK_BUILT_<name>, 1 when the target is the level's architecture (PK_X86_64,
+ *        PK_AARCH64) and the build does not leave the level out (setup.py's
+ *        PERFKERNELS_LEVELS defines PK_OMIT_<name> for each level it omits; the level's files
+ *        then compile to nothing and its table rows are NULL);
  * A:     passed through unchanged, so one list serves every generator below.
  *
  * The rows are written from perfkernels/_registry.py by the build (perfkernels/_codegen.py,
@@ -23,6 +24,11 @@
 #else
 #define PK_X86_64 0
 #endif
+#if defined(__aarch64__)
+#define PK_AARCH64 1
+#else
+#define PK_AARCH64 0
+#endif
 
 /* The generated rows: begin (perfkernels/_codegen.py, isa_list_source) */
 #if PK_X86_64 && !defined(PK_OMIT_avx2)
@@ -35,10 +41,22 @@
 #else
 #define PK_BUILT_avx512 0
 #endif
+#if PK_AARCH64 && !defined(PK_OMIT_neon)
+#define PK_BUILT_neon 1
+#else
+#define PK_BUILT_neon 0
+#endif
+#if PK_AARCH64 && !defined(PK_OMIT_sve)
+#define PK_BUILT_sve 1
+#else
+#define PK_BUILT_sve 0
+#endif
 #define PK_ISA_LIST(X, A)            \
     X(A, scalar, 1)                  \
     X(A, avx2, PK_BUILT_avx2)        \
-    X(A, avx512, PK_BUILT_avx512)
+    X(A, avx512, PK_BUILT_avx512)    \
+    X(A, neon, PK_BUILT_neon)        \
+    X(A, sve, PK_BUILT_sve)
 /* The generated rows: end */
 
 /* PK_WHEN(c)(tokens): the tokens when c expands to 1, nothing when it expands to 0. */

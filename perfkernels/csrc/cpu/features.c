@@ -1,4 +1,4 @@
-/* CPU feature detection.  Built with baseline flags: it must run on every x86-64. */
+/* CPU feature detection.  Built with baseline flags: it must run on every x86-64 (every aarch64). */
 #include "perfkernels/cpu.h"
 
 #if PK_X86_64 && (defined(__GNUC__) || defined(__clang__))
@@ -44,6 +44,31 @@ uint64_t pk_cpu_detect(void)
     }
     return f;
 }
+#elif PK_AARCH64 && defined(__linux__)
+#include <sys/auxv.h>
+
+/* The kernel's bits (arch/arm64/include/uapi/asm/hwcap.h), spelled out for older C libraries. */
+#define PK_HWCAP_ASIMD (1ul << 1)
+#define PK_HWCAP_ASIMDHP (1ul << 10)
+#define PK_HWCAP_SVE (1ul << 22)
+#define PK_HWCAP2_SVE2 (1ul << 1)
+#define PK_HWCAP2_BF16 (1ul << 14)
+
+uint64_t pk_cpu_detect(void)
+{
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    uint64_t f = 0;
+    if (hw & PK_HWCAP_ASIMD) f |= 1ull << PK_CPU_ASIMD;
+    if (hw & PK_HWCAP_ASIMDHP) f |= 1ull << PK_CPU_ASIMDHP;
+    /* HWCAP_SVE is set only when the kernel also saves the SVE registers */
+    if (hw & PK_HWCAP_SVE) f |= 1ull << PK_CPU_SVE;
+    if (hw2 & PK_HWCAP2_SVE2) f |= 1ull << PK_CPU_SVE2;
+    if (hw2 & PK_HWCAP2_BF16) f |= 1ull << PK_CPU_BF16;
+    return f;
+}
+#elif PK_AARCH64
+/* aarch64 without Linux's auxiliary vector: Advanced SIMD is part of every Armv8-A profile. */
+uint64_t pk_cpu_detect(void) { return 1ull << PK_CPU_ASIMD; }
 #else
 uint64_t pk_cpu_detect(void) { return 0; }
 #endif
@@ -51,11 +76,15 @@ uint64_t pk_cpu_detect(void) { return 0; }
 static const char *const feature_names[PK_CPU_FEATURE_COUNT] = {
     "sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl",
     "avx512_bf16", "avx512_fp16", "os_ymm", "os_zmm",
+    "asimd", "asimdhp", "sve", "sve2", "bf16",
 };
 
 const char *pk_cpu_feature_name(int feature)
 {
-    return (feature >= 0 && feature < PK_CPU_FEATURE_COUNT) ? feature_names[feature] : "";
+    if (feature < 0 || feature >= PK_CPU_FEATURE_COUNT) return "";
+    /* only the features of the build's architecture (the first PK_CPU_ASIMD are x86's) */
+    if (PK_AARCH64 ? feature < PK_CPU_ASIMD : feature >= PK_CPU_ASIMD) return "";
+    return feature_names[feature];
 }
 
 static const unsigned char isa_built[] = {PK_ISA_LIST(PK_ISA_BUILT_, ~)};

@@ -17,6 +17,7 @@
 
 #include "perfkernels/embedding.h"
 #include "common/bag_loop.h"
+#include "common/bags_sve.h"   /* the sve level's float32 bags (nothing elsewhere) */
 
 /* Accumulators per pass: half the vector registers, the rest hold the weight and the loads. */
 #define MAX_VECS (V_REGS / 2)
@@ -203,6 +204,10 @@ PK_INLINE pk_status embedding_bag(const pk_bags *bags, const void *table, int64_
 pk_status PK_ISA_FN(pk_embedding_bag_f32)(const pk_bags *bags, const void *table, int64_t rows,
                                           int64_t dim, int64_t row_stride, int64_t *bad_pos)
 {
+#if defined(__ARM_FEATURE_SVE)
+    if (dim > 0 && svcntw() > 4)   /* SVE wider than NEON: the length-agnostic loop */
+        return pk_sve_bags_f32(bags, (const float *)table, rows, dim, row_stride, bad_pos);
+#endif
     return embedding_bag(bags, table, rows, dim, row_stride, bad_pos, TABLE_F32);
 }
 

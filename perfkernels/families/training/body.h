@@ -24,7 +24,8 @@
 #include "common/float_rows.h"   /* the table types are its formats */
 #define load_table pk_load_float_row
 #define load_table_tail pk_load_float_row_tail
-_Static_assert(TRAIN_F32 == PK_ROW_F32 && TRAIN_F16 == PK_ROW_F16 && TRAIN_BF16 == PK_ROW_BF16,
+_Static_assert((int)TRAIN_F32 == (int)PK_ROW_F32 && (int)TRAIN_F16 == (int)PK_ROW_F16
+               && (int)TRAIN_BF16 == (int)PK_ROW_BF16,
                "the table types are float_rows.h's formats");
 
 PK_INLINE void store_table(char *row, int64_t col, vf x, const int type)

@@ -1,0 +1,126 @@
+/* Float32-table bags in vector-length-agnostic SVE, for the sve level (simd/sve.h) on CPUs whose
+ * vectors are wider than NEON's: the vector length is read at run time (svcntw() float lanes),
+ * every load and store is predicated (svwhilelt), so any D and any length from 256 to 2048 bits
+ * take the same code, and nothing past a row or an output row is touched.
+ *
+ * A pass sums up to PK_SVE_BAG_VECS vectors of one bag's columns over its rows, in registers:
+ * acc = fma(w, x, acc) per row in index order (acc + x unweighted), then times 1/count for mean,
+ * as the bag loop of the other levels does (common/bag_loop.h).  Every index is checked before
+ * its row is read; the first bad one returns PK_ERR_INDEX with its position.  Rows are prefetched
+ * PK_BAGS_PREFETCH_DISTANCE indices ahead, a prefetch per 64 bytes of the pass's columns.
+ *
+ * 128-bit SVE keeps the NEON body (the same width, and NEON's code is at least as fast there). */
+#ifndef PK_COMMON_BAGS_SVE_H
+#define PK_COMMON_BAGS_SVE_H
+
+#if defined(__ARM_FEATURE_SVE)
+#include <arm_sve.h>
+
+#include "perfkernels/bags.h"
+
+#define PK_SVE_BAG_VECS 8
+
+PK_INLINE int64_t pk_sve_index(const void *indices, int64_t j, int idx64)
+{
+    return idx64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
+}
+
+/* One pass: columns [col, col + n) with n <= NV * svcntw(), of bag [begin, end); NV, the vectors
+ * of the pass, and the weighting are constants where it is called, so each specialisation keeps
+ * only its own accumulators and no test per vector. */
+PK_INLINE pk_status pk_sve_bag_pass(const pk_bags *bags, const float *table, int64_t rows,
+                                    int64_t row_stride, int64_t begin, int64_t end, int64_t col,
+                                    int64_t n, float *out_row, int64_t *bad_pos, const int nv,
+                                    const int weighted)
+{
+    const int64_t vl = (int64_t)svcntw();
+    /* sizeless types make no arrays: eight predicates and accumulators by name */
+#define PK_SVE_PRED(V) const svbool_t pg##V = svwhilelt_b32_s64((int64_t)V * vl, n);
+    PK_SVE_PRED(0) PK_SVE_PRED(1) PK_SVE_PRED(2) PK_SVE_PRED(3)
+    PK_SVE_PRED(4) PK_SVE_PRED(5) PK_SVE_PRED(6) PK_SVE_PRED(7)
+#undef PK_SVE_PRED
+    svfloat32_t a0 = svdup_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const void *indices = bags->indices;
+    const int idx64 = bags->index_64;
+    const float *weights = bags->weights;
+    const int64_t wofs = bags->positional ? begin : 0, padding = bags->padding_idx;
+    const size_t pf_bytes = (size_t)n * 4;
+    int64_t skipped = 0;
+    for (int64_t j = begin; j < end; j++) {
+        const int64_t idx = pk_sve_index(indices, j, idx64);
+        if ((uint64_t)idx >= (uint64_t)rows) {
+            *bad_pos = j;
+            return PK_ERR_INDEX;
+        }
+        if (j + PK_BAGS_PREFETCH_DISTANCE < bags->n_indices) {
+            const int64_t ahead = pk_sve_index(indices, j + PK_BAGS_PREFETCH_DISTANCE, idx64);
+            if ((uint64_t)ahead < (uint64_t)rows) {
+                const char *p = (const char *)(table + ahead * row_stride + col);
+                for (size_t off = 0; off < pf_bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+            }
+        }
+        if (idx == padding) {
+            skipped++;
+            continue;
+        }
+        const float *x = table + idx * row_stride + col;
+        if (!weighted) {
+#define PK_SVE_ADD(V) if (nv > V) a##V = svadd_f32_m(pg##V, a##V, svld1_f32(pg##V, x + V * vl));
+            PK_SVE_ADD(0) PK_SVE_ADD(1) PK_SVE_ADD(2) PK_SVE_ADD(3)
+            PK_SVE_ADD(4) PK_SVE_ADD(5) PK_SVE_ADD(6) PK_SVE_ADD(7)
+#undef PK_SVE_ADD
+        } else {
+            const svfloat32_t w = svdup_n_f32(weights[j - wofs]);
+#define PK_SVE_FMA(V) if (nv > V) a##V = svmla_f32_m(pg##V, a##V, w, svld1_f32(pg##V, x + V * vl));
+            PK_SVE_FMA(0) PK_SVE_FMA(1) PK_SVE_FMA(2) PK_SVE_FMA(3)
+            PK_SVE_FMA(4) PK_SVE_FMA(5) PK_SVE_FMA(6) PK_SVE_FMA(7)
+#undef PK_SVE_FMA
+        }
+    }
+    const int64_t count = end - begin - skipped;
+    const svfloat32_t scale = svdup_n_f32(bags->mean && count > 0 ? 1.0f / (float)count : 1.0f);
+    float *o = out_row + col;
+#define PK_SVE_STORE(V) if (nv > V) svst1_f32(pg##V, o + V * vl, svmul_f32_x(pg##V, a##V, scale));
+    PK_SVE_STORE(0) PK_SVE_STORE(1) PK_SVE_STORE(2) PK_SVE_STORE(3)
+    PK_SVE_STORE(4) PK_SVE_STORE(5) PK_SVE_STORE(6) PK_SVE_STORE(7)
+#undef PK_SVE_STORE
+    return PK_OK;
+}
+
+/* Every bag, in passes of PK_SVE_BAG_VECS vectors (the last of as many as its columns need).
+ * dim > 0. */
+PK_INLINE pk_status pk_sve_bags_f32_w(const pk_bags *bags, const float *table, int64_t rows,
+                                      int64_t dim, int64_t row_stride, int64_t *bad_pos,
+                                      const int weighted)
+{
+    const int64_t vl = (int64_t)svcntw(), chunk = PK_SVE_BAG_VECS * vl;
+    for (int64_t b = 0; b < bags->num_bags; b++) {
+        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
+        float *out = bags->out + b * bags->out_stride;
+        for (int64_t col = 0; col < dim; col += chunk) {
+            const int64_t n = dim - col < chunk ? dim - col : chunk;
+            pk_status s;
+            switch ((n + vl - 1) / vl) {
+#define PK_SVE_CASE(NV) case NV: s = pk_sve_bag_pass(bags, table, rows, row_stride, begin, end, col, n, \
+                                                     out, bad_pos, NV, weighted); break;
+            PK_SVE_CASE(1) PK_SVE_CASE(2) PK_SVE_CASE(3) PK_SVE_CASE(4)
+            PK_SVE_CASE(5) PK_SVE_CASE(6) PK_SVE_CASE(7)
+            default: s = pk_sve_bag_pass(bags, table, rows, row_stride, begin, end, col, n, out, bad_pos, 8, weighted);
+#undef PK_SVE_CASE
+            }
+            if (s != PK_OK) return s;
+        }
+    }
+    return PK_OK;
+}
+
+static __attribute__((noinline)) pk_status pk_sve_bags_f32(const pk_bags *bags, const float *table,
+                                                           int64_t rows, int64_t dim,
+                                                           int64_t row_stride, int64_t *bad_pos)
+{
+    if (bags->weights == NULL) return pk_sve_bags_f32_w(bags, table, rows, dim, row_stride, bad_pos, 0);
+    return pk_sve_bags_f32_w(bags, table, rows, dim, row_stride, bad_pos, 1);
+}
+
+#endif /* __ARM_FEATURE_SVE */
+#endif

@@ -1,0 +1,483 @@
+/* The Arm levels checked without Python: a static aarch64 program, linked with the kernels'
+ * objects, that runs under qemu-aarch64 (tests/test_emulated_arm.py builds and runs it).
+ *
+ * For every Arm level this build contains and the (emulated) CPU can run, each kernel is called
+ * on awkward sizes (D = 1, 7, 9, 15, 17, 63, 65, 127, 129, 1000 and empty bags) and compared:
+ *   - conversions and quantization: bit for bit with the scalar level (which the Python tests
+ *     hold to NumPy / PyTorch), every float16 and bfloat16 input included;
+ *   - bags (float32 / float16 / bfloat16 tables, 8/4/2-bit rows) and the dot interaction: with a
+ *     float64 sum computed here, within a bound on float32 rounding, and with the scalar level;
+ *   - an out-of-range index: refused with its position, as on the scalar level.
+ * Output lines: "cpu ..." (the detected features, the SVE vector length), "level X: ok" for each
+ * level checked, and "FAIL ..." lines; the exit status is the number of failures (capped). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+
+#include "perfkernels/convert.h"
+#include "perfkernels/cpu.h"
+#include "perfkernels/embedding.h"
+#include "perfkernels/interaction.h"
+#include "perfkernels/quantized.h"
+
+#ifndef PR_SVE_GET_VL
+#define PR_SVE_GET_VL 51
+#endif
+
+static int failures;
+static const char *level_name;
+static const pk_convert_kernels *scalar_convert;
+
+#define CHECK(cond, ...)                                                 \
+    do {                                                                 \
+        if (!(cond)) {                                                   \
+            if (failures < 40) {                                         \
+                printf("FAIL [%s] %s:%d: ", level_name, __func__, __LINE__); \
+                printf(__VA_ARGS__);                                     \
+                printf("\n");                                            \
+            }                                                            \
+            failures++;                                                  \
+        }                                                                \
+    } while (0)
+
+static const int64_t DIMS[] = {1, 7, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000};
+#define N_DIMS (sizeof DIMS / sizeof DIMS[0])
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float rnd_float(void) { return ((float)(rnd() % 20001) - 10000.0f) / 5000.0f; } /* [-2, 2] */
+static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* reference conversions, written from IEEE 754 here (the scalar kernels are checked too) */
+static double f16_value(uint16_t h)
+{
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const double s = (h & 0x8000) ? -1.0 : 1.0;
+    if (e == 0) return s * ldexp(m, -24);
+    if (e == 31) return m ? NAN : s * INFINITY;
+    return s * ldexp(1024 + m, e - 25);
+}
+
+/* --- conversions: bit for bit with scalar, every 16-bit input ------------------------------ */
+static void check_convert(const pk_convert_kernels *k, const pk_convert_kernels *s)
+{
+    enum { N = 65536 + 37 };
+    float *src = malloc(N * 4), *a = malloc(N * 4), *b = malloc(N * 4);
+    uint16_t *h = malloc(N * 2), *ha = malloc(N * 2), *hb = malloc(N * 2);
+    for (size_t i = 0; i < N; i++) h[i] = (uint16_t)i;
+    /* every float16 and bfloat16 bit pattern widened; exact, so also against the reference */
+    k->half_to_float(h, a, N);
+    s->half_to_float(h, b, N);
+    for (size_t i = 0; i < N; i++) {
+        CHECK(f32_bits(a[i]) == f32_bits(b[i]), "half_to_float(0x%04x): %08x, scalar %08x", h[i],
+              f32_bits(a[i]), f32_bits(b[i]));
+        const double r = f16_value(h[i]);
+        CHECK(r != r ? a[i] != a[i] : (double)a[i] == r, "half_to_float(0x%04x) = %g", h[i], a[i]);
+    }
+    k->bf16_to_float(h, a, N);
+    for (size_t i = 0; i < N; i++)
+        CHECK(f32_bits(a[i]) == (uint32_t)h[i] << 16, "bf16_to_float(0x%04x)", h[i]);
+    /* narrowing: random bit patterns, values around float16's range and rounding ties, specials */
+    for (size_t i = 0; i < N; i++) {
+        switch (i % 4) {
+        case 0: src[i] = bits_f32(rnd()); break;
+        case 1: src[i] = rnd_float() * 40000.0f; break;
+        case 2: src[i] = bits_f32((rnd() & 0x8fffe000u) | 0x00001000u | (uint32_t)(100 + rnd() % 60) << 23); break;
+        default: src[i] = rnd_float() * 1e-5f; break;
+        }
+    }
+    src[0] = NAN; src[1] = -INFINITY; src[2] = 65520.0f; src[3] = 65519.0f; src[4] = -0.0f;
+    src[5] = bits_f32(0x7f800001u); src[6] = bits_f32(0xffc12345u); src[7] = 5.9604645e-8f;
+    for (int clip = 0; clip < 2; clip++) {
+        for (size_t d = 0; d < N_DIMS; d++) {
+            const size_t n = (size_t)DIMS[d], off = (size_t)d * 3;
+            memset(ha, 0xab, n + 8); memset(hb, 0xab, n + 8);
+            k->float_to_half(src + off, ha + 1, n, clip);
+            s->float_to_half(src + off, hb + 1, n, clip);
+            CHECK(memcmp(ha, hb, (n + 8) * 2) == 0, "float_to_half n=%zu clip=%d differs from scalar", n, clip);
+        }
+        k->float_to_half(src, ha, N, clip);
+        s->float_to_half(src, hb, N, clip);
+        for (size_t i = 0; i < N; i++)
+            CHECK(ha[i] == hb[i], "float_to_half(%08x, clip=%d): %04x, scalar %04x", f32_bits(src[i]),
+                  clip, ha[i], hb[i]);
+    }
+    k->float_to_bf16(src, ha, N);
+    s->float_to_bf16(src, hb, N);
+    for (size_t i = 0; i < N; i++)
+        CHECK(ha[i] == hb[i], "float_to_bf16(%08x): %04x, scalar %04x", f32_bits(src[i]), ha[i], hb[i]);
+    for (size_t d = 0; d < N_DIMS; d++) {   /* nothing written past n */
+        const size_t n = (size_t)DIMS[d];
+        memset(ha, 0xab, (n + 8) * 2);
+        k->float_to_bf16(src + 5, ha + 1, n);
+        CHECK(ha[0] == 0xabab && ha[n + 1] == 0xabab, "float_to_bf16 n=%zu wrote outside", n);
+        memset(a, 0xab, (n + 8) * 4);
+        k->half_to_float(h + 3, a + 1, n);
+        CHECK(f32_bits(a[0]) == 0xabababab && f32_bits(a[n + 1]) == 0xabababab, "half_to_float n=%zu", n);
+    }
+    free(src); free(a); free(b); free(h); free(ha); free(hb);
+}
+
+/* --- bags ------------------------------------------------------------------------------------ */
+enum { ROWS = 23, NBAGS = 7 };
+static const int64_t LENGTHS[NBAGS] = {3, 0, 1, 8, 0, 5, 2};   /* empty bags included */
+
+typedef struct bag_case {
+    int64_t offsets[NBAGS + 1];
+    int64_t idx64[32];
+    int32_t idx32[32];
+    float weights[32];
+    int64_t n;
+} bag_case;
+
+static void make_bags(bag_case *c)
+{
+    c->offsets[0] = 0;
+    for (int b = 0; b < NBAGS; b++) c->offsets[b + 1] = c->offsets[b] + LENGTHS[b];
+    c->n = c->offsets[NBAGS];
+    for (int64_t j = 0; j < c->n; j++) {
+        c->idx64[j] = rnd() % ROWS;
+        c->idx32[j] = (int32_t)c->idx64[j];
+        c->weights[j] = rnd_float();
+    }
+    c->idx64[4] = c->idx64[6];   /* a row twice in a bag */
+    c->idx32[4] = c->idx32[6];
+}
+
+/* out[b] = scale * sum w_j * row(idx_j), in float64, with the sum of |terms| for the bound */
+typedef double (*row_value_fn)(const void *table, int64_t row, int64_t col, int64_t dim);
+
+/* mag_value: the magnitude a row element's rounding errors scale with (NULL: |value|) */
+static void reference_bags(const bag_case *c, const pk_bags *bags, row_value_fn value,
+                           row_value_fn mag_value, const void *table, int64_t dim, double *ref,
+                           double *mag)
+{
+    for (int b = 0; b < NBAGS; b++) {
+        int64_t count = 0;
+        for (int64_t j = c->offsets[b]; j < c->offsets[b + 1]; j++)
+            count += c->idx64[j] != bags->padding_idx;
+        for (int64_t d = 0; d < dim; d++) {
+            double sum = 0, abs_sum = 0;
+            for (int64_t j = c->offsets[b]; j < c->offsets[b + 1]; j++) {
+                if (c->idx64[j] == bags->padding_idx) continue;
+                const double w = bags->weights ? bags->weights[bags->positional ? j - c->offsets[b] : j] : 1.0;
+                const double x = value(table, c->idx64[j], d, dim);
+                sum += w * x;
+                abs_sum += fabs(w) * (mag_value ? mag_value(table, c->idx64[j], d, dim) : fabs(x));
+            }
+            const double scale = bags->mean ? (count ? 1.0 / (double)count : 0.0) : 1.0;
+            ref[b * dim + d] = sum * scale;
+            mag[b * dim + d] = abs_sum * scale;
+        }
+    }
+}
+
+static void compare_rows(const char *what, int64_t dim, int variant, const float *out,
+                         const float *scalar_out, const double *ref, const double *mag, double rel)
+{
+    for (int64_t i = 0; i < NBAGS * dim; i++) {
+        const double bound = rel * (mag[i] + 1e-30) + 1e-30;
+        CHECK(fabs((double)out[i] - ref[i]) <= bound, "%s D=%lld variant %d [%lld]: %.9g, float64 %.9g",
+              what, (long long)dim, variant, (long long)i, out[i], ref[i]);
+        CHECK(fabs((double)out[i] - (double)scalar_out[i]) <= 2 * bound,
+              "%s D=%lld variant %d [%lld]: %.9g, scalar %.9g", what, (long long)dim, variant,
+              (long long)i, out[i], scalar_out[i]);
+    }
+}
+
+static double f32_row_value(const void *t, int64_t r, int64_t c, int64_t dim)
+{
+    return ((const float *)t)[r * (dim + 3) + c];
+}
+static double f16_row_value(const void *t, int64_t r, int64_t c, int64_t dim)
+{
+    return f16_value(((const uint16_t *)t)[r * (dim + 3) + c]);
+}
+static double bf16_row_value(const void *t, int64_t r, int64_t c, int64_t dim)
+{
+    return (double)bits_f32((uint32_t)((const uint16_t *)t)[r * (dim + 3) + c] << 16);
+}
+
+/* the bags' variants: index width, weighting, mean, padding */
+static void set_variant(pk_bags *bags, const bag_case *c, int v)
+{
+    memset(bags, 0, sizeof *bags);
+    bags->index_64 = v & 1;
+    bags->indices = bags->index_64 ? (const void *)c->idx64 : (const void *)c->idx32;
+    bags->n_indices = c->n;
+    bags->offsets = c->offsets;
+    bags->num_bags = NBAGS;
+    bags->weights = (v >> 1) % 3 ? c->weights : NULL;
+    bags->positional = (v >> 1) % 3 == 2;
+    bags->mean = v == 6 || v == 7;
+    bags->padding_idx = v >= 6 ? c->idx64[0] : -1;
+}
+#define N_VARIANTS 8
+
+static void check_float_bags(const pk_embedding_kernels *k, const pk_embedding_kernels *s)
+{
+    bag_case c;
+    make_bags(&c);
+    for (size_t di = 0; di < N_DIMS; di++) {
+        const int64_t dim = DIMS[di], stride = dim + 3;   /* rows spaced wider than D, unaligned */
+        float *f32 = malloc((size_t)(ROWS * stride) * 4);
+        uint16_t *f16 = malloc((size_t)(ROWS * stride) * 2), *bf16 = malloc((size_t)(ROWS * stride) * 2);
+        for (int64_t i = 0; i < ROWS * stride; i++) {
+            f32[i] = rnd_float();
+            f16[i] = (uint16_t)(rnd() % 0x7c00) | (uint16_t)(rnd() & 0x8000);
+            bf16[i] = (uint16_t)(f32_bits(rnd_float()) >> 16);
+        }
+        const size_t out_len = (size_t)(NBAGS * dim) + 4;
+        float *out = malloc(out_len * 4), *sout = malloc(out_len * 4);
+        double *ref = malloc(out_len * 8), *mag = malloc(out_len * 8);
+        for (int v = 0; v < N_VARIANTS; v++) {
+            pk_bags bags;
+            set_variant(&bags, &c, v);
+            bags.out_stride = dim;
+            const struct { const char *name; pk_embedding_bag_fn fn, sfn; const void *t; row_value_fn val; } types[3] = {
+                {"f32", k->embedding_bag_f32, s->embedding_bag_f32, f32, f32_row_value},
+                {"f16", k->embedding_bag_f16, s->embedding_bag_f16, f16, f16_row_value},
+                {"bf16", k->embedding_bag_bf16, s->embedding_bag_bf16, bf16, bf16_row_value},
+            };
+            for (int ty = 0; ty < 3; ty++) {
+                int64_t bad = -1;
+                for (size_t i = 0; i < out_len; i++) out[i] = sout[i] = bits_f32(0x7fc00bad);
+                bags.out = out;
+                CHECK(types[ty].fn(&bags, types[ty].t, ROWS, dim, stride, &bad) == PK_OK, "%s status", types[ty].name);
+                bags.out = sout;
+                CHECK(types[ty].sfn(&bags, types[ty].t, ROWS, dim, stride, &bad) == PK_OK, "%s scalar status", types[ty].name);
+                CHECK(f32_bits(out[NBAGS * dim]) == 0x7fc00bad, "%s D=%lld wrote past the output",
+                      types[ty].name, (long long)dim);
+                reference_bags(&c, &bags, types[ty].val, NULL, types[ty].t, dim, ref, mag);
+                compare_rows(types[ty].name, dim, v, out, sout, ref, mag, 2e-6);
+            }
+        }
+        /* an index out of range: refused with its position */
+        {
+            pk_bags bags;
+            set_variant(&bags, &c, 1);
+            bags.out_stride = dim;
+            bags.out = out;
+            int64_t saved = c.idx64[9], bad = -1;
+            c.idx64[9] = ROWS;
+            CHECK(k->embedding_bag_f32(&bags, f32, ROWS, dim, stride, &bad) == PK_ERR_INDEX && bad == 9,
+                  "index out of range: bad_pos %lld", (long long)bad);
+            c.idx64[9] = -1;
+            bad = -1;
+            CHECK(k->embedding_bag_bf16(&bags, bf16, ROWS, dim, stride, &bad) == PK_ERR_INDEX && bad == 9,
+                  "negative index: bad_pos %lld", (long long)bad);
+            c.idx64[9] = saved;
+        }
+        free(f32); free(f16); free(bf16); free(out); free(sout); free(ref); free(mag);
+    }
+}
+
+/* --- quantized rows -------------------------------------------------------------------------- */
+typedef struct packed_table {
+    const uint8_t *rows;
+    size_t row_bytes;
+    int bits;
+} packed_table;
+
+/* scale * q + bias, or with magnitude set |scale * q| + |bias| (the kernels round (w * scale) * q
+ * and w * bias separately, so a row's errors scale with those, not with their sum) */
+static double packed_element(const void *t_, int64_t r, int64_t c, int magnitude)
+{
+    const packed_table *t = t_;
+    const uint8_t *row = t->rows + (size_t)r * t->row_bytes;
+    const size_t codes = t->row_bytes - (t->bits == 8 ? 8 : 4);
+    double scale, bias;
+    unsigned q;
+    if (t->bits == 8) {
+        float sb[2];
+        memcpy(sb, row + codes, 8);
+        scale = sb[0], bias = sb[1];
+        q = row[c];
+    } else {
+        uint16_t sb[2];
+        memcpy(sb, row + codes, 4);
+        scale = f16_value(sb[0]), bias = f16_value(sb[1]);
+        const int per = 8 / t->bits;
+        q = (row[c / per] >> (t->bits * (c % per))) & ((1u << t->bits) - 1);
+    }
+    return magnitude ? fabs(scale * q) + fabs(bias) : scale * q + bias;
+}
+static double packed_value(const void *t, int64_t r, int64_t c, int64_t dim)
+{
+    (void)dim;
+    return packed_element(t, r, c, 0);
+}
+static double packed_magnitude(const void *t, int64_t r, int64_t c, int64_t dim)
+{
+    (void)dim;
+    return packed_element(t, r, c, 1);
+}
+
+static void check_quantized(const pk_quantized_kernels *k, const pk_quantized_kernels *s)
+{
+    bag_case c;
+    make_bags(&c);
+    for (size_t di = 0; di < N_DIMS; di++) {
+        const int64_t dim = DIMS[di];
+        float *w = malloc((size_t)(ROWS * dim) * 4);
+        uint16_t *wh = malloc((size_t)(ROWS * dim) * 2);
+        for (int64_t i = 0; i < ROWS * dim; i++) w[i] = rnd_float() * (1 + (i / dim) % 5);
+        for (int64_t j = 0; j < dim; j++) w[3 * dim + j] = fabsf(w[3 * dim + j]);  /* min 0 */
+        for (int64_t j = 0; j < dim; j++) w[5 * dim + j] = 0.25f;                  /* constant row */
+        if (dim > 3) w[7 * dim + 2] = -0.0f;
+        /* float16 inputs: the weights rounded (any rounding will do: both levels read the same) */
+        scalar_convert->float_to_half(w, wh, (size_t)(ROWS * dim), 0);
+        for (int bits = 8; bits >= 2; bits /= 2) {
+            const size_t rb = pk_quantized_row_bytes(bits, (size_t)dim);
+            uint8_t *pa = malloc(ROWS * rb + 16), *pb = malloc(ROWS * rb + 16);
+            for (int half = 0; half < 2; half++) {
+                const void *src = half ? (const void *)wh : (const void *)w;
+                size_t bad = 0;
+                memset(pa, 0x5a, ROWS * rb + 16); memset(pb, 0x5a, ROWS * rb + 16);
+                CHECK(k->quantize_rowwise(bits, half, src, ROWS, (size_t)dim, pa, &bad) == PK_OK, "quantize status");
+                CHECK(s->quantize_rowwise(bits, half, src, ROWS, (size_t)dim, pb, &bad) == PK_OK, "scalar status");
+                for (size_t r = 0; r < ROWS; r++)
+                    CHECK(memcmp(pa + r * rb, pb + r * rb, rb) == 0,
+                          "quantize_rowwise bits=%d half=%d D=%lld row %zu differs from scalar", bits, half,
+                          (long long)dim, r);
+                CHECK(pa[ROWS * rb] == 0x5a, "quantize_rowwise wrote past the output");
+            }
+            /* bags over the (scalar-checked) packed rows */
+            const packed_table pt = {pb, rb, bits};
+            float *out = malloc((size_t)(NBAGS * dim + 4) * 4), *sout = malloc((size_t)(NBAGS * dim + 4) * 4);
+            double *ref = malloc((size_t)(NBAGS * dim) * 8), *mag = malloc((size_t)(NBAGS * dim) * 8);
+            for (int v = 0; v < N_VARIANTS; v++) {
+                pk_bags bags;
+                set_variant(&bags, &c, v);
+                bags.out_stride = dim;
+                int64_t bad = -1;
+                bags.out = out;
+                out[NBAGS * dim] = bits_f32(0x7fc00bad);
+                CHECK(k->embedding_bag_quantized(bits, &bags, pb, ROWS, (int64_t)rb, dim, &bad) == PK_OK, "status");
+                CHECK(f32_bits(out[NBAGS * dim]) == 0x7fc00bad, "quantized bag wrote past the output");
+                bags.out = sout;
+                CHECK(s->embedding_bag_quantized(bits, &bags, pb, ROWS, (int64_t)rb, dim, &bad) == PK_OK, "status");
+                reference_bags(&c, &bags, packed_value, packed_magnitude, &pt, dim, ref, mag);
+                char what[32];
+                snprintf(what, sizeof what, "%d-bit bag", bits);
+                compare_rows(what, dim, v, out, sout, ref, mag, 4e-6);
+            }
+            /* dequantize: each element scale * q + bias within a float32 rounding or two */
+            float *deq = malloc((size_t)(ROWS * dim) * 4);
+            k->dequantize_rowwise(bits, pb, ROWS, rb, (size_t)dim, deq);
+            for (int64_t r = 0; r < ROWS; r++)
+                for (int64_t j = 0; j < dim; j++) {
+                    const double want = packed_value(&pt, r, j, dim);
+                    CHECK(fabs(deq[r * dim + j] - want) <= 3e-7 * (fabs(want) + 4.0),
+                          "dequantize bits=%d D=%lld [%lld, %lld]: %.9g, float64 %.9g", bits, (long long)dim,
+                          (long long)r, (long long)j, deq[r * dim + j], want);
+                }
+            free(deq); free(out); free(sout); free(ref); free(mag); free(pa); free(pb);
+        }
+        free(w); free(wh);
+    }
+}
+
+/* --- the dot interaction --------------------------------------------------------------------- */
+static void check_interaction(const pk_interaction_kernels *k, const pk_interaction_kernels *s)
+{
+    enum { NF = 5 };
+    int32_t li[NF * NF], lj[NF * NF];
+    int64_t pairs = 0;
+    for (int i = 0; i < NF; i++)
+        for (int j = 0; j < i; j++) li[pairs] = i, lj[pairs] = j, pairs++;
+    for (size_t di = 0; di < N_DIMS; di++) {
+        const int64_t dim = DIMS[di];
+        float *z = malloc((size_t)(NF * dim) * 4), out[NF * NF], sout[NF * NF];
+        for (int64_t i = 0; i < NF * dim; i++) z[i] = rnd_float();
+        k->interaction_dot(z, dim, li, lj, pairs, out);
+        s->interaction_dot(z, dim, li, lj, pairs, sout);
+        for (int64_t p = 0; p < pairs; p++) {
+            double ref = 0, mag = 0;
+            for (int64_t d = 0; d < dim; d++) {
+                const double t = (double)z[li[p] * dim + d] * z[lj[p] * dim + d];
+                ref += t, mag += fabs(t);
+            }
+            CHECK(fabs(out[p] - ref) <= 2e-6 * mag + 1e-30, "dot D=%lld pair %lld: %.9g, float64 %.9g",
+                  (long long)dim, (long long)p, out[p], ref);
+            CHECK(fabs(out[p] - sout[p]) <= 4e-6 * mag + 1e-30, "dot D=%lld pair %lld vs scalar",
+                  (long long)dim, (long long)p);
+        }
+        free(z);
+    }
+}
+
+/* `arm_driver bench LEVEL KIND D ROWS`: one bag of ROWS random rows of a 4096-row table (KIND f32:
+ * float32, q8: 8-bit rows) summed at LEVEL (or none: the same setup, no kernel call), for counting
+ * instructions per row under the emulator (docs/arm.md). */
+static int bench(const char *level, const char *kind, int64_t dim, int64_t n)
+{
+    enum { TABLE_ROWS = 4096 };
+    int isa = -1;
+    for (int i = 0; i < PK_ISA_COUNT; i++)
+        if (strcmp(pk_isa_name(i), level) == 0) isa = i;
+    int64_t *idx = malloc((size_t)n * 8), offsets[2] = {0, n}, bad = -1;
+    for (int64_t j = 0; j < n; j++) idx[j] = rnd() % TABLE_ROWS;
+    float *out = calloc((size_t)dim, 4);
+    pk_bags bags = {idx, n, 1, offsets, 1, NULL, 0, 0, -1, out, dim};
+    pk_status st = PK_OK;
+    if (strcmp(kind, "f32") == 0) {
+        float *t = calloc((size_t)(TABLE_ROWS * dim), 4);
+        if (isa >= 0) st = pk_embedding_table(isa)->embedding_bag_f32(&bags, t, TABLE_ROWS, dim, dim, &bad);
+    } else {
+        const size_t rb = pk_quantized_row_bytes(8, (size_t)dim);
+        uint8_t *t = calloc(TABLE_ROWS, rb);
+        if (isa >= 0) st = pk_quantized_table(isa)->embedding_bag_quantized(8, &bags, t, TABLE_ROWS, (int64_t)rb, dim, &bad);
+    }
+    printf("bench %s %s D=%lld rows=%lld status %d\n", level, kind, (long long)dim, (long long)n, (int)st);
+    return st != PK_OK;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 6 && strcmp(argv[1], "bench") == 0)
+        return bench(argv[2], argv[3], atoll(argv[4]), atoll(argv[5]));
+    const uint64_t have = pk_cpu_detect();
+    printf("cpu");
+    for (int f = 0; f < PK_CPU_FEATURE_COUNT; f++)
+        if ((have >> f) & 1) printf(" %s", pk_cpu_feature_name(f));
+    const int sve_vl = (have >> PK_CPU_SVE) & 1 ? prctl(PR_SVE_GET_VL) & 0xffff : 0;
+    printf("; sve vector length %d bits\n", sve_vl * 8);
+    const pk_convert_kernels *sc = scalar_convert = pk_convert_table(PK_ISA_scalar);
+    const pk_embedding_kernels *se = pk_embedding_table(PK_ISA_scalar);
+    const pk_quantized_kernels *sq = pk_quantized_table(PK_ISA_scalar);
+    const pk_interaction_kernels *si = pk_interaction_table(PK_ISA_scalar);
+    static const struct { int isa; int needs; } levels[] = {
+        {PK_ISA_neon, PK_CPU_ASIMD}, {PK_ISA_sve, PK_CPU_SVE},
+    };
+    for (size_t l = 0; l < sizeof levels / sizeof levels[0]; l++) {
+        const int isa = levels[l].isa;
+        level_name = pk_isa_name(isa);
+        if (argc > 1 && strcmp(argv[1], level_name) != 0) continue;
+        if (!pk_isa_compiled(isa)) {
+            printf("level %s: not built\n", level_name);
+            continue;
+        }
+        if (!((have >> levels[l].needs) & 1) || !((have >> PK_CPU_ASIMD) & 1)) {
+            printf("level %s: skipped (cpu lacks %s)\n", level_name, pk_cpu_feature_name(levels[l].needs));
+            continue;
+        }
+        const int before = failures;
+        check_convert(pk_convert_table(isa), sc);
+        check_float_bags(pk_embedding_table(isa), se);
+        check_quantized(pk_quantized_table(isa), sq);
+        check_interaction(pk_interaction_table(isa), si);
+        printf("level %s: %s\n", level_name, failures == before ? "ok" : "FAILED");
+    }
+    return failures > 100 ? 100 : failures;
+}
