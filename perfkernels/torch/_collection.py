@@ -225,7 +225,10 @@ class EmbeddingBagCollection(torch.nn.Module):
     :class:`EmbeddingBagConfig` (or ``torchrec.EmbeddingBagConfig``) per table.  ``forward`` takes
     a :class:`KeyedJaggedTensor` (or TorchRec's) and returns a :class:`KeyedTensor` whose
     ``values()`` are the pooled rows of every feature side by side, ``[B, sum of dims]``, in the
-    order of the tables and their ``feature_names``.  The parameters are
+    order of the tables and their ``feature_names``; as TorchRec's, a feature read by several
+    tables is named ``feature@table`` (one slot per table, of that table's width).  Under
+    ``torch.fx`` / ``torchrec.fx`` symbolic tracing the lookup is one leaf call; on the meta
+    device forward gives the output's shape without reading data.  The parameters are
     ``embedding_bags.<table name>.weight``, as in TorchRec's unsharded collection, so its
     ``state_dict`` loads unchanged.  Gradients: each table's ``sparse`` setting (dense by
     default; set ``module.embedding_bags[name].sparse = True`` for COO gradients), or with
