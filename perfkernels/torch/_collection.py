@@ -225,7 +225,10 @@ class EmbeddingBagCollection(torch.nn.Module):
     :class:`EmbeddingBagConfig` (or ``torchrec.EmbeddingBagConfig``) per table.  ``forward`` takes
     a :class:`KeyedJaggedTensor` (or TorchRec's) and returns a :class:`KeyedTensor` whose
     ``values()`` are the pooled rows of every feature side by side, ``[B, sum of dims]``, in the
-    order of the tables and their ``feature_names``.  The parameters are
+    order of the tables and their ``feature_names``; as TorchRec's, a feature read by several
+    tables is named ``feature@table`` (one slot per table, of that table's width).  Under
+    ``torch.fx`` / ``torchrec.fx`` symbolic tracing the lookup is one leaf call; on the meta
+    device forward gives the output's shape without reading data.  The parameters are
     ``embedding_bags.<table name>.weight``, as in TorchRec's unsharded collection, so its
     ``state_dict`` loads unchanged.  Gradients: each table's ``sparse`` setting (dense by
     default; set ``module.embedding_bags[name].sparse = True`` for COO gradients), or with
@@ -269,6 +272,12 @@ class EmbeddingBagCollection(torch.nn.Module):
             self.embedding_bags[cfg.name] = bag
             for feature in (cfg.feature_names or [cfg.name]):
                 self._feature_table.append((feature, cfg.name, cfg.embedding_dim))
+        # output names as TorchRec's: "feature@table" for a feature of several tables
+        count: dict[str, int] = {}
+        for feature, _, _ in self._feature_table:
+            count[feature] = count.get(feature, 0) + 1
+        self._embedding_names = [f"{f}@{t}" if count[f] > 1 else f
+                                 for f, t, _ in self._feature_table]
 
     @classmethod
     def from_files(cls, files: Any, *, feature_names: Optional[Any] = None, pooling: str = "sum",
@@ -285,16 +294,39 @@ class EmbeddingBagCollection(torch.nn.Module):
     def is_weighted(self) -> bool:
         return self._is_weighted
 
+    @property
+    def device(self) -> torch.device:
+        """The device of the tables (of the first one; CPU when there are none), as TorchRec's
+        collection has it."""
+        for bag in self.embedding_bags.values():
+            return bag.weight.device
+        return torch.device("cpu")
+
     def embedding_bag_configs(self) -> list:
         return self._configs
 
     def forward(self, features: Any) -> KeyedTensor:
         """Pooled rows for every feature of every table (KeyedTensor layout)."""
+        if isinstance(features, torch.fx.Proxy):
+            # fx symbolic tracing (torchrec.fx.symbolic_trace too): one leaf call of the lookup
+            names = list(self.embedding_bags)
+            return _traced_collection(
+                features, [self.embedding_bags[n].weight for n in names],
+                tuple(f for f, _, _ in self._feature_table),
+                tuple(names.index(t) for _, t, _ in self._feature_table),
+                tuple(int(self.embedding_bags[n].mode == "mean") for n in names),
+                tuple(-1 if b.padding_idx is None else b.padding_idx % b.num_embeddings
+                      for b in (self.embedding_bags[n] for n in names)),
+                self._is_weighted, tuple(self._embedding_names),
+                tuple(d for _, _, d in self._feature_table))
         keys, values, offsets, batch = _kjt_parts(features)
         weights = features.weights_or_none() if self._is_weighted else None
         out = None
         no_grad = not (torch.is_grad_enabled() and self._needs_grad(weights))
-        if _bags.capturing():       # (torch.jit.trace too: no lookup traced as a constant)
+        if values.device.type == "meta" or self.device.type == "meta":
+            # meta tensors hold no data: the op's fake kernel gives the output's shape
+            out = self._lookup_op(keys, values, offsets, weights, batch)
+        elif _bags.capturing():       # (torch.jit.trace too: no lookup traced as a constant)
             out = self._lookup_op(keys, values, offsets, weights, batch)
         elif no_grad:
             if _bags._profiler_enabled():
@@ -303,7 +335,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                 out = self._lookup_all(keys, values, offsets, weights)
         if out is None:
             out = self._lookup_each(keys, values, offsets, weights, batch)
-        return KeyedTensor([f for f, _, _ in self._feature_table],
+        return KeyedTensor(list(self._embedding_names),
                            [d for _, _, d in self._feature_table], out)
 
     def _needs_grad(self, weights: Optional[Tensor]) -> bool:
@@ -318,19 +350,19 @@ class EmbeddingBagCollection(torch.nn.Module):
         optimizers do the same), not once per feature."""
         _check_jagged(values, offsets, weights, len(keys))
         position = {k: i for i, k in enumerate(keys)}
-        by_table: dict[str, list[int]] = {}
-        for feature, table, _ in self._feature_table:
+        by_table: dict[str, list[tuple[int, int]]] = {}     # table -> (slot, input feature)
+        for slot, (feature, table, _) in enumerate(self._feature_table):
             if feature not in position:
                 raise KeyError(f"feature {feature!r} (table {table!r}) is not in the input; "
                                f"its keys are {keys}")
-            by_table.setdefault(table, []).append(position[feature])
+            by_table.setdefault(table, []).append((slot, position[feature]))
         pooled: dict[int, Tensor] = {}
         for table, feats in by_table.items():
-            segments = [offsets[f * batch:(f + 1) * batch + 1] for f in feats]
+            segments = [offsets[f * batch:(f + 1) * batch + 1] for _, f in feats]
             out = self._lookup_segments(self.embedding_bags[table], values, weights, segments)
-            for i, f in enumerate(feats):     # (not split(batch): batch may be 0)
-                pooled[f] = out[i * batch:(i + 1) * batch] if len(feats) > 1 else out
-        parts = [pooled[position[feature]] for feature, _, _ in self._feature_table]
+            for i, (slot, _) in enumerate(feats):     # (not split(batch): batch may be 0)
+                pooled[slot] = out[i * batch:(i + 1) * batch] if len(feats) > 1 else out
+        parts = [pooled[slot] for slot in range(len(self._feature_table))]
         return torch.cat(parts, dim=1) if parts else values.new_zeros((batch, 0),
                                                                       dtype=torch.float32)
 
@@ -374,7 +406,8 @@ class EmbeddingBagCollection(torch.nn.Module):
         """Every feature in one multi-table kernel call (CPU, no gradient), when the input holds
         exactly this collection's features; None otherwise (the caller loops)."""
         table_of = {f: t for f, t, _ in self._feature_table}
-        if len(keys) != len(table_of) or any(k not in table_of for k in keys):
+        if (len(table_of) != len(self._feature_table) or len(keys) != len(table_of)
+                or any(k not in table_of for k in keys)):   # (a feature of several tables)
             return None
         bags = [self.embedding_bags[table_of[k]] for k in keys]
         if any(b.weight.device.type != "cpu" for b in bags):
@@ -433,6 +466,30 @@ class EmbeddingBagCollection(torch.nn.Module):
         # TorchRec (FBGEMM) pools weighted features in mode mean too
         return _bags.bag_forward(bag.weight, seg, offs, w,
                                  bag._spec()._replace(weighted_mean=True), torch.float32)
+
+
+def _traced_collection(features: Any, weights: list, feature_names: tuple, table_index: tuple,
+                       mean: tuple, padding_idx: tuple, is_weighted: bool, names: tuple,
+                       dims: tuple) -> KeyedTensor:
+    """The lookup of a collection as one node of an fx graph (a leaf of symbolic tracing): every
+    feature through ``perfkernels::embedding_bag_collection``, the output a KeyedTensor named
+    ``names``."""
+    keys, values, offsets, _ = _kjt_parts(features)
+    psw = features.weights_or_none() if is_weighted else None
+    position = {k: i for i, k in enumerate(keys)}
+    missing = [f for f in feature_names if f not in position]
+    if missing:
+        raise KeyError(f"feature {missing[0]!r} is not in the input; its keys are {keys}")
+    grad = torch.is_grad_enabled() and (any(w.requires_grad for w in weights)
+                                        or (psw is not None and psw.requires_grad))
+    op = (torch.ops.perfkernels.embedding_bag_collection if grad
+          else torch.ops.perfkernels.embedding_bag_collection_inference)
+    out = op(list(weights), values, offsets, psw, len(keys), [position[f] for f in feature_names],
+             list(table_index), list(mean), list(padding_idx))
+    return KeyedTensor(list(names), list(dims), out)
+
+
+torch.fx.wrap("_traced_collection")
 
 
 # --------------------------------------------------------------------------- the registered op

@@ -143,6 +143,14 @@ class EmbeddingCollection(torch.nn.Module):
     def embedding_configs(self) -> list:
         return self._configs
 
+    @property
+    def device(self) -> torch.device:
+        """The device of the tables (of the first one; CPU when there are none), as TorchRec's
+        collection has it."""
+        for emb in self.embeddings.values():
+            return emb.weight.device
+        return torch.device("cpu")
+
     def need_indices(self) -> bool:
         return self._need_indices
 
@@ -153,15 +161,30 @@ class EmbeddingCollection(torch.nn.Module):
         the input that no table reads are ignored; a feature missing from the input is missing
         from the output (TorchRec raises ``KeyError``; a sharded collection's rank may hold no
         sample of a feature)."""
+        if isinstance(features, torch.fx.Proxy):
+            # fx symbolic tracing (torchrec.fx.symbolic_trace too): one leaf call of the lookup
+            names = list(self.embeddings)
+            return _traced_embedding_collection(
+                features, [self.embeddings[n].weight for n in names],
+                tuple((name, feature, names.index(table)) for name, feature, table in self._outputs),
+                self._need_indices)
         keys, values, offsets, batch = _kjt_parts(features)
         lengths = features.lengths()
         position = {k: i for i, k in enumerate(keys)}
         outputs = [o for o in self._outputs if o[1] in position]
         num_keys = len(keys)
-        bounds = offsets[::batch].tolist() if batch > 0 else [0] * (num_keys + 1)
+        meta = values.device.type == "meta" or self.device.type == "meta"
+        if meta:
+            # meta tensors hold no data: the values per key that the KJT knows (TorchRec's
+            # KeyedJaggedTensor keeps them from its construction)
+            bounds = [0]
+            for n in features.length_per_key():
+                bounds.append(bounds[-1] + int(n))
+        else:
+            bounds = offsets[::batch].tolist() if batch > 0 else [0] * (num_keys + 1)
         jagged = _jagged_class()
         rows = None
-        if not self._shared and len(outputs) == num_keys == len(position):
+        if not meta and not self._shared and len(outputs) == num_keys == len(position):
             # every key is a feature of one table: all of them in one call
             rows = self._one_call(keys, values, offsets, bounds)
         if rows is not None:
@@ -239,6 +262,31 @@ class EmbeddingCollection(torch.nn.Module):
             self._group = _fused_ops.register_group(modules)
             self._group_key = key
         return self._group
+
+
+def _traced_embedding_collection(features: Any, weights: list, outputs: tuple,
+                                 need_indices: bool) -> dict:
+    """The lookup of an :class:`EmbeddingCollection` as one node of an fx graph (a leaf of
+    symbolic tracing): ``{name: JaggedTensor}`` for each ``(name, feature, table)`` of ``outputs``
+    present in the input, each feature's rows torch's lookup in its table, as float32."""
+    keys, values, offsets, batch = _kjt_parts(features)
+    lengths = features.lengths()
+    position = {k: i for i, k in enumerate(keys)}
+    bounds = offsets[::batch].tolist() if batch > 0 else [0] * (len(keys) + 1)
+    jagged = _jagged_class()
+    out = {}
+    for name, feature, table in outputs:
+        if feature not in position:
+            continue
+        i = position[feature]
+        ids = values[bounds[i]:bounds[i + 1]]
+        rows = torch.nn.functional.embedding(ids, weights[table]).float()
+        out[name] = jagged(values=rows, lengths=lengths[i * batch:(i + 1) * batch],
+                           weights=ids if need_indices else None)
+    return out
+
+
+torch.fx.wrap("_traced_embedding_collection")
 
 
 def _pooled_rows(modules: list, tables: list, values: Tensor, bounds: list) -> Tensor:
