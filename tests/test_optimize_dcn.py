@@ -40,7 +40,7 @@ class CrossNet(nn.Module):
 
 class BagsDCN(nn.Module):
     """A DCN over a list of nn.EmbeddingBag: ``form`` "stack" (cat([x.unsqueeze(1),
-    stack(e, 1)], 1)), "unsqueeze" (cat([x.unsqueeze(1), e_0.unsqueeze(1), ...], 1)) or "view"
+    stack(e, 1)], 1); "flatten": the same, flattened by .flatten(1)), "unsqueeze" (cat([x.unsqueeze(1), e_0.unsqueeze(1), ...], 1)) or "view"
     (cat([x.unsqueeze(1), cat(e, 1).view(B, F, D)], 1)); flattened into the cross network."""
 
     def __init__(self, form="stack", mode="sum", seed=0):
@@ -55,6 +55,9 @@ class BagsDCN(nn.Module):
     def forward(self, dense, indices, offsets):
         x = self.bottom(dense)
         e = [m(i, o) for m, i, o in zip(self.emb, indices, offsets)]
+        if self.form == "flatten":
+            return self.top(self.cross(torch.cat([x.unsqueeze(1), torch.stack(e, 1)], 1)
+                                       .flatten(1)))
         if self.form == "stack":
             c = torch.cat([x.unsqueeze(1), torch.stack(e, 1)], 1)
         elif self.form == "unsqueeze":
@@ -124,7 +127,7 @@ def check_grads(stock, opt, inputs):
     assert graphs and all(sum(n.target in eager for n in g.nodes) == 1 for g in graphs)
 
 
-@pytest.mark.parametrize("form", ["stack", "unsqueeze", "view"])
+@pytest.mark.parametrize("form", ["stack", "unsqueeze", "view", "flatten"])
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_bag_list_dcn_fuses_and_matches(form, mode):
     stock = BagsDCN(form, mode).eval()

@@ -1262,9 +1262,11 @@ def optimize(model: torch.nn.Module, example_inputs: Any = None, *,
     forward captured with ``torch.export`` (at the first call with each new input signature, or
     now from ``example_inputs``, a tuple of positional arguments), and each group of
     embedding-bag lookups whose outputs meet in facebookresearch DLRM's ``interact_features``
-    ("dot", with or without ``arch_interaction_itself``, or "cat") or TorchRec's
-    ``InteractionArch`` is replaced by one fused op that writes the interaction's output
-    directly (``[B, F, D]`` is never made).  Everything else runs as captured.
+    ("dot", with or without ``arch_interaction_itself``, or "cat"), TorchRec's
+    ``InteractionArch``, or a DCN's cross network input (``cat([x.unsqueeze(1), pooled], 1)``
+    flattened: TorchRec's ``InteractionDCNArch``, MLPerf's DLRM-v2) is replaced by one fused op
+    that writes the interaction's output directly (``[B, F, D]`` is never made).  Everything
+    else runs as captured.
 
     Returns the model (a converted copy unless ``inplace``): its class, attributes, parameters
     and ``state_dict`` keys are the model's; only ``forward`` is replaced on the instance.
