@@ -213,3 +213,18 @@ def test_torchrec_dlrm_dcn_fuses_and_matches():
                                        stock(*kjt_inputs(batch, batch, TRKJT)),
                                        rtol=1e-5, atol=1e-5)
     check_grads(stock, opt, kjt_inputs(9, 4, TRKJT))
+
+
+def test_collection_dcn_compile_and_export():
+    stock = CollectionDCN().eval()
+    inputs = kjt_inputs(8)
+    opt = pkt.optimize(copy.deepcopy(stock), inputs)
+    compiled = torch.compile(opt, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), stock(*inputs), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled(*inputs), stock(*inputs), rtol=1e-5, atol=1e-5)
+    ep = torch.export.export(opt, inputs, strict=False)
+    fused = torch.ops.perfkernels.collection_interaction.default
+    assert sum(1 for n in ep.graph.nodes if n.target is fused) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(*inputs), stock(*inputs), rtol=1e-5, atol=1e-5)
