@@ -316,6 +316,39 @@ def _single_user(node, target=None):
     return users[0] if target is None or users[0].target is target else None
 
 
+def _uses(node) -> list:
+    """The node's users but export's metadata assertions on it."""
+    assert_op = getattr(_aten, "_assert_tensor_metadata", None)
+    return [u for u in node.users
+            if assert_op is None or u.target is not assert_op.default]
+
+
+def _identity_recat(node):
+    """``x`` for ``cat([split(x, sizes, 1)[0], ..., [k-1]], 1)`` (TorchRec's KeyedTensor to_dict
+    and back, in key order), else the node."""
+    if node.op != "call_function" or node.target is not _aten.cat.default:
+        return node
+    pieces, base = node.args[0], None
+    for i, p in enumerate(pieces):
+        if p.op != "call_function" or p.target is not operator.getitem or p.args[1] != i:
+            return node
+        split = p.args[0]
+        if split.target not in (_aten.split_with_sizes.default, _aten.split.Tensor):
+            return node
+        if (split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)) not in (1, -1):
+            return node
+        if base is None:
+            base = split
+        elif split is not base:
+            return node
+    if base is None or len([u for u in base.users]) != len(pieces):
+        return node
+    sizes = base.args[1]
+    if not isinstance(sizes, (list, tuple)) or len(sizes) != len(pieces):
+        return node
+    return base.args[0]
+
+
 # --------------------------------------------------------------------------- one capture
 
 #: casts a model may write after a lookup (``.float()``): no-ops on our float32 pooled rows
@@ -482,6 +515,10 @@ class _Capture:
             elif node.op == "call_function" and node.target in _UNFUSED_LOOKUPS:
                 report.not_fused.append((index, node.name, _UNFUSED_LOOKUPS[node.target]))
         done = set()
+        for node in list(graph.nodes):      # DCN's [B, F + 1, D] first: its pooled rows' own
+            if (node.op == "call_function" and node.target is _aten.cat.default  # cat inside
+                    and node in graph.nodes):
+                self._dcn_cat(graph, node, lookups, report, index, done)
         for node in list(graph.nodes):
             if node.op != "call_function" or node in done or node not in graph.nodes:
                 continue
@@ -640,6 +677,102 @@ class _Capture:
         return self._replace(graph, cat, _fused_ops.embedding_bags_interaction,
                              args, report, index, f"{len(lks)} lookups + concatenation", done,
                              embs)
+
+    def _dcn_cat(self, graph, cat, lookups, report, index, done) -> bool:
+        """R = cat([x.unsqueeze(1), S], 1), the cross network's input [B, F + 1, D] (DCN:
+        TorchRec's ``InteractionDCNArch``, MLPerf's DLRM-v2), S the F pooled rows seen as
+        [B, F, D]: a view of their concatenation (through TorchRec's per-key split and
+        concatenation back in order) or of the collection's output, their stack, or each
+        ``e.unsqueeze(1)``.  R becomes the fused op's "cat" output [B, (F + 1) * D] seen as
+        [B, F + 1, D] (the ``reshape([B, -1])`` after it: a view)."""
+        parts, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+        if dim not in (1, -2) or len(parts) < 2:
+            return False
+        flat = _uses(cat)      # only flattened into the cross network's input (not a dot)
+        if len(flat) != 1 or flat[0].target not in (
+                _aten.view.default, _aten.reshape.default, _aten._unsafe_view.default,
+                _aten.flatten.using_ints) or getattr(flat[0].meta.get("val"), "ndim", 0) != 2:
+            return False
+        un = parts[0]
+        if (un.op != "call_function" or un.target is not _aten.unsqueeze.default
+                or un.args[1] not in (1, -2) or len(_uses(un)) != 1):
+            return False
+        x = un.args[0]
+        xv = x.meta.get("val")
+        if xv is None or xv.dim() != 2 or xv.dtype is not torch.float32:
+            return False
+        width = xv.shape[1]
+        if len(parts) > 2:                   # cat([x.unsqueeze(1), e_0.unsqueeze(1), ...], 1)
+            if any(p.op != "call_function" or p.target is not _aten.unsqueeze.default
+                   or p.args[1] not in (1, -2) or len(_uses(p)) != 1 for p in parts[1:]):
+                return False
+            embs, also = [p.args[0] for p in parts[1:]], list(parts[1:])
+        else:
+            s = parts[1]
+            if s.op != "call_function" or len(_uses(s)) != 1:
+                return False
+            ebc = self._collection_source(s)
+            if ebc is not None:
+                return self._dcn_collection(graph, cat, x, ebc, width, report, index, done)
+            if s.target is _aten.stack.default:
+                if (s.args[1] if len(s.args) > 1 else s.kwargs.get("dim", 0)) != 1:
+                    return False
+                embs, also = list(s.args[0]), [s]
+            elif s.target in (_aten.view.default, _aten.reshape.default,
+                              _aten._unsafe_view.default):
+                src = _identity_recat(s.args[0])
+                if (src.op != "call_function" or src.target is not _aten.cat.default
+                        or (src.args[1] if len(src.args) > 1 else 0) not in (1, -1)
+                        or len(_uses(src)) != 1):
+                    return False
+                embs, also = list(src.args[0]), [s, src, s.args[0]]
+            else:
+                return False
+        embs = [_through_float_cast(e, lookups) for e in embs]
+        lks = [lookups.get(e) for e in embs]
+        if any(lk is None for lk in lks):
+            return False
+        if any(lk.dim != width for lk in lks) or len({lk.include_last for lk in lks}) != 1:
+            return False
+        if any(len(_uses(e)) != 1 for e in embs):
+            report.not_fused.append((index, cat.name, "the pooled rows are used elsewhere too"))
+            return False
+        gid = _fused_ops.register_group(self._modules(lks))
+        args = (x, [lk.weight for lk in lks], [lk.indices for lk in lks],
+                [lk.offsets for lk in lks], lks[0].include_last, "cat", "dlrm", False,
+                [lk.mean for lk in lks], [lk.padding_idx for lk in lks],
+                [lk.bits for lk in lks], [lk.dim for lk in lks], gid)
+        with graph.inserting_before(cat):
+            fused = graph.call_function(_fused_ops.embedding_bags_interaction, args)
+        fused.meta = {}
+        return self._replace(graph, cat, _aten.unflatten.int, (fused, 1, [len(lks) + 1, width]),
+                             report, index, f"{len(lks)} lookups + DCN concatenation "
+                             "[B, F + 1, D]", done, embs + also)
+
+    def _dcn_collection(self, graph, cat, x, ebc, width, report, index, done) -> bool:
+        """_dcn_cat's collection form: the collection's F lookups into [B, (F + 1) * D]."""
+        (weights, values, offsets, psw, num_keys, features, tables, mean, pads) = \
+            (list(ebc.args) + [None] * 9)[:9]
+        if psw is not None:
+            report.not_fused.append((index, cat.name, "weighted features"))
+            return False
+        if any(self.fqn_module.get(w) is None or getattr(self.fqn_module[w], "weight", None)
+               is None or self.fqn_module[w].weight.shape[1] != width for w in weights):
+            return False
+        mods = []
+        for w in weights:
+            m = self.fqn_module.get(w)
+            mods.append(m if isinstance(m, EmbeddingBag) else None)
+        gid = _fused_ops.register_group(mods)
+        args = (x, list(weights), values, offsets, num_keys, list(features), list(tables),
+                "cat", "dlrm", False, list(mean), list(pads), gid)
+        with graph.inserting_before(cat):
+            fused = graph.call_function(_fused_ops.collection_interaction, args)
+        fused.meta = {}
+        return self._replace(graph, cat, _aten.unflatten.int,
+                             (fused, 1, [len(features) + 1, width]), report, index,
+                             f"collection of {len(features)} features + DCN concatenation "
+                             "[B, F + 1, D]", done, [ebc])
 
     def _lookups_only(self, graph, node, lookups, report, index, done) -> bool:
         """R = cat([e_0, ..., e_{F-1}], 1) or stack([e_0, ...], 1), every e a float32 lookup
@@ -1129,9 +1262,11 @@ def optimize(model: torch.nn.Module, example_inputs: Any = None, *,
     forward captured with ``torch.export`` (at the first call with each new input signature, or
     now from ``example_inputs``, a tuple of positional arguments), and each group of
     embedding-bag lookups whose outputs meet in facebookresearch DLRM's ``interact_features``
-    ("dot", with or without ``arch_interaction_itself``, or "cat") or TorchRec's
-    ``InteractionArch`` is replaced by one fused op that writes the interaction's output
-    directly (``[B, F, D]`` is never made).  Everything else runs as captured.
+    ("dot", with or without ``arch_interaction_itself``, or "cat"), TorchRec's
+    ``InteractionArch``, or a DCN's cross network input (``cat([x.unsqueeze(1), pooled], 1)``
+    flattened: TorchRec's ``InteractionDCNArch``, MLPerf's DLRM-v2) is replaced by one fused op
+    that writes the interaction's output directly (``[B, F, D]`` is never made).  Everything
+    else runs as captured.
 
     Returns the model (a converted copy unless ``inplace``): its class, attributes, parameters
     and ``state_dict`` keys are the model's; only ``forward`` is replaced on the instance.
