@@ -356,16 +356,24 @@ _CASTS = {_aten.to.dtype, _aten._to_copy.default}
 
 
 def _through_float_cast(node, lookups: dict):
-    """The lookup behind ``lookup(...).float()`` (a cast of float32 pooled rows to float32, a
-    no-op), or the node itself."""
-    if (node.op == "call_function" and node.target in _CASTS and node.args
-            and node.args[0] in lookups):
-        dtype = node.args[1] if len(node.args) > 1 else node.kwargs.get("dtype")
-        val = node.args[0].meta.get("val")
-        if dtype is torch.float32 and val is not None and val.dtype is torch.float32 \
-                and not node.kwargs.get("memory_format"):
-            return node.args[0]
+    """The lookup behind ``lookup(...).float()``, or the node itself: a cast of float32 pooled
+    rows to float32 (a no-op), or of a 16-bit table's pooled rows to float32 (what a converted
+    float16 / bfloat16 table answers: float32 sums, which the fused op writes directly, as the
+    module's eager kernel does; under a capture a table with a gradient runs torch's function,
+    whose 16-bit result the module then casts)."""
+    if node.op == "call_function" and node.target in _CASTS and node.args:
+        source = _through_float_cast(node.args[0], lookups)    # (a cast of a cast)
+        if source in lookups:
+            dtype = node.args[1] if len(node.args) > 1 else node.kwargs.get("dtype")
+            val = node.args[0].meta.get("val")
+            if dtype is torch.float32 and val is not None and val.dtype in _POOLED_DTYPES \
+                    and not node.kwargs.get("memory_format"):
+                return source
     return node
+
+
+#: dtypes of pooled rows that a cast to float32 may be folded into a fused op for
+_POOLED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _drop_orphan_assertions(graph, lookups_of: set) -> None:
