@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from typing import Optional, Sequence
@@ -138,32 +139,9 @@ class Teacher:
         return (torch.rand(p.shape, generator=g) < p).float().numpy()
 
 
-def mlp(sizes: Sequence[int], in_features: int, last_relu: bool = True) -> nn.Sequential:
-    layers: list = []
-    for i, n in enumerate(sizes):
-        layers.append(nn.Linear(in_features, n))
-        if last_relu or i < len(sizes) - 1:
-            layers.append(nn.ReLU())
-        in_features = n
-    return nn.Sequential(*layers)
-
-
-class CrossNet(nn.Module):
-    """Low-rank cross layers ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``."""
-
-    def __init__(self, width: int, layers: int, rank: int) -> None:
-        super().__init__()
-        self.V = nn.ParameterList(nn.Parameter(nn.init.xavier_normal_(torch.empty(rank, width)))
-                                  for _ in range(layers))
-        self.W = nn.ParameterList(nn.Parameter(nn.init.xavier_normal_(torch.empty(width, rank)))
-                                  for _ in range(layers))
-        self.b = nn.ParameterList(nn.Parameter(torch.zeros(width)) for _ in range(layers))
-
-    def forward(self, x0: torch.Tensor) -> torch.Tensor:
-        x = x0
-        for V, W, b in zip(self.V, self.W, self.b):
-            x = x0 * (nn.functional.linear(nn.functional.linear(x, V), W) + b) + x
-        return x
+# the dense part's pieces are the DLRM-v2 example's (examples/dlrm_v2.py)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from dlrm_v2 import LowRankCrossNet as CrossNet, mlp  # noqa: E402
 
 
 class Dense(nn.Module):
