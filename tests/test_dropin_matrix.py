@@ -73,9 +73,11 @@ def _stock(case):
     if case["kind"] == "bag":
         return nn.EmbeddingBag(ROWS, DIM, mode=case["mode"], padding_idx=case["padding_idx"],
                                include_last_offset=case["include_last_offset"],
-                               max_norm=case["max_norm"], sparse=case["sparse"])
+                               max_norm=case["max_norm"], sparse=case["sparse"],
+                               dtype=torch.float32)
     return nn.Embedding(ROWS, DIM, padding_idx=case["padding_idx"], max_norm=case["max_norm"],
-                        sparse=case["sparse"], scale_grad_by_freq=case["scale_grad_by_freq"])
+                        sparse=case["sparse"], scale_grad_by_freq=case["scale_grad_by_freq"],
+                        dtype=torch.float32)
 
 
 def _options(case):
@@ -109,7 +111,7 @@ def _inputs(case):
         args = ((args[0], torch.tensor([0, 1], dtype=offset)) if case["form"] == "2d"
                 else args[:1])
     if case["psw"]:
-        kwargs["per_sample_weights"] = (torch.rand(n, generator=gen) + 0.5).view(
+        kwargs["per_sample_weights"] = (torch.rand(n, generator=gen, dtype=torch.float32) + 0.5).view(
             (2, 4) if case["form"] == "2d" else (n,))
     return args, kwargs
 
@@ -143,7 +145,7 @@ def _run(model, case, args, kwargs):
             if not out.requires_grad:
                 return out, None, None
             torch.manual_seed(0)
-            (out * torch.randn(out.shape)).sum().backward()
+            (out * torch.randn(out.shape, dtype=out.dtype)).sum().backward()
     except Exception as exc:  # noqa: BLE001 - compared with the stock one's
         return exc
     psw = kwargs.get("per_sample_weights")
@@ -203,6 +205,18 @@ def test_dropin(case, optimized):
         reference = _reference(case, stock, opt)
         for _ in range(2):      # the capture, then the captured graph
             _compare(case, reference, opt, "optimize()")
+
+
+@pytest.mark.parametrize("case", CASES[::6], ids=_id)
+def test_dropin_whatever_the_default_dtype(case):
+    """The same comparisons with torch's global default dtype set to float64 (the tables stay
+    float32): the torch layer never reads the default dtype."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        test_dropin(case, False)
+    finally:
+        torch.set_default_dtype(before)
 
 
 def test_the_matrix_covers_every_value_of_every_axis():
