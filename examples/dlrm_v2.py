@@ -86,7 +86,9 @@ def build_or_map_tables(rows: Sequence[int], fmts: Sequence, seed: int,
         path = os.path.join(tables_dir, f"{name}_{src.rows}x{DIM}_{fmt}_seed{src.seed}.pkt")
         if not os.path.exists(path):
             tables.build_table_file(path, src, fmt, progress=progress)
-        out.append(tables.load_table(path, fmt=fmt, rows=src.rows, dim=DIM))
+        # populate: map every page now (0.4 s for the full-size tables in the page cache), so
+        # that no answer pays a page fault for a row it touches first
+        out.append(tables.load_table(path, fmt=fmt, rows=src.rows, dim=DIM, populate=True))
     return out
 
 
@@ -133,6 +135,9 @@ class DLRMv2(nn.Module):
         self.lookup_s = 0.0
         self.dense_kind = "eager"
         self._bottom, self._over = self.bottom, nn.Sequential(self.cross, self.top)
+        #: ``"ours"``: one embedding_bags_multi call; ``"torch"``: torch's own bag op per table
+        self.lookups = "ours"
+        self._torch_tables: Optional[list] = None
 
     def set_dense(self, kind: str, calibration: Sequence = ()) -> None:
         """Run the dense part (bottom MLP; cross network + top MLP) as ``kind``: ``"eager"``
@@ -164,10 +169,40 @@ class DLRMv2(nn.Module):
         x = torch.empty(dense.shape[0], (len(self.tables) + 1) * DIM)
         x[:, :DIM] = self._bottom(dense)
         t = time.perf_counter()
-        pk.embedding_bags_multi(self.tables, values.numpy(), lengths=lengths.numpy(),
-                                bits=self.bits, dims=self.dims, out=x[:, DIM:].numpy())
+        if self.lookups == "torch":
+            self.torch_lookups(values, lengths, x)
+        else:
+            pk.embedding_bags_multi(self.tables, values.numpy(), lengths=lengths.numpy(),
+                                    bits=self.bits, dims=self.dims, out=x[:, DIM:].numpy())
         self.lookup_s += time.perf_counter() - t
         return x
+
+    def torch_lookups(self, values: torch.Tensor, lengths: torch.Tensor,
+                      x: torch.Tensor) -> None:
+        """The same lookups as a user writes them with torch alone: per table, torch's own bag
+        op on the same (mapped) table (``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_
+        rowwise_offsets`` for packed rows, ``F.embedding_bag`` for float rows), its pooled rows
+        copied into their columns."""
+        if self._torch_tables is None:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")      # a read-only mapping: torch only reads it
+                self._torch_tables = [torch.from_numpy(np.asarray(t)) for t in self.tables]
+        ops = {8: torch.ops.quantized.embedding_bag_byte_rowwise_offsets,
+               4: torch.ops.quantized.embedding_bag_4bit_rowwise_offsets,
+               2: torch.ops.quantized.embedding_bag_2bit_rowwise_offsets}
+        batch = x.shape[0]
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        for i, (w, bits) in enumerate(zip(self._torch_tables, self.bits)):
+            offs = offsets[i * batch:(i + 1) * batch + 1]
+            ids = values[int(offs[0]):int(offs[-1])]
+            offs = offs - offs[0]
+            if bits:
+                pooled = ops[bits](w, ids, offs, mode=0, include_last_offset=True)
+            else:
+                pooled = nn.functional.embedding_bag(ids, w, offs[:-1], mode="sum").float()
+            x[:, DIM * (i + 1):DIM * (i + 2)] = pooled
 
     def forward(self, dense: torch.Tensor, values: torch.Tensor,
                 lengths: torch.Tensor) -> torch.Tensor:
@@ -223,6 +258,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--dense", default="eager",
                    help="the dense part, one or a list of: eager (float32), compiled (float32, "
                         "torch.compile with freezing), int8 (torchao's PT2E, compiled)")
+    p.add_argument("--torch-bags", action="store_true",
+                   help="also run each dense part with torch's own bag op per table for the "
+                        "lookups (same tables, same dense part), interleaved with ours")
     p.add_argument("--calibration", type=int, default=4,
                    help="batches of 256 pairs that calibrate the int8 dense part")
     p.add_argument("--check-torchrec", action="store_true",
@@ -230,26 +268,40 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+_EVICT = np.zeros(64 << 18, np.float32)       # 64 MiB: more than any CPU's last-level cache
+
+
+def _evict_caches() -> None:
+    """Write one float of every cache line of a 64 MiB buffer (pushes the tables' rows out)."""
+    _EVICT[::16] += 1.0
+
+
 def time_samples(model: DLRMv2, gen: datasets.CriteoLike, count: int,
                  parts: Optional[dict] = None) -> dict:
     """Run ``count`` MLPerf-style samples (one warm-up first) through each dense part of
     ``parts`` (``{name: (bottom, over)}``, from :meth:`DLRMv2.set_dense`; default: the current
-    one), the parts taking turns on each sample (interleaved, so that a load on the machine falls
+    one; each ``(bottom, over, lookups)``), the parts taking turns on each sample (interleaved, so that a load on the machine falls
     on all alike).  ``{name: result}``, per part: pairs/s, p50/p99 ms a sample, the lookups'
     time and the logits."""
-    parts = parts or {model.dense_kind: (model._bottom, model._over)}
+    parts = parts or {model.dense_kind: (model._bottom, model._over, model.lookups)}
     stats = {k: {"lat": [], "lookup": 0.0, "preds": []} for k in parts}
     pairs = 0
     with torch.inference_mode():
         warm = gen.batch(128, index=10 ** 6)
-        for bottom, over in parts.values():
-            model._bottom, model._over = bottom, over
+        for bottom, over, lookups in parts.values():
+            model._bottom, model._over, model.lookups = bottom, over, lookups
             model(*(torch.from_numpy(a) for a in (warm.dense, warm.values, warm.lengths)))
-        for sample in gen.samples(count):
+        order = list(parts.items())
+        for i, sample in enumerate(gen.samples(count)):
             dense = torch.from_numpy(sample.dense)
             values, lengths = torch.from_numpy(sample.values), torch.from_numpy(sample.lengths)
-            for k, (bottom, over) in parts.items():
-                model._bottom, model._over = bottom, over
+            # each part comes first in turn, and starts from caches that hold none of the
+            # sample's rows (as a server's next sample finds them), so that no part runs on the
+            # rows another part just brought in
+            turn = i % len(order)
+            for k, (bottom, over, lookups) in order[turn:] + order[:turn]:
+                _evict_caches()
+                model._bottom, model._over, model.lookups = bottom, over, lookups
                 model.lookup_s = 0.0
                 t = time.perf_counter()
                 logits = model(dense, values, lengths)
@@ -266,6 +318,17 @@ def time_samples(model: DLRMv2, gen: datasets.CriteoLike, count: int,
                       lookup_ms=1e3 * st["lookup"] / max(len(lat), 1),
                       lookup_share=st["lookup"] / total if total else 0.0, preds=st["preds"])
     return out
+
+
+def _speedups(runs: list) -> None:
+    """Per run with our lookups, ``vs_torch_bags`` (its pairs/s over the same dense part's with
+    torch's bags, same threads) and ``lookup_vs_torch_bags`` (the lookups' time ratio)."""
+    theirs = {(r["dense"], r["threads"]): r for r in runs if r["lookups"] == "torch"}
+    for r in runs:
+        t = theirs.get((r["dense"], r["threads"]))
+        if r["lookups"] == "ours" and t is not None and t["pairs_per_s"] and r["lookup_ms"]:
+            r["vs_torch_bags"] = r["pairs_per_s"] / t["pairs_per_s"]
+            r["lookup_vs_torch_bags"] = t["lookup_ms"] / r["lookup_ms"]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -286,21 +349,25 @@ def run(args: argparse.Namespace) -> dict:
     parts = {}
     for kind in args.dense.split(","):
         model.set_dense(kind, calib)
-        parts[kind] = (model._bottom, model._over)
+        parts[kind] = (model._bottom, model._over, "ours")
+        if args.torch_bags:
+            parts[kind + "+torch-bags"] = (model._bottom, model._over, "torch")
     for n in threads:
         if n:
             pk.set_num_threads(n)
             torch.set_num_threads(n)
         runs = time_samples(model, gen, args.samples, parts)
         for kind, r in runs.items():
-            r.update(dense=kind, threads=n or torch.get_num_threads())
-            if kind == "eager" and preds is None:
+            r.update(dense=kind.split("+")[0], lookups="torch" if "+" in kind else "ours",
+                     threads=n or torch.get_num_threads())
+            if kind == "eager" and preds is None:      # our lookups, eager float32
                 preds = r["preds"]
             result["runs"].append(r)
         for r in result["runs"][-len(runs):]:
-            if preds is not None and r["dense"] != "eager":
+            if preds is not None and (r["dense"], r["lookups"]) != ("eager", "ours"):
                 diffs = [float((b[1] - a[1]).abs().max()) for a, b in zip(preds, r["preds"])]
                 r["logit_diff_vs_eager"] = max(diffs)
+    _speedups(result["runs"])
     for r in result["runs"]:
         r.pop("preds", None)
     if args.check_torchrec:
@@ -327,7 +394,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for run_ in r["runs"]:
         extra = (f", logits within {run_['logit_diff_vs_eager']:.1e} of eager"
                  if "logit_diff_vs_eager" in run_ else "")
-        print(f"dense {run_['dense']:>8}, {run_['threads']} thread(s): {run_['pairs']} pairs in "
+        if "vs_torch_bags" in run_:
+            extra += (f"; against torch's bags: {run_['vs_torch_bags']:.2f}x end to end, lookups "
+                      f"{run_['lookup_vs_torch_bags']:.2f}x")
+        print(f"dense {run_['dense']:>8}, lookups {run_['lookups']:>5}, {run_['threads']} "
+              f"thread(s): {run_['pairs']} pairs in "
               f"{args.samples} samples: {run_['pairs_per_s']:,.0f} pairs/s, p50 "
               f"{run_['p50_ms']:.1f} ms, p99 {run_['p99_ms']:.1f} ms a sample; lookups "
               f"{run_['lookup_ms']:.1f} ms a sample ({100 * run_['lookup_share']:.0f}%), the "

@@ -103,3 +103,28 @@ def test_compiled_and_int8_dense_parts_agree_with_eager():
     assert compiled["logit_diff_vs_eager"] < 1e-5, compiled
     assert 0 < int8["logit_diff_vs_eager"] < 0.05, int8
     assert all(x["pairs"] == eager["pairs"] > 0 for x in r["runs"])
+
+
+def test_torch_bags_route_gives_the_same_model(tmp_path):
+    """--torch-bags: the same model with torch's own bag op per table; its logits equal ours but
+    for float32 summation order, and the run reports both and their ratio."""
+    ex = _example()
+    r = ex.run(ex.parse_args(["--scale", "20000", "--samples", "3", "--threads", "1",
+                              "--torch-bags", "--tables-dir", str(tmp_path)]))
+    ours, theirs = r["runs"]
+    assert (ours["lookups"], theirs["lookups"]) == ("ours", "torch")
+    assert ours["pairs"] == theirs["pairs"] > 0
+    assert theirs["logit_diff_vs_eager"] < 1e-5, theirs
+    assert ours["vs_torch_bags"] > 0 and ours["lookup_vs_torch_bags"] > 0
+    # the route itself, against torch's ops called here on a copy of each table
+    from perfkernels import datasets
+    rows = datasets.dlrm_v2_rows(20_000)
+    fmts = ex.table_formats("4:big,8:small", datasets.DLRM_V2_ROWS)
+    model = ex.DLRMv2(ex.build_or_map_tables(rows, fmts, 0, str(tmp_path)), fmts).eval()
+    b = datasets.CriteoLike(rows, seed=3).batch(5)
+    dense, values, lengths = (torch.from_numpy(a) for a in (b.dense, b.values, b.lengths))
+    with torch.no_grad():
+        mine = model.interaction_input(dense, values, lengths)
+        model.lookups = "torch"
+        via_torch = model.interaction_input(dense, values, lengths)
+    torch.testing.assert_close(via_torch, mine, rtol=1e-5, atol=1e-5)

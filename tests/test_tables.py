@@ -269,6 +269,51 @@ def test_save_is_atomic(tmp_path):
     assert os.listdir(tmp_path) == ["t.pkt"]
 
 
+def test_saved_file_mode_follows_umask(tmp_path):
+    """A table file is readable by other users as open() would make it (mkstemp's 0600 is only
+    the temporary file's): a server running under another account can map it."""
+    old = os.umask(0o027)
+    try:
+        T.save_table(tmp_path / "a.pkt", np.zeros((5, 8), np.float32))
+        T.build_table_file(tmp_path / "b.pkt", T.SeededInit(5, 8, seed=1), 8)
+    finally:
+        os.umask(old)
+    for name in ("a.pkt", "b.pkt"):
+        assert os.stat(tmp_path / name).st_mode & 0o777 == 0o640, name
+
+
+def _mapped_rss(a) -> int:
+    """Resident bytes of the mappings under array ``a`` (/proc/self/smaps)."""
+    lo = a.__array_interface__["data"][0]
+    hi, rss, inside = lo + a.nbytes, 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            first = line.split(None, 1)[0]
+            if "-" in first and not first.endswith(":"):
+                s, e = (int(x, 16) for x in first.split("-"))
+                inside = s < hi and lo < e
+            elif inside and first == "Rss:":
+                rss += int(line.split()[1]) * 1024
+    return rss
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_populate_maps_every_page_at_load(tmp_path):
+    src = T.SeededInit(30_000, 64, seed=5)
+    path = tmp_path / "p.pkt"
+    T.build_table_file(path, src, 8)                   # 30000 x 72 bytes, in the page cache
+    lazy = T.load_table(path)
+    assert _mapped_rss(lazy) < lazy.nbytes // 2        # nothing touched yet
+    eager = T.load_table(path, populate=True)
+    assert _mapped_rss(eager) >= eager.nbytes
+    want = np.array(lazy)                              # the bytes read page by page
+    np.testing.assert_array_equal(eager, want)
+    assert not eager.flags.writeable
+    cow = T.load_table(path, mode="c", populate=True)
+    assert _mapped_rss(cow) >= cow.nbytes
+    np.testing.assert_array_equal(cow, want)
+
+
 # ----------------------------------------------------------------------------- torch modules
 
 def test_quantized_bag_from_file_matches_torch(tmp_path):
