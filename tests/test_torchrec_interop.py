@@ -267,3 +267,68 @@ def test_float_ebc_converted_runs_one_call_without_gradient(trec, monkeypatch):
     with torch.no_grad():
         converted(_kjt(torchrec, ["f0", "fs", "f1", "f2"], 4, 40))
     assert calls == [5]
+
+
+@pytest.mark.parametrize("bits", [None, 8, 4])
+def test_converted_float_collections_and_dlrm_script(trec, bits):
+    """torch.jit.script of TorchRec's float collections and DLRM after convert(): TorchScript
+    compiles TorchRec's forward over the converted tables, whose scripted forward is ours, and
+    the scripted module answers as the converted one does (and as stock TorchRec with the same
+    rows)."""
+    torchrec = trec[0]
+    from torchrec.models.dlrm import DLRM
+    torch.manual_seed(4)
+    ebc = torchrec.EmbeddingBagCollection(tables=_bag_tables(torchrec, shared=True))
+    kjt = _kjt(torchrec, ["f2", "fs", "f1", "f0"], 5, 40, seed=2)
+    converted = pt.convert(ebc, bits=bits)
+    scripted = torch.jit.script(converted)
+    with torch.no_grad():
+        want = converted(kjt)
+        got = scripted(kjt)
+    assert got.keys() == want.keys()
+    if bits is None:
+        # float tables: the scripted tables run torch's own function (stock's bits), the
+        # converted collection our one call (float summation order apart)
+        assert torch.equal(got.values(), ebc(kjt).values().detach())
+        torch.testing.assert_close(got.values(), want.values(), rtol=1e-6, atol=1e-6)
+    else:
+        assert torch.equal(got.values(), want.values())
+    assert type(converted).__name__.startswith("Converted")   # the module itself is unchanged
+
+    tables = [torchrec.EmbeddingBagConfig(num_embeddings=40, embedding_dim=8, name=f"t{i}",
+                                          feature_names=[f"f{i}"]) for i in range(3)]
+    dlrm = DLRM(embedding_bag_collection=torchrec.EmbeddingBagCollection(tables=tables),
+                dense_in_features=4, dense_arch_layer_sizes=[16, 8],
+                over_arch_layer_sizes=[8, 1]).eval()
+    conv = pt.convert(dlrm, bits=bits)
+    kjt = _kjt(torchrec, ["f0", "f1", "f2"], 5, 40, seed=3)
+    dense = torch.rand(5, 4, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.script(conv)(dense, kjt), conv(dense, kjt),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_converted_embedding_collection_scripts(trec):
+    torchrec = trec[0]
+    torch.manual_seed(5)
+    tables = [torchrec.EmbeddingConfig(num_embeddings=30, embedding_dim=8, name=f"t{i}",
+                                       feature_names=[f"f{i}"]) for i in range(2)]
+    ec = torchrec.EmbeddingCollection(tables=tables).eval()
+    converted = pt.convert(ec)
+    kjt = _kjt(torchrec, ["f0", "f1"], 4, 30, seed=6)
+    with torch.no_grad():
+        want, got = ec(kjt), torch.jit.script(converted)(kjt)
+    assert list(got) == list(want)
+    assert all(torch.equal(got[k].values(), want[k].values()) for k in want)
+
+
+def test_our_collections_refuse_script_clearly(trec):
+    torchrec = trec[0]
+    ebc = pt.EmbeddingBagCollection(tables=_bag_tables(torchrec))
+    with pytest.raises(RuntimeError, match="EmbeddingBagCollection cannot be compiled by "
+                                           "torch.jit.script.*convert"):
+        torch.jit.script(ebc)
+    ec = pt.EmbeddingCollection(tables=[torchrec.EmbeddingConfig(
+        num_embeddings=10, embedding_dim=4, name="t", feature_names=["f"])])
+    with pytest.raises(RuntimeError, match="EmbeddingCollection cannot be compiled"):
+        torch.jit.script(ec)

@@ -253,6 +253,9 @@ class EmbeddingBagCollection(torch.nn.Module):
     (['item', 'user'], torch.Size([2, 12]))
     """
 
+    def __prepare_scriptable__(self):
+        return _graph.refuse_collection_script(self)
+
     def __init__(self, tables: Sequence[Any], is_weighted: bool = False, device=None,
                  fused_optimizer: Optional[Any] = None, placement: str = "auto") -> None:
         super().__init__()

@@ -17,7 +17,7 @@ from torch import Tensor
 import perfkernels as pk
 from perfkernels import _memory
 
-from . import _bags, _fused_ops
+from . import _bags, _fused_ops, _graph
 from ._bridge import _BF16
 from ._collection import _init_table, _Jagged, _kjt_parts, _table_dtype
 from ._embedding import TORCH_INDEX_MESSAGE, Embedding, _as_tensor, _plain, weight_gradient
@@ -110,6 +110,9 @@ class EmbeddingCollection(torch.nn.Module):
     >>> ec(kjt)["f"].values().shape       # one row per ID, samples back to back
     torch.Size([3, 8])
     """
+
+    def __prepare_scriptable__(self):
+        return _graph.refuse_collection_script(self)
 
     def __init__(self, tables: Sequence[Any], device=None, need_indices: bool = False,
                  fused_optimizer: Optional[Any] = None, placement: str = "auto") -> None:

@@ -76,6 +76,18 @@ def script_as(script_forward: Callable) -> Callable[[Callable], Callable]:
     return decorate
 
 
+def refuse_collection_script(module: torch.nn.Module) -> torch.nn.Module:
+    """``__prepare_scriptable__`` of perfkernels' collections: a clear refusal instead of
+    TorchScript's error on a type deep inside (their forward takes either KeyedJaggedTensor
+    class, and the key bookkeeping is Python)."""
+    name = type(module).__name__
+    raise RuntimeError(
+        f"perfkernels.torch.{name} cannot be compiled by torch.jit.script: its forward runs "
+        f"Python over a KeyedJaggedTensor. Script TorchRec's {name} instead (convert() it: its "
+        "tables become perfkernels' and the converted collection scripts), or capture this one "
+        "with torch.export, torch.compile or torch.jit.trace")
+
+
 def refuse_fused_script(module: torch.nn.Module) -> torch.nn.Module:
     """``__prepare_scriptable__`` of the modules: the module itself (scripted as it is), unless
     a fused optimizer updates its table during backward, which the scripted forward (torch's

@@ -162,13 +162,31 @@ def _tracing() -> bool:
             or torch.jit.is_tracing())
 
 
+def _torchrec_class(module: torch.nn.Module) -> type:
+    """TorchRec's class that a converted collection's class was made from."""
+    for cls in type(module).__mro__[1:]:
+        if cls not in (_QuantEBCForward, _QuantECForward, _FloatEBCForward) and \
+                cls.__module__.startswith("torchrec."):
+            return cls
+    raise TypeError(f"{type(module).__name__} is not a converted TorchRec collection")
+
+
+class _Scriptable:
+    """``torch.jit.script`` of a converted collection scripts TorchRec's own class sharing its
+    tables (TorchScript compiles TorchRec's forward, not ours, which calls Python): a quantized
+    collection then runs TorchRec's table-batched kernel, the same bits as ours; a float one
+    TorchRec's loop over its tables, which convert() made ours."""
+
+    def __prepare_scriptable__(self) -> torch.nn.Module:
+        return _shallow(self, _torchrec_class(self))
+
+
 def _base_forward(self: Any, features: Any, mixin: type) -> Any:
     """TorchRec's forward of the class that ``mixin`` was mixed into."""
-    mro = type(self).__mro__
-    return mro[mro.index(mixin) + 1].forward(self, features)
+    return _torchrec_class(self).forward(self, features)
 
 
-class _QuantEBCForward:
+class _QuantEBCForward(_Scriptable):
     """forward() of a converted ``torchrec.quant`` EmbeddingBagCollection (mixed in before
     TorchRec's class)."""
 
@@ -188,7 +206,7 @@ class _QuantEBCForward:
                            length_per_key=self._length_per_key)
 
 
-class _QuantECForward:
+class _QuantECForward(_Scriptable):
     """forward() of a converted ``torchrec.quant`` EmbeddingCollection: every value its own bag
     of one row in the one multi-table call, split per feature into TorchRec's JaggedTensors."""
 
@@ -226,7 +244,7 @@ class _QuantECForward:
         return out
 
 
-class _FloatEBCForward:
+class _FloatEBCForward(_Scriptable):
     """forward() of TorchRec's float EmbeddingBagCollection after convert() swapped its tables
     for ours: without a gradient to record, every feature in one multi-table call over those
     tables (float or, after ``bits=``, packed rows); else TorchRec's loop over them."""
