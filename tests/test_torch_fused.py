@@ -67,6 +67,69 @@ def test_matches_torch_sparse_optim(optimizer, weighted):
                                    rtol=2e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("layout", ["offsets", "last_offset", "2d"])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("mode,padding_idx", [("sum", None), ("mean", None), ("mean", 3)])
+def test_training_lookup_route_matches_torch_sgd(layout, index_dtype, mode, padding_idx):
+    """A training step's lookup with a fused optimizer and no per_sample_weights takes the lean
+    autograd function; the table after several steps is torch's after its SGD on the sparse
+    gradient of nn.EmbeddingBag, for every input layout and index dtype, and the other
+    arguments still take the full route (same answer)."""
+    gen = torch.Generator().manual_seed(7)
+    rows, dim, lr = 25, 9, 0.1
+    ref = torch.nn.EmbeddingBag(rows, dim, mode=mode, sparse=True, padding_idx=padding_idx,
+                                include_last_offset=layout == "last_offset")
+    ours = pt.EmbeddingBag(rows, dim, mode=mode, padding_idx=padding_idx,
+                           include_last_offset=layout == "last_offset",
+                           fused_optimizer=("sgd", {"lr": lr}))
+    with torch.no_grad():
+        ours.weight.copy_(ref.weight)
+    topt = torch.optim.SGD(ref.parameters(), lr=lr)
+    for step in range(3):
+        if layout == "2d":
+            ix, off = torch.randint(0, rows, (5, 3), generator=gen), None
+        else:
+            ix, off = _bags(gen, rows, 5, 4)
+            if layout == "last_offset":
+                off = torch.cat([off, torch.tensor([ix.numel()])])
+        ix = ix.to(index_dtype)
+        g = torch.randn(5, dim, generator=gen)
+        topt.zero_grad()
+        (ref(ix, off) * g).sum().backward()
+        topt.step()
+        out = ours(ix, off)
+        assert type(out.grad_fn).__name__ == "WeightBackwardBagBackward"
+        (out * g).sum().backward()
+        assert ours.weight.grad is None
+    torch.testing.assert_close(ours.weight.detach(), ref.weight.detach(), rtol=1e-5, atol=1e-6)
+    psw = torch.ones(ix.shape)                        # weights: the full route, as before
+    assert type(ours(ix, off, per_sample_weights=psw if mode == "sum" else None).grad_fn
+                ).__name__ in ("WeightBackwardBagBackward", "BagFunctionBackward")
+    if mode == "sum":
+        assert type(ours(ix, off, per_sample_weights=psw).grad_fn).__name__ == \
+            "BagFunctionBackward"
+    with torch.no_grad():                             # no gradient: the inference kernel
+        assert ours(ix, off).grad_fn is None
+
+
+def test_training_lookup_route_errors_as_torch():
+    """Out-of-range IDs and malformed offsets on the lean route: torch's exception class and
+    message, and the table untouched."""
+    bag = pt.EmbeddingBag(10, 4, mode="sum", fused_optimizer=("sgd", {"lr": 0.1}))
+    stock = torch.nn.EmbeddingBag(10, 4, mode="sum")
+    before = bag.weight.detach().clone()
+    for ix, off in ((torch.tensor([1, 10]), torch.tensor([0, 1])),
+                    (torch.tensor([1, 2]), torch.tensor([0, 5])),
+                    (torch.tensor([1, 2]), torch.tensor([1, 0]))):
+        with pytest.raises(Exception) as theirs:
+            stock(ix, off)
+        with pytest.raises(type(theirs.value)) as mine:
+            bag(ix, off).sum().backward()
+        assert str(theirs.value).split("\n")[0][:40] in str(mine.value) or \
+            isinstance(mine.value, IndexError), (mine.value, theirs.value)
+    assert torch.equal(bag.weight.detach(), before)
+
+
 def test_state_dict_round_trip_and_unfused():
     bag = pt.EmbeddingBag(20, 4, mode="sum", fused_optimizer=("adagrad", {"lr": 0.1}))
     ix, off = torch.tensor([1, 2, 1]), torch.tensor([0, 1])

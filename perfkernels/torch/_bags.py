@@ -274,6 +274,64 @@ class BagFunction(torch.autograd.Function):
         return grad_weight, grad_psw, None, None, None
 
 
+class WeightBackwardBag(torch.autograd.Function):
+    """:class:`BagFunction` for the one case a training loop repeats: a float32 CPU table whose
+    weight gradient a custom weight backward (a fused optimizer) consumes, no
+    ``per_sample_weights``.  The module's cached view of the table, nothing saved but the
+    indices and offsets, and no per-call options object: a small-batch step pays several such
+    lookups per model (:func:`weight_backward_lookup`)."""
+
+    @staticmethod
+    def forward(ctx, weight: Tensor, indices: Tensor, offsets: Optional[Tensor], module: Any,
+                table: Any) -> Tensor:
+        try:
+            out = pk.embedding_bag(table, as_numpy(indices),
+                                   None if offsets is None else as_numpy(offsets),
+                                   mode=module.mode, include_last_offset=module.include_last_offset,
+                                   padding_idx=module.padding_idx)
+        except IndexError as exc:
+            raise index_error(exc) from None
+        ctx.save_for_backward(indices, offsets)
+        ctx.module = module
+        ctx.rows = weight.shape[0]
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        indices, offsets = ctx.saved_tensors
+        m = ctx.module
+        b = BagBackward(grad_output, indices, offsets, None, m.mode, m.include_last_offset,
+                        m.padding_idx, ctx.rows, torch.float32, ctx.next_functions[0][0])
+        grad = m.weight_backward(b)
+        return grad, None, None, None, None
+
+
+def weight_backward_lookup(module: Any, input: Tensor, offsets: Optional[Tensor]
+                           ) -> Optional[Tensor]:
+    """An EmbeddingBag module's lookup through :class:`WeightBackwardBag` where it gives what the
+    full route gives (float32 CPU table requiring grad under grad mode, a custom weight
+    backward, no ``per_sample_weights``, sum or mean, none of torch's other options, no graph
+    capture, transform or profiler: the caller has checked capture and forward-mode AD); None
+    for everything else, and wherever the NumPy API refuses the arguments (the full route then
+    answers, torch's answer or its exception)."""
+    w = module._parameters.get("weight")
+    if (w is None or not w.requires_grad or not torch.is_grad_enabled()
+            or type(input) is not Tensor or w.dtype is not torch.float32
+            or (offsets is not None and type(offsets) is not Tensor)
+            or w.device.type != "cpu" or module.mode not in MODES or module.max_norm is not None
+            or module.scale_grad_by_freq or module.output_dtype not in (None, torch.float32)
+            or module.weighted_mean or _compat.input_refused(input) or _profiler_enabled()
+            or _graph.transforming()):
+        return None
+    table = module._table_array(w)
+    if table is None:
+        return None
+    try:
+        return WeightBackwardBag.apply(w, input, offsets, module, table)
+    except (ValueError, TypeError, RuntimeError):
+        return None
+
+
 # --------------------------------------------------------------------------- registered ops
 # ``perfkernels::embedding_bag`` and ``perfkernels::embedding_bag_quantized`` are defined, with
 # their CPU kernels, by the native library (``_native_ops``); here: their fake kernels (tracing),

@@ -189,6 +189,11 @@ class EmbeddingBag(TableViewCache, torch.nn.EmbeddingBag):
                 out = _module_lookup(self, input, offsets, per_sample_weights)
                 if out is not None:
                     return out
+                if self.weight_backward is not None and per_sample_weights is None:
+                    # a training step with a fused optimizer: the lean autograd function
+                    out = _bags.weight_backward_lookup(self, input, offsets)
+                    if out is not None:
+                        return out
             return self._forward(input, offsets, per_sample_weights)
         except IndexOutOfRangeError as exc:
             if self.padding_idx is None:
