@@ -247,18 +247,26 @@ class FusedOptimizer:
         psw = b.per_sample_weights
         if psw is not None and psw.dtype is not torch.float32:
             psw = psw.float()
+        # grad mode off for the in-place update of a leaf that requires grad: a backward pass
+        # (where the step runs, but with create_graph=True) already has it off, and then no
+        # torch.no_grad() is entered (it cost more than the op call itself, per table and step)
+        grad_mode = torch.is_grad_enabled()
+        if grad_mode:
+            torch._C._set_grad_enabled(False)
         try:
-            with torch.no_grad():
-                fused_step_op(weight, b.indices, b.offsets, psw, b.mode, b.include_last_offset,
-                              b.padding_idx, grad, self.name, m1, m2, self.lr, self.eps,
-                              self.weight_decay, t, self.betas[0], self.betas[1], self.momentum,
-                              self.nesterov, self.stochastic_rounding,
-                              seed)   # reproducible runs; a new seed every step
+            fused_step_op(weight, b.indices, b.offsets, psw, b.mode, b.include_last_offset,
+                          b.padding_idx, grad, self.name, m1, m2, self.lr, self.eps,
+                          self.weight_decay, t, self.betas[0], self.betas[1], self.momentum,
+                          self.nesterov, self.stochastic_rounding,
+                          seed)   # reproducible runs; a new seed every step
         except RuntimeError as exc:
             bad_index = native_index_error(exc)
             if bad_index is not None:
                 raise bad_index from None
             raise
+        finally:
+            if grad_mode:
+                torch._C._set_grad_enabled(True)
         if step is not None:
             with torch.no_grad():
                 step.fill_(t)     # counted once the update is done
