@@ -285,8 +285,10 @@ class WeightBackwardBag(torch.autograd.Function):
     def forward(ctx, weight: Tensor, indices: Tensor, offsets: Optional[Tensor], module: Any,
                 table: Any) -> Tensor:
         try:
-            out = pk.embedding_bag(table, as_numpy(indices),
-                                   None if offsets is None else as_numpy(offsets),
+            # (integer tensors: Tensor.numpy() refuses a negative view with a RuntimeError, and
+            # the caller then takes the full route)
+            out = pk.embedding_bag(table, indices.numpy(),
+                                   None if offsets is None else offsets.numpy(),
                                    mode=module.mode, include_last_offset=module.include_last_offset,
                                    padding_idx=module.padding_idx)
         except IndexError as exc:
@@ -327,9 +329,15 @@ def weight_backward_lookup(module: Any, input: Tensor, offsets: Optional[Tensor]
     if table is None:
         return None
     try:
-        return WeightBackwardBag.apply(w, input, offsets, module, table)
+        # torch.autograd.Function.apply's C half: its Python half only binds default arguments
+        # (none here) and unwraps functorch tensors, and no functorch transform is active
+        return _apply_weight_backward_bag(w, input, offsets, module, table)
     except (ValueError, TypeError, RuntimeError):
         return None
+
+
+_apply_weight_backward_bag = torch._C._FunctionBase.__dict__["apply"].__get__(None,
+                                                                            WeightBackwardBag)
 
 
 # --------------------------------------------------------------------------- registered ops
