@@ -526,6 +526,15 @@ def _fsync_dir(directory: str) -> None:
 
 
 def _umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (setting and
+    restoring it would race with another thread creating a file)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

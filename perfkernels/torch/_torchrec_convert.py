@@ -181,8 +181,8 @@ class _Scriptable:
         return _shallow(self, _torchrec_class(self))
 
 
-def _base_forward(self: Any, features: Any, mixin: type) -> Any:
-    """TorchRec's forward of the class that ``mixin`` was mixed into."""
+def _base_forward(self: Any, features: Any) -> Any:
+    """TorchRec's forward of the class this converted collection was made from."""
     return _torchrec_class(self).forward(self, features)
 
 
@@ -191,7 +191,7 @@ class _QuantEBCForward(_Scriptable):
     TorchRec's class)."""
 
     def _torchrec_forward(self, features: Any) -> Any:
-        return _base_forward(self, features, _QuantEBCForward)
+        return _base_forward(self, features)
 
     def forward(self, features: Any) -> Any:
         from torchrec.sparse.jagged_tensor import KeyedTensor
@@ -211,7 +211,7 @@ class _QuantECForward(_Scriptable):
     of one row in the one multi-table call, split per feature into TorchRec's JaggedTensors."""
 
     def _torchrec_forward(self, features: Any) -> Any:
-        return _base_forward(self, features, _QuantECForward)
+        return _base_forward(self, features)
 
     def forward(self, features: Any) -> Any:
         from torchrec.sparse.jagged_tensor import JaggedTensor
@@ -250,7 +250,7 @@ class _FloatEBCForward(_Scriptable):
     tables (float or, after ``bits=``, packed rows); else TorchRec's loop over them."""
 
     def _torchrec_forward(self, features: Any) -> Any:
-        return _base_forward(self, features, _FloatEBCForward)
+        return _base_forward(self, features)
 
     def forward(self, features: Any) -> Any:
         if _tracing() or (torch.is_grad_enabled() and any(
