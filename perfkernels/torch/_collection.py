@@ -6,6 +6,8 @@ same layout (and the methods of TorchRec's classes that a model uses); a real
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
 import re
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ import perfkernels as pk
 from . import _bags, _graph, _native_ops  # noqa: F401 (_native_ops: the ops)
 from ._bridge import as_numpy, index_error, index_error_at
 from ._embedding_bag import EmbeddingBag
+from ._quantized import QuantizedEmbeddingBag
 
 #: the multi-table kernel's wording of a bad index
 _MULTI_INDEX_MESSAGE = re.compile(r"indices\[(\d+)\] = (-?\d+) \(entry (\d+) of feature (\d+)\) "
@@ -47,6 +50,7 @@ class EmbeddingBagConfig:
     weight_init_max: Optional[float] = None
     weight_init_min: Optional[float] = None
     data_type: Any = None                  # a torch dtype (or torchrec DataType FP32/FP16)
+    #                                        (a quantized table's: "INT8", "INT4" or "INT2")
 
 
 def _pooling_mode(pooling: Any) -> str:
@@ -61,7 +65,22 @@ def _table_dtype(data_type: Any) -> Optional[torch.dtype]:
     if data_type is None or isinstance(data_type, torch.dtype):
         return data_type
     name = str(getattr(data_type, "name", data_type)).upper()
+    if name in ("INT8", "INT4", "INT2"):
+        raise ValueError(f"data_type {name}: a collection's quantized tables come from "
+                         f"convert(collection, bits={name[3:]}) or "
+                         "EmbeddingBagCollection.from_files (quantized table files), not from "
+                         "a config")
     return {"FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}.get(name)
+
+
+def _table(bag: torch.nn.Module) -> Tensor:
+    """A collection table's rows: the float weight, or a quantized table's packed rows."""
+    return bag.packed_weight if isinstance(bag, QuantizedEmbeddingBag) else bag.weight
+
+
+def _bits(bag: torch.nn.Module) -> int:
+    """0 for a float table, else the bits of its quantized rows."""
+    return bag.bits if isinstance(bag, QuantizedEmbeddingBag) else 0
 
 
 class _Jagged:
@@ -240,6 +259,12 @@ class EmbeddingBagCollection(torch.nn.Module):
     feature's rows (duplicates across features summed first, as FBGEMM's exact optimizers do).
     ``placement=`` places every table (see :class:`EmbeddingBag`).
 
+    Quantized tables (row-wise 8/4/2-bit, :class:`QuantizedEmbeddingBag`, inference only) come
+    from ``convert(collection, bits=4)`` or from quantized table files
+    (:meth:`from_files`); a collection may mix them with float tables.  Every table is still
+    looked up in one call, and graphs (``torch.compile``, ``torch.export``, ``jit.trace``,
+    ``torch.fx``) record one op for all of them.
+
     Examples
     --------
     >>> import torch, perfkernels.torch as pkt
@@ -285,12 +310,28 @@ class EmbeddingBagCollection(torch.nn.Module):
     @classmethod
     def from_files(cls, files: Any, *, feature_names: Optional[Any] = None, pooling: str = "sum",
                    is_weighted: bool = False) -> "EmbeddingBagCollection":
-        """A collection over float table files of :mod:`perfkernels.tables` (``{table name:
-        path}``, in order; ``feature_names``: ``{table name: [feature, ...]}``, default the table's
-        name), each mapped copy-on-write and shared between processes, as
-        :meth:`EmbeddingBag.from_file` maps it; rows, D and dtype come from the files."""
+        """A collection over table files of :mod:`perfkernels.tables` (``{table name: path}``,
+        in order; ``feature_names``: ``{table name: [feature, ...]}``, default the table's name),
+        each mapped copy-on-write and shared between processes, as :meth:`EmbeddingBag.from_file`
+        (float tables) and :meth:`QuantizedEmbeddingBag.from_file` (8/4/2-bit rows) map them;
+        rows, D and format come from the files, and formats may be mixed.  Nothing is read or
+        copied now, so a collection of 13 GiB of 4-bit tables is ready in milliseconds.
+
+        Examples
+        --------
+        >>> import os, tempfile, numpy as np, torch, perfkernels as pk, perfkernels.torch as pkt
+        >>> from perfkernels import tables
+        >>> d = tempfile.mkdtemp()
+        >>> tables.save_table(os.path.join(d, "item.pkt"),
+        ...                   pk.quantize_rowwise(np.ones((100, 8), np.float32), bits=4), bits=4, dim=8)
+        >>> ebc = pkt.EmbeddingBagCollection.from_files({"item": os.path.join(d, "item.pkt")})
+        >>> kjt = pkt.KeyedJaggedTensor(["item"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))
+        >>> ebc(kjt).values()[:, 0]
+        tensor([2., 1.])
+        """
         from ._table_files import collection_from_files
         return collection_from_files(cls, files, bag_cls=EmbeddingBag,
+                                     quantized_cls=QuantizedEmbeddingBag,
                                      config_cls=EmbeddingBagConfig, feature_names=feature_names,
                                      pooling=pooling, is_weighted=is_weighted)
 
@@ -302,11 +343,26 @@ class EmbeddingBagCollection(torch.nn.Module):
         """The device of the tables (of the first one; CPU when there are none), as TorchRec's
         collection has it."""
         for bag in self.embedding_bags.values():
-            return bag.weight.device
+            return _table(bag).device
         return torch.device("cpu")
 
     def embedding_bag_configs(self) -> list:
-        return self._configs
+        """The tables' configs, in order; a quantized table's ``data_type`` says its bits
+        (``"INT8"`` / ``"INT4"`` / ``"INT2"``, or TorchRec's ``DataType`` member when the config
+        is TorchRec's), also after ``convert(collection, bits=...)``."""
+        out = []
+        for cfg in self._configs:
+            bag = self.embedding_bags[cfg.name] if cfg.name in self.embedding_bags else None
+            bits = _bits(bag) if bag is not None else 0
+            if bits and dataclasses.is_dataclass(cfg):
+                kind = type(cfg.data_type)
+                name = f"INT{bits}"
+                value = (kind[name] if isinstance(cfg.data_type, enum.Enum)
+                         and name in kind.__members__ else name)
+                if cfg.data_type != value:
+                    cfg = dataclasses.replace(cfg, data_type=value)
+            out.append(cfg)
+        return out
 
     def forward(self, features: Any) -> KeyedTensor:
         """Pooled rows for every feature of every table (KeyedTensor layout)."""
@@ -314,14 +370,16 @@ class EmbeddingBagCollection(torch.nn.Module):
             # fx symbolic tracing (torchrec.fx.symbolic_trace too): one leaf call of the lookup
             names = list(self.embedding_bags)
             return _traced_collection(
-                features, [self.embedding_bags[n].weight for n in names],
+                features, [_table(self.embedding_bags[n]) for n in names],
                 tuple(f for f, _, _ in self._feature_table),
                 tuple(names.index(t) for _, t, _ in self._feature_table),
                 tuple(int(self.embedding_bags[n].mode == "mean") for n in names),
                 tuple(-1 if b.padding_idx is None else b.padding_idx % b.num_embeddings
                       for b in (self.embedding_bags[n] for n in names)),
                 self._is_weighted, tuple(self._embedding_names),
-                tuple(d for _, _, d in self._feature_table))
+                tuple(d for _, _, d in self._feature_table),
+                tuple(_bits(self.embedding_bags[n]) for n in names),
+                tuple(self.embedding_bags[n].embedding_dim for n in names))
         keys, values, offsets, batch = _kjt_parts(features)
         weights = features.weights_or_none() if self._is_weighted else None
         out = None
@@ -342,7 +400,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                            [d for _, _, d in self._feature_table], out)
 
     def _needs_grad(self, weights: Optional[Tensor]) -> bool:
-        return (any(b.weight.requires_grad for b in self.embedding_bags.values())
+        return (any(_table(b).requires_grad for b in self.embedding_bags.values())
                 or (weights is not None and weights.requires_grad))
 
     def _lookup_each(self, keys: list, values: Tensor, offsets: Tensor,
@@ -384,15 +442,20 @@ class EmbeddingBagCollection(torch.nn.Module):
                                f"its keys are {keys}")
             features.append(position[feature])
             table_index.append(names.index(table))
-        ws = [b.weight for b in tables]
+        ws = [_table(b) for b in tables]
         grad = (_bags.records_grad(weights, *ws) if torch._C._get_tracing_state() is None
                 else _graph.records_grad_traced(weights, *ws))   # (jit.trace: see _graph)
+        mean = [int(b.mode == "mean") for b in tables]
+        padding = [-1 if b.padding_idx is None else b.padding_idx % b.num_embeddings
+                   for b in tables]
+        bits = [_bits(b) for b in tables]
+        if any(bits):
+            return _packed_collection(ws, bits, [b.embedding_dim for b in tables], values,
+                                      offsets, weights, len(keys), features, table_index, mean,
+                                      padding, grad)
         op = (torch.ops.perfkernels.embedding_bag_collection if grad
               else torch.ops.perfkernels.embedding_bag_collection_inference)
-        return op(
-            ws, values, offsets, weights, len(keys), features,
-            table_index, [int(b.mode == "mean") for b in tables],
-            [-1 if b.padding_idx is None else b.padding_idx % b.num_embeddings for b in tables])
+        return op(ws, values, offsets, weights, len(keys), features, table_index, mean, padding)
 
     def _profiled_op(self, keys: list, values: Tensor, offsets: Tensor,
                      weights: Optional[Tensor], batch: int) -> Optional[Tensor]:
@@ -413,15 +476,18 @@ class EmbeddingBagCollection(torch.nn.Module):
                 or any(k not in table_of for k in keys)):   # (a feature of several tables)
             return None
         bags = [self.embedding_bags[table_of[k]] for k in keys]
-        if any(b.weight.device.type != "cpu" for b in bags):
+        if any(_table(b).device.type != "cpu" for b in bags):
             return None
+        bits = [_bits(b) or None for b in bags]
         try:
-            out = _multi_lookup([b._table_array(b.weight) for b in bags], as_numpy(values),
+            out = _multi_lookup([b._table_array(_table(b)) for b in bags], as_numpy(values),
                                 offsets=as_numpy(offsets),
                                 per_sample_weights=None if weights is None
                                 else as_numpy(weights.float()),
                                 modes=[b.mode for b in bags],
-                                padding_idx=[b.padding_idx for b in bags])
+                                padding_idx=[b.padding_idx for b in bags],
+                                bits=bits if any(bits) else None,
+                                dims=[b.embedding_dim for b in bags] if any(bits) else None)
         except IndexError as exc:
             # torch's wording, the position within the feature's values (as a lookup of that
             # feature alone, the path with a gradient, and TorchRec's say it)
@@ -444,7 +510,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         return out
 
     @staticmethod
-    def _lookup_segments(bag: EmbeddingBag, values: Tensor, weights: Optional[Tensor],
+    def _lookup_segments(bag: torch.nn.Module, values: Tensor, weights: Optional[Tensor],
                          segments: list) -> Tensor:
         """The bags of one or more features (each a B + 1 slice of the KJT offsets) in one lookup:
         their values back to back, offsets rebased onto them; ``[len(segments) * B, D]``."""
@@ -466,6 +532,9 @@ class EmbeddingBagCollection(torch.nn.Module):
         else:
             seg, offs = torch.cat(seg_values), torch.cat(seg_offsets)
             w = torch.cat(seg_weights) if weights is not None else None
+        if isinstance(bag, QuantizedEmbeddingBag):     # no gradient for its rows
+            return _bags.lookup(bag.packed_weight, seg, offs, w, bag.mode, True, bag.padding_idx,
+                                bag.bits, bag.embedding_dim)
         # TorchRec (FBGEMM) pools weighted features in mode mean too
         return _bags.bag_forward(bag.weight, seg, offs, w,
                                  bag._spec()._replace(weighted_mean=True), torch.float32)
@@ -473,9 +542,10 @@ class EmbeddingBagCollection(torch.nn.Module):
 
 def _traced_collection(features: Any, weights: list, feature_names: tuple, table_index: tuple,
                        mean: tuple, padding_idx: tuple, is_weighted: bool, names: tuple,
-                       dims: tuple) -> KeyedTensor:
+                       dims: tuple, bits: tuple = (), table_dims: tuple = ()) -> KeyedTensor:
     """The lookup of a collection as one node of an fx graph (a leaf of symbolic tracing): every
-    feature through ``perfkernels::embedding_bag_collection``, the output a KeyedTensor named
+    feature through ``perfkernels::embedding_bag_collection`` (with quantized tables, ``bits``
+    not all 0: ``perfkernels::embedding_bag_collection_packed``), the output a KeyedTensor named
     ``names``."""
     keys, values, offsets, _ = _kjt_parts(features)
     psw = features.weights_or_none() if is_weighted else None
@@ -485,14 +555,36 @@ def _traced_collection(features: Any, weights: list, feature_names: tuple, table
         raise KeyError(f"feature {missing[0]!r} is not in the input; its keys are {keys}")
     grad = torch.is_grad_enabled() and (any(w.requires_grad for w in weights)
                                         or (psw is not None and psw.requires_grad))
+    features_at = [position[f] for f in feature_names]
+    if any(bits):
+        out = _packed_collection(list(weights), list(bits), list(table_dims), values, offsets,
+                                 psw, len(keys), features_at, list(table_index), list(mean),
+                                 list(padding_idx), grad)
+        return KeyedTensor(list(names), list(dims), out)
     op = (torch.ops.perfkernels.embedding_bag_collection if grad
           else torch.ops.perfkernels.embedding_bag_collection_inference)
-    out = op(list(weights), values, offsets, psw, len(keys), [position[f] for f in feature_names],
+    out = op(list(weights), values, offsets, psw, len(keys), features_at,
              list(table_index), list(mean), list(padding_idx))
     return KeyedTensor(list(names), list(dims), out)
 
 
 torch.fx.wrap("_traced_collection")
+
+
+def _packed_collection(weights: list, bits: list, dims: list, values: Tensor, offsets: Tensor,
+                       psw: Optional[Tensor], num_keys: int, features: list, tables: list,
+                       mean: list, padding_idx: list, grad: bool) -> Tensor:
+    """A collection with quantized tables through ``perfkernels::embedding_bag_collection_packed``
+    (inference only: quantized rows have no gradient), or the error saying why not."""
+    if grad:
+        raise RuntimeError(
+            "a collection with quantized tables is looked up without gradients in graphs "
+            "(torch.compile, torch.export, jit.trace, fx); its float tables or per-sample "
+            "weights require grad here: capture it under torch.no_grad(), or set "
+            "requires_grad=False on them")
+    return torch.ops.perfkernels.embedding_bag_collection_packed(
+        weights, bits, dims, values, offsets, psw, num_keys, features, tables, mean,
+        padding_idx)
 
 
 # --------------------------------------------------------------------------- the registered op
@@ -514,6 +606,20 @@ def _collection_fake(weights, values, offsets, per_sample_weights, num_keys, fea
 
 
 torch.library.register_fake("perfkernels::embedding_bag_collection_inference")(_collection_fake)
+
+
+# ``perfkernels::embedding_bag_collection_packed(Tensor[] weights, SymInt[] bits, SymInt[] dims,
+# Tensor values, Tensor offsets, Tensor? per_sample_weights, SymInt num_keys, SymInt[] features,
+# SymInt[] tables, SymInt[] mean, SymInt[] padding_idx) -> Tensor``: the same over tables of any
+# format, table t quantized to ``bits[t]`` bits with ``dims[t]`` values a row (0: a float table);
+# no autograd (an inference op).
+
+@torch.library.register_fake("perfkernels::embedding_bag_collection_packed")
+def _collection_packed_fake(weights, bits, dims, values, offsets, per_sample_weights, num_keys,
+                            features, tables, mean, padding_idx):
+    batch = (offsets.shape[0] - 1) // max(num_keys, 1)
+    width = sum(dims[t] if bits[t] else weights[t].shape[1] for t in tables)
+    return values.new_empty((batch, width), dtype=torch.float32)
 
 
 def _collection_setup(ctx, inputs, output):

@@ -328,6 +328,9 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
         new = QuantizedEmbedding.from_torch_ao(module, placement=placement)
         report.swapped.append((name, kind, "QuantizedEmbedding", f"{new.bits}-bit rows"))
         return new
+    if isinstance(module, (EmbeddingBag, Embedding)) and (bits is not None
+                                                          or dtype not in (None, torch.float32)):
+        return _swap_ours(name, module, dtype, bits, report, placement)
     if isinstance(module, torch.nn.Embedding) and not isinstance(module, Embedding):
         report.skipped.append((name, kind, "a subclass of torch.nn.Embedding may override "
                                "forward; only the exact class is swapped"))
@@ -335,6 +338,44 @@ def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
         report.skipped.append((name, kind, "a subclass of torch.nn.EmbeddingBag may override "
                                "forward; only the exact class is swapped"))
     return None
+
+
+def _swap_ours(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
+               bits: Optional[int], report: ConversionReport, placement: str
+               ) -> Optional[torch.nn.Module]:
+    """With ``bits=``, perfkernels' own float EmbeddingBag / Embedding (a collection's tables
+    too) quantized row-wise as torch's would be; with ``dtype=``, left (the report says how)."""
+    from ._quantized import QuantizedEmbeddingBag
+    from ._quantized_embedding import QuantizedEmbedding
+    kind = type(module).__name__
+    weight = module._parameters.get("weight")
+    if weight is None or not weight.dtype.is_floating_point:
+        return None
+    if bits is None:
+        if weight.dtype is not dtype:
+            report.skipped.append((name, kind, f"already perfkernels' module: dtype= converts "
+                                   f"torch's tables; store this one in {dtype} with "
+                                   f"module.weight.data = module.weight.data.to({dtype})"))
+        return None
+    bag = isinstance(module, EmbeddingBag)
+    reason = (unsupported_reason(mode=module.mode, max_norm=module.max_norm,
+                                 scale_grad_by_freq=module.scale_grad_by_freq,
+                                 dtype=weight.dtype) if bag else
+              (None if module.max_norm is None and not module.scale_grad_by_freq else
+               "max_norm / scale_grad_by_freq change the table at lookup"))
+    if reason is not None:
+        report.skipped.append((name, kind, reason))
+        return None
+    target = QuantizedEmbeddingBag if bag else QuantizedEmbedding
+    new = target.from_float(module, bits=bits, placement=placement)
+    out = getattr(module, "output_dtype", None) or weight.dtype
+    new.output_dtype = None if out is torch.float32 else out
+    note = f"{bits}-bit rows"
+    if getattr(module, "fused_optimizer", None) is not None:
+        note += "; its fused optimizer dropped (quantized rows are not trained)"
+    report.swapped.append((name, kind, target.__name__, note))
+    new.train(module.training)
+    return new
 
 
 def _swap_torchao(name: str, module: torch.nn.Module, bits: Optional[int],

@@ -160,7 +160,8 @@ _DENSE_GRAD_OPS = {torch.ops.perfkernels.embedding_bag.default,
 #: lookups without autograd (what a capture without a gradient to record holds)
 _INFERENCE_OPS = {getattr(torch.ops.perfkernels, name).default for name in (
     "embedding_bag_inference", "embedding_inference", "embedding_collection_inference",
-    "embedding_bag_collection_inference", "embedding_bags_interaction_inference")}
+    "embedding_bag_collection_inference", "embedding_bags_interaction_inference",
+    "embedding_bag_collection_packed")}
 
 
 #: lookups never fused yet, and why (reported)

@@ -71,28 +71,36 @@ def float_bag_from_file(cls, path, *, dtype=None, dim: Optional[int] = None,
     return new
 
 
-def collection_from_files(cls, files, *, bag_cls, config_cls, feature_names=None,
-                          pooling: str = "sum", is_weighted: bool = False):
-    """An ``EmbeddingBagCollection`` whose tables are the float table files ``files``
-    (``{table name: path}``, in order): each table mapped as :func:`float_bag_from_file` maps it,
-    its config's rows, D and dtype read from the file.  ``feature_names``: ``{table name: [feature,
-    ...]}`` (default: each table is one feature of its name).  ``bag_cls`` / ``config_cls``: the
-    table module and config classes (passed in, so that this module imports neither)."""
+def collection_from_files(cls, files, *, bag_cls, quantized_cls, config_cls,
+                          feature_names=None, pooling: str = "sum", is_weighted: bool = False):
+    """An ``EmbeddingBagCollection`` whose tables are the table files ``files`` (``{table name:
+    path}``, in order): a float table mapped as :func:`float_bag_from_file` maps it, a quantized
+    one as :func:`quantized_bag_from_file`; its config's rows, D and format read from the file
+    (a quantized table's ``data_type`` is ``"INT8"``, ``"INT4"`` or ``"INT2"``).
+    ``feature_names``: ``{table name: [feature, ...]}`` (default: each table is one feature of its
+    name).  ``bag_cls`` / ``quantized_cls`` / ``config_cls``: the float and quantized table
+    modules and the config class (passed in, so that this module imports none of them)."""
     feature_names = dict(feature_names or {})
     unknown = set(feature_names) - set(files)
     if unknown:
         raise ValueError(f"feature_names names tables that files lacks: {sorted(unknown)}")
     configs, bags = [], {}
     for name, path in files.items():
-        bag = float_bag_from_file(bag_cls, path, mode=pooling, include_last_offset=True)
-        bag.output_dtype = torch.float32
+        if isinstance(_tables.read_table_header(path).fmt, int):
+            bag = quantized_bag_from_file(quantized_cls, path, mode=pooling,
+                                          include_last_offset=True)
+            data_type = f"INT{bag.bits}"
+        else:
+            bag = float_bag_from_file(bag_cls, path, mode=pooling, include_last_offset=True)
+            bag.output_dtype = torch.float32
+            data_type = bag.weight.dtype
         bags[name] = bag
         configs.append(config_cls(bag.num_embeddings, bag.embedding_dim, name=name,
-                                          feature_names=list(feature_names.get(name, [name])),
-                                          pooling=pooling, data_type=bag.weight.dtype))
+                                  feature_names=list(feature_names.get(name, [name])),
+                                  pooling=pooling, data_type=data_type))
     # built on one-row stand-ins (nothing the size of the tables is allocated), then swapped
     stand_ins = [config_cls(1, c.embedding_dim, name=c.name,
-                                    feature_names=c.feature_names, pooling=pooling)
+                            feature_names=c.feature_names, pooling=pooling)
                  for c in configs]
     new = cls(stand_ins, is_weighted=is_weighted, placement="keep")
     for name, bag in bags.items():

@@ -592,19 +592,16 @@ void embedding_bag_quantized(StableIValue *stack, uint64_t, uint64_t)
  *     SymInt[] mean, SymInt[] padding_idx) -> Tensor
  * Output slot i: the B bags of KJT feature features[i] looked up in weights[tables[i]], written
  * side by side into one [B, sum of the dims] result, all in one split of the work. */
-void embedding_bag_collection(StableIValue *stack, uint64_t, uint64_t)
+/* The lookup of a collection whose tables are `tabs` (checked), the rest of the arguments at
+ * stack[first] ...: values, offsets, per_sample_weights, num_keys, features, tables, mean,
+ * padding_idx. */
+void collection_lookup(StableIValue *stack, const std::vector<TablePart> &tabs, int first,
+                       const std::vector<int64_t> &features, const std::vector<int64_t> &tables,
+                       const std::vector<int64_t> &mean, const std::vector<int64_t> &padding,
+                       int64_t num_keys)
 {
-    std::vector<Tensor> weights = take_list<Tensor>(stack[0], take_tensor);
-    Tensor values = take_tensor(stack[1]), offsets = take_tensor(stack[2]);
-    Tensor psw = take_optional_tensor(stack[3]);
-    const int64_t num_keys = to_int(stack[4]);
-    const std::vector<int64_t> features = take_list<int64_t>(stack[5], to_int);
-    const std::vector<int64_t> tables = take_list<int64_t>(stack[6], to_int);
-    const std::vector<int64_t> mean = take_list<int64_t>(stack[7], to_int);
-    const std::vector<int64_t> padding = take_list<int64_t>(stack[8], to_int);
-
-    const std::vector<TablePart> tabs =
-        collection_tables(weights, mean, padding, features, tables, num_keys);
+    Tensor values = take_tensor(stack[first]), offsets = take_tensor(stack[first + 1]);
+    Tensor psw = take_optional_tensor(stack[first + 2]);
     Bags b;
     std::memset(&b.bags, 0, sizeof b.bags);
     const View vv = view(values, "values", 1);
@@ -631,6 +628,50 @@ void embedding_bag_collection(StableIValue *stack, uint64_t, uint64_t)
     }
     if (!parts.empty()) run(b, parts.data(), (int)parts.size(), part_rows.data());
     stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+/* embedding_bag_collection(Tensor[] weights, Tensor values, Tensor offsets,
+ *     Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables,
+ *     SymInt[] mean, SymInt[] padding_idx) -> Tensor
+ * Output slot i: the B bags of KJT feature features[i] looked up in weights[tables[i]], written
+ * side by side into one [B, sum of the dims] result, all in one split of the work. */
+void embedding_bag_collection(StableIValue *stack, uint64_t, uint64_t)
+{
+    std::vector<Tensor> weights = take_list<Tensor>(stack[0], take_tensor);
+    const int64_t num_keys = to_int(stack[4]);
+    const std::vector<int64_t> features = take_list<int64_t>(stack[5], to_int);
+    const std::vector<int64_t> tables = take_list<int64_t>(stack[6], to_int);
+    const std::vector<int64_t> mean = take_list<int64_t>(stack[7], to_int);
+    const std::vector<int64_t> padding = take_list<int64_t>(stack[8], to_int);
+    const std::vector<TablePart> tabs =
+        collection_tables(weights, mean, padding, features, tables, num_keys);
+    collection_lookup(stack, tabs, 1, features, tables, mean, padding, num_keys);
+}
+
+/* embedding_bag_collection_packed(Tensor[] weights, SymInt[] bits, SymInt[] dims, Tensor values,
+ *     Tensor offsets, Tensor? per_sample_weights, SymInt num_keys, SymInt[] features,
+ *     SymInt[] tables, SymInt[] mean, SymInt[] padding_idx) -> Tensor
+ * The same over tables of any format: table t is row-wise quantized to bits[t] bits (rows of
+ * packed codes, dims[t] values a row) or, where bits[t] is 0, a float table (dims[t] unused). */
+void embedding_bag_collection_packed(StableIValue *stack, uint64_t, uint64_t)
+{
+    std::vector<Tensor> weights = take_list<Tensor>(stack[0], take_tensor);
+    const std::vector<int64_t> bits = take_list<int64_t>(stack[1], to_int);
+    const std::vector<int64_t> dims = take_list<int64_t>(stack[2], to_int);
+    const int64_t num_keys = to_int(stack[6]);
+    const std::vector<int64_t> features = take_list<int64_t>(stack[7], to_int);
+    const std::vector<int64_t> tables = take_list<int64_t>(stack[8], to_int);
+    const std::vector<int64_t> mean = take_list<int64_t>(stack[9], to_int);
+    const std::vector<int64_t> padding = take_list<int64_t>(stack[10], to_int);
+    if (bits.size() != weights.size() || dims.size() != weights.size())
+        fail("perfkernels: bits and dims need one entry per table (" +
+             std::to_string(weights.size()) + "); got " + std::to_string(bits.size()) + " and " +
+             std::to_string(dims.size()));
+    std::vector<TablePart> tabs(weights.size());
+    for (size_t t = 0; t < weights.size(); t++)
+        table_part(weights[t], bits[t], dims[t], "weights[" + std::to_string(t) + "]", tabs[t]);
+    check_collection(tabs, mean, padding, features, tables, num_keys);
+    collection_lookup(stack, tabs, 3, features, tables, mean, padding, num_keys);
 }
 
 /* ------------------------------------------------------------------ LSTM unit */
@@ -1596,6 +1637,12 @@ const Op OPS[] = {
      "Tensor? per_sample_weights, SymInt num_keys, SymInt[] features, SymInt[] tables, "
      "SymInt[] mean, SymInt[] padding_idx) -> Tensor",
      guarded<embedding_bag_collection>},
+    /* a collection of quantized (and float) tables: inference only */
+    {"embedding_bag_collection_packed",
+     "embedding_bag_collection_packed(Tensor[] weights, SymInt[] bits, SymInt[] dims, "
+     "Tensor values, Tensor offsets, Tensor? per_sample_weights, SymInt num_keys, "
+     "SymInt[] features, SymInt[] tables, SymInt[] mean, SymInt[] padding_idx) -> Tensor",
+     guarded<embedding_bag_collection_packed>},
     {"quantize_rowwise", "quantize_rowwise(Tensor weight, SymInt bits) -> Tensor",
      guarded<quantize_rowwise>},
     {"dequantize_rowwise", "dequantize_rowwise(Tensor packed, SymInt bits, SymInt dim) -> Tensor",
