@@ -114,6 +114,24 @@ def test_jit_trace_keeps_a_sparse_gradient(kind):
     torch.testing.assert_close(got.to_dense(), want.to_dense())
 
 
+@pytest.mark.parametrize("convert_kwargs", [{}, {"bits": 8}])
+def test_jit_trace_of_2d_input_warns_nothing_and_refuses_zero_columns(convert_kwargs):
+    """Tracing a bag with 2-D input records no Python decision about its shape (torch's trace
+    has no TracerWarning either), and the trace refuses 2-D input with no columns as torch's
+    trace does (RuntimeError)."""
+    bag = nn.EmbeddingBag(ROWS, DIM, mode="sum")
+    conv = pkt.convert(nn.Sequential(copy.deepcopy(bag)), **convert_kwargs)[0]
+    x, empty = torch.tensor([[1, 2], [3, 4]]), torch.empty(2, 0, dtype=torch.long)
+    for model in (bag, conv):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", torch.jit.TracerWarning)
+            traced = torch.jit.trace(model, (x,))
+        torch.testing.assert_close(traced(torch.tensor([[5, 6, 7]])),
+                                   model(torch.tensor([[5, 6, 7]])))
+        with pytest.raises(RuntimeError):
+            traced(empty)
+
+
 def test_jit_trace_of_the_routed_functionals():
     """route_functional: F.embedding_bag / F.embedding under jit.trace record an op too."""
     weight = torch.randn(ROWS, DIM)
@@ -311,6 +329,26 @@ def test_torch_func(case, transform):
     batched = tuple(torch.stack([a, a.flip(0)]) for a in args)
     fn = _transforms(args, batched)[transform]
     _same(_outcome(lambda: fn(conv)), _outcome(lambda: fn(model)))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("case", ["embedding"] + [f"bag-{k}" for k in _BAG_ARGS])
+def test_vmap_over_the_input_of_quantized_modules(case, bits):
+    """vmap over the indices of a convert(bits=) module: each sample's lookup, as the module
+    answers it outside vmap (torch's float modules vmap alike; ours must not read the batched
+    tensor's memory)."""
+    torch.manual_seed(5)
+    model = (nn.Embedding(ROWS, DIM) if case == "embedding"
+             else nn.EmbeddingBag(ROWS, DIM, mode="sum"))
+    args = (torch.tensor([[1, 2, 3], [9, 9, 0]]),) if case == "embedding" else _BAG_ARGS[case[4:]]
+    conv = pkt.convert(nn.Sequential(model), bits=bits)[0]
+    batched = tuple(torch.stack([a, a if i == 1 else a.flip(0)])     # (offsets: the same)
+                    for i, a in enumerate(args))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # torch's note that vmap loops over the op
+        got = vmap(conv)(*batched)
+    want = torch.stack([conv(*(a[i] for a in batched)) for i in range(2)])
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("kind, dual", [("embedding", "weight"), ("bag", "weight"),

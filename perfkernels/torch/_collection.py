@@ -479,15 +479,14 @@ class EmbeddingBagCollection(torch.nn.Module):
         if any(_table(b).device.type != "cpu" for b in bags):
             return None
         bits = [_bits(b) or None for b in bags]
+        packed = dict(bits=bits, dims=[b.embedding_dim for b in bags]) if any(bits) else {}
         try:
             out = _multi_lookup([b._table_array(_table(b)) for b in bags], as_numpy(values),
                                 offsets=as_numpy(offsets),
                                 per_sample_weights=None if weights is None
                                 else as_numpy(weights.float()),
                                 modes=[b.mode for b in bags],
-                                padding_idx=[b.padding_idx for b in bags],
-                                bits=bits if any(bits) else None,
-                                dims=[b.embedding_dim for b in bags] if any(bits) else None)
+                                padding_idx=[b.padding_idx for b in bags], **packed)
         except IndexError as exc:
             # torch's wording, the position within the feature's values (as a lookup of that
             # feature alone, the path with a gradient, and TorchRec's say it)

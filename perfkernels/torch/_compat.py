@@ -44,7 +44,11 @@ def weights_refused(input: Tensor, per_sample_weights: Tensor, mode: str, dtype:
 
 def input_refused(input: Tensor) -> bool:
     """Whether torch refuses this input where the NumPy API takes it: 2-D input with no columns
-    (torch's ``arange(0, numel, 0)`` raises "step must be nonzero")."""
+    (torch's ``arange(0, numel, 0)`` raises "step must be nonzero").  Not asked while
+    ``torch.jit.trace`` records (the answer would be frozen into the trace, with a TracerWarning):
+    the registered op the trace calls refuses such input itself."""
+    if torch._C._get_tracing_state() is not None:
+        return False
     return input.dim() == 2 and input.shape[1] == 0
 
 

@@ -288,7 +288,8 @@ class QuantizedEmbeddingBag(_PackedRows, TableViewCache, torch.nn.Module):
         mode = self.mode if self.average_mean else "sum"
         args = (packed, indices, offsets, per_sample_weights, mode,
                 self.include_last_offset, self.padding_idx, self.bits, self.embedding_dim)
-        if _bags.capturing():
+        if _bags.capturing() or _graph.transforming():
+            # (torch.func / forward AD too: the registered op, which vmap runs per sample)
             if self.float_reference and per_sample_weights is not None and self.mode != "sum":
                 # the float module refuses these weights (torch's words); nothing to capture
                 raise NotImplementedError(

@@ -73,7 +73,8 @@ class QuantizedEmbedding(_PackedRows, TableViewCache, torch.nn.Module):
     def forward(self, indices: Tensor) -> Tensor:
         """Float32 rows ``indices.shape + (embedding_dim,)``."""
         packed = self.packed_weight
-        if _bags.capturing() or packed.device.type != "cpu":
+        if _bags.capturing() or packed.device.type != "cpu" or _graph.transforming():
+            # (torch.func / forward AD: the registered op, which vmap runs per sample)
             out = embedding_quantized_op(packed, indices, self.bits, self.embedding_dim)
             return out if self.output_dtype is None else out.to(self.output_dtype)
         if type(indices) is not Tensor and _graph.is_proxy(indices):     # torch.fx

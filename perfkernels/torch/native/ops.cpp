@@ -331,6 +331,9 @@ void prepare(Bags &b, const Tensor &indices, const Tensor &offsets, const Tensor
     if (ix.ndim == 2) {
         if (offsets)
             fail("perfkernels: indices is 2-D (one bag per row): offsets must be None");
+        if (ix.size[1] == 0)   /* torch's embedding_bag refuses it (its arange's step is 0) */
+            fail("perfkernels: indices is 2-D with no columns; torch's embedding_bag refuses "
+                 "it: step must be nonzero");
         b.offsets.resize((size_t)ix.size[0] + 1);
         for (int64_t i = 0; i <= ix.size[0]; i++) b.offsets[(size_t)i] = i * ix.size[1];
     } else {
