@@ -1,5 +1,8 @@
 """The embedding stage of DLRM-v2 alone: one ``perfkernels.embedding_bags_multi`` call for the
-26 tables against torch's own bag op table by table, on the same tables (docs/production-scale.md).
+26 tables against torch's own bag op table by table, on the same tables (docs/production-scale.md),
+and ``perfkernels.torch.EmbeddingBagCollection.from_files`` over the same table files called on a
+KeyedJaggedTensor (made per sample, as a server makes it) as a torch model calls it
+(``--module``).
 
     python examples/dlrm_v2.py --scale 1 --tables-dir /data/dlrm --samples 1    # build once
     python benchmarks/dlrm_v2_lookups.py --scale 1 --tables-dir /data/dlrm --threads 1,2
@@ -9,7 +12,11 @@ MLPerf-style samples (100-700 pairs, 214 lookups a pair, power-law IDs) of
 on every other one) and each starts with caches that hold none of the sample's rows, as a
 server's next sample finds them.  The tables are mapped with every page populated, so no route
 pays a page fault.  Both write the pooled rows into the same ``[B, 27 * 128]`` buffer: ours
-straight into its columns, torch's by a copy of each table's result (as a torch model does).
+straight into its columns, torch's by a copy of each table's result (as a torch model does).  The
+module returns them side by side, ``[B, 26 * 128]`` (its ``KeyedTensor.values()``, what TorchRec's
+collection returns); a model concatenates them with the dense features, a copy that
+``perfkernels.torch.optimize`` fuses away (the pooled rows written straight into the cross
+network's input).
 """
 from __future__ import annotations
 
@@ -38,13 +45,29 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3, help="passes over the samples")
     p.add_argument("--threads", default="1,2")
+    p.add_argument("--module", action="store_true",
+                   help="also the torch layer's EmbeddingBagCollection over the table files "
+                        "(needs --tables-dir)")
     args = p.parse_args(argv)
+    if args.module and args.tables_dir is None:
+        p.error("--module needs --tables-dir (the collection maps the table files)")
     rows = datasets.dlrm_v2_rows(args.scale)
     fmts = dlrm_v2.table_formats(args.bits, datasets.DLRM_V2_ROWS)
     tabs = dlrm_v2.build_or_map_tables(rows, fmts, args.seed, args.tables_dir)
     model = dlrm_v2.DLRMv2(tabs, fmts)
     gen = datasets.CriteoLike(rows, exponent=1.05, seed=args.seed)
     samples = list(gen.samples(args.samples))
+    routes = ["ours", "torch"]
+    if args.module:
+        import perfkernels.torch as pkt
+        files = {f"t{i}": os.path.join(args.tables_dir, name) for i, name in enumerate(sorted(
+            (n for n in os.listdir(args.tables_dir) if n.endswith(".pkt")),
+            key=lambda n: int(n.split("_")[0][1:])))}
+        ebc = pkt.EmbeddingBagCollection.from_files(files)
+        assert [c.num_embeddings for c in ebc.embedding_bag_configs()] == list(rows), \
+            f"{args.tables_dir} holds other tables than these"
+        keys = list(files)
+        routes.append("module")
     pairs = sum(s.batch_size for s in samples)
     print(f"DLRM-v2 at 1/{args.scale:g} size, tables {args.bits}: {sum(rows):,} rows, "
           f"{sum(t.nbytes for t in tabs) / 2**30:.2f} GiB; {args.samples} samples, {pairs} pairs "
@@ -52,18 +75,23 @@ def main(argv=None) -> int:
     for n in (int(x) for x in args.threads.split(",")):
         pk.set_num_threads(n)
         torch.set_num_threads(n)
-        times: dict = {"ours": [], "torch": []}
+        times: dict = {r: [] for r in routes}
         for _ in range(args.rounds):
             for i, s in enumerate(samples):
                 values, lengths = torch.from_numpy(s.values), torch.from_numpy(s.lengths)
                 x = torch.empty(s.batch_size, (len(tabs) + 1) * dlrm_v2.DIM)
-                for route in (("ours", "torch") if i % 2 else ("torch", "ours")):
+                k = i % len(routes)                # each route first in turn
+                for route in routes[k:] + routes[:k]:
                     dlrm_v2._evict_caches()
                     t = time.perf_counter()
                     if route == "ours":
                         pk.embedding_bags_multi(model.tables, s.values, lengths=s.lengths,
                                                 bits=model.bits, dims=model.dims,
                                                 out=x[:, dlrm_v2.DIM:].numpy())
+                    elif route == "module":
+                        with torch.inference_mode():
+                            kjt = pkt.KeyedJaggedTensor(keys, values, lengths=lengths)
+                            ebc(kjt).values()
                     else:
                         model.torch_lookups(values, lengths, x)
                     times[route].append(time.perf_counter() - t)
@@ -74,6 +102,12 @@ def main(argv=None) -> int:
               f"{1e3 * med['torch']:.2f} ms ({pairs * args.rounds / tot['torch']:,.0f} pairs/s): "
               f"{med['torch'] / med['ours']:.2f}x by the median, "
               f"{tot['torch'] / tot['ours']:.2f}x in total")
+        if "module" in med:
+            print(f"   the module (EmbeddingBagCollection.from_files on a KeyedJaggedTensor): "
+                  f"median {1e3 * med['module']:.2f} ms ({pairs * args.rounds / tot['module']:,.0f}"
+                  f" pairs/s): {med['torch'] / med['module']:.2f}x torch's bags by the median, "
+                  f"{tot['torch'] / tot['module']:.2f}x in total; "
+                  f"{med['module'] / med['ours']:.2f}x the NumPy call's time")
     return 0
 
 

@@ -286,3 +286,34 @@ def test_convert_our_own_modules_with_bits_and_dtype():
     # dtype= converts torch's tables; ours are left, and the report says so
     pkt.convert(model, dtype=torch.float16)
     assert pkt.last_report().skipped and "already perfkernels" in str(pkt.last_report())
+
+
+def test_one_call_sees_edits_between_calls():
+    """The one-call route keeps what it worked out per key order only while the table modules
+    are the same objects: a replaced table, a changed mode or table, another key order are seen
+    at the next call (each compared with the per-feature loop of the modules)."""
+    conv = pkt.convert(_collection(), bits=4)
+    kjt = _kjt(seed=11)
+    with torch.no_grad():
+        conv(kjt)
+        torch.manual_seed(7)
+        conv.embedding_bags["geo"] = pkt.convert(
+            pkt.EmbeddingBag(40, 9, mode="mean", include_last_offset=True), bits=8)
+        torch.testing.assert_close(conv(kjt).values(), ebc_lookup_loop(conv, kjt),
+                                   rtol=1e-6, atol=1e-6)
+        conv.embedding_bags["item"].mode = "mean"
+        torch.testing.assert_close(conv(kjt).values(), ebc_lookup_loop(conv, kjt),
+                                   rtol=1e-6, atol=1e-6)
+        user = conv.embedding_bags["user"]
+        user.packed_weight = torch.flip(user.packed_weight, [0]).contiguous()
+        torch.testing.assert_close(conv(kjt).values(), ebc_lookup_loop(conv, kjt),
+                                   rtol=1e-6, atol=1e-6)
+        keys = ["geo", "friend", "item", "user"]
+        sub = {k: i for i, k in enumerate(kjt.keys())}
+        batch = 5
+        lengths = torch.cat([kjt.lengths()[sub[k] * batch:(sub[k] + 1) * batch] for k in keys])
+        offs = kjt.offsets()
+        values = torch.cat([kjt.values()[offs[sub[k] * batch]:offs[(sub[k] + 1) * batch]]
+                            for k in keys])
+        again = pkt.KeyedJaggedTensor(keys, values, lengths=lengths)
+        torch.testing.assert_close(conv(again).values(), conv(kjt).values(), rtol=0, atol=0)

@@ -467,26 +467,65 @@ class EmbeddingBagCollection(torch.nn.Module):
         except (RuntimeError, KeyError):
             return None
 
+    def _one_call_plan(self, keys: list) -> Optional[tuple]:
+        """For a one-call lookup of ``keys``: (table modules in key order, which of them hold
+        quantized rows, bits and dims or None, the output's column order or None), or None when
+        the input is not exactly this collection's features.  Kept per key order while the
+        collection's table modules stay the same objects (a module replaced in
+        ``embedding_bags`` makes a new plan); what a module's attributes say (mode, padding_idx,
+        its table) is read on every call."""
+        modules = tuple(self.embedding_bags._modules.values())
+        cache = self.__dict__.get("_plans")
+        if cache is None or len(cache[0]) != len(modules) or any(
+                a is not b for a, b in zip(cache[0], modules)):
+            cache = (modules, {})
+            self.__dict__["_plans"] = cache
+        key = tuple(keys)
+        if key in cache[1]:
+            return cache[1][key]
+        table_of = {f: t for f, t, _ in self._feature_table}
+        plan = None
+        if (len(table_of) == len(self._feature_table) and len(keys) == len(table_of)
+                and all(k in table_of for k in keys)):      # (else a feature of several tables)
+            bags = [self.embedding_bags[table_of[k]] for k in keys]
+            quantized = [isinstance(b, QuantizedEmbeddingBag) for b in bags]
+            bits = [_bits(b) or None for b in bags]
+            packed = (bits, [b.embedding_dim for b in bags]) if any(quantized) else None
+            order = [f for f, _, _ in self._feature_table]
+            cols = None
+            if order != list(keys):   # the input's key order differs from the tables' order
+                start, col = {}, 0
+                for k, b in zip(keys, bags):
+                    start[k] = col
+                    col += b.embedding_dim
+                dims = {k: b.embedding_dim for k, b in zip(keys, bags)}
+                cols = torch.cat([torch.arange(start[k], start[k] + dims[k]) for k in order])
+            plan = (bags, quantized, packed, cols)
+        cache[1][key] = plan
+        return plan
+
     def _lookup_all(self, keys: list, values: Tensor, offsets: Tensor,
                     weights: Optional[Tensor]) -> Optional[Tensor]:
         """Every feature in one multi-table kernel call (CPU, no gradient), when the input holds
         exactly this collection's features; None otherwise (the caller loops)."""
-        table_of = {f: t for f, t, _ in self._feature_table}
-        if (len(table_of) != len(self._feature_table) or len(keys) != len(table_of)
-                or any(k not in table_of for k in keys)):   # (a feature of several tables)
+        plan = self._one_call_plan(keys)
+        if plan is None:
             return None
-        bags = [self.embedding_bags[table_of[k]] for k in keys]
-        if any(_table(b).device.type != "cpu" for b in bags):
-            return None
-        bits = [_bits(b) or None for b in bags]
-        packed = dict(bits=bits, dims=[b.embedding_dim for b in bags]) if any(bits) else {}
+        bags, quantized, packed, cols = plan
+        arrays = []
+        for b, q in zip(bags, quantized):
+            t = (b._buffers if q else b._parameters).get("packed_weight" if q else "weight")
+            a = b._table_array(_table(b) if t is None else t)
+            if a is None:          # a table off the CPU
+                return None
+            arrays.append(a)
+        extra = {} if packed is None else {"bits": packed[0], "dims": packed[1]}
         try:
-            out = _multi_lookup([b._table_array(_table(b)) for b in bags], as_numpy(values),
-                                offsets=as_numpy(offsets),
+            out = _multi_lookup(arrays, as_numpy(values), offsets=as_numpy(offsets),
                                 per_sample_weights=None if weights is None
                                 else as_numpy(weights.float()),
                                 modes=[b.mode for b in bags],
-                                padding_idx=[b.padding_idx for b in bags], **packed)
+                                padding_idx=[b.padding_idx for b in bags], **extra)
         except IndexError as exc:
             # torch's wording, the position within the feature's values (as a lookup of that
             # feature alone, the path with a gradient, and TorchRec's say it)
@@ -496,17 +535,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                 raise index_error_at(entry, value, rows) from None
             raise index_error(exc) from None
         out = torch.from_numpy(out)
-        order = [f for f, _, _ in self._feature_table]
-        if order != keys:      # the input's key order differs from the tables' feature order
-            dims = {k: b.embedding_dim for k, b in zip(keys, bags)}
-            start = {}
-            col = 0
-            for k in keys:
-                start[k] = col
-                col += dims[k]
-            cols = torch.cat([torch.arange(start[k], start[k] + dims[k]) for k in order])
-            out = out.index_select(1, cols)
-        return out
+        return out if cols is None else out.index_select(1, cols)
 
     @staticmethod
     def _lookup_segments(bag: torch.nn.Module, values: Tensor, weights: Optional[Tensor],
