@@ -231,8 +231,9 @@ def test_converted_embedding_bag_takes_torch_keywords(bits):
 
 
 def test_quant_collection_graph_tools_as_on_stock(trec):
-    """torchrec.fx.symbolic_trace of a converted collection records TorchRec's own forward (the
-    graph runs and answers as stock's); torch.jit.script refuses where it refuses stock's."""
+    """torchrec.fx.symbolic_trace of a converted collection records one call of our op (the
+    graph runs and answers as stock's); torch.jit.script of the module refuses where it refuses
+    stock's."""
     torchrec = trec[0]
     import torchrec.fx
     stock, _ = _quant_ebc(trec, torch.quint4x2, shared=True)
@@ -243,6 +244,7 @@ def test_quant_collection_graph_tools_as_on_stock(trec):
         graph = torchrec.fx.symbolic_trace(model)
         got = graph(kjt)
         assert got.keys() == want.keys() and torch.equal(got.values(), want.values())
+    assert "quant_ebc_lookup" in graph.code
     refused = []
     for model in (stock, converted):
         try:
@@ -250,6 +252,50 @@ def test_quant_collection_graph_tools_as_on_stock(trec):
         except Exception as exc:           # torch's own error, as for TorchRec's module
             refused.append(type(exc).__name__)
     assert len(refused) in (0, 2), refused
+
+
+def _values_model(torchrec, ebc):
+    """A model over a collection, as TorchRec's inference packaging takes it (its forward
+    annotated, so that TorchScript compiles the traced graph)."""
+    kjt_type = torchrec.KeyedJaggedTensor
+
+    class Values(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ebc = ebc
+
+        def forward(self, kjt: kjt_type) -> torch.Tensor:
+            return self.ebc(kjt).values()
+
+    return Values()
+
+
+@pytest.mark.parametrize("dtype", [torch.quint4x2, torch.qint8, torch.float16])
+def test_quant_collection_traced_scripted_saved_and_exported_run_our_op(trec, dtype, tmp_path):
+    """TorchRec's packaging for C++ (torchrec.fx.symbolic_trace, then torch.jit.script and
+    torch.jit.save / load) and torch.export of a converted quantized collection record our op
+    over our rows and answer as stock, call after call, any key order; jit.trace records
+    TorchRec's forward (FBGEMM's ops), also answering as stock."""
+    torchrec = trec[0]
+    import torchrec.fx
+    stock, _ = _quant_ebc(trec, dtype, shared=True)
+    converted = _values_model(torchrec, pt.convert(stock))
+    kjts = [_kjt(torchrec, ["f0", "fs", "f1", "f2"], 4, 40, seed=1),
+            _kjt(torchrec, ["f2", "f1", "fs", "f0"], 6, 40, seed=2)]
+    wants = [stock(k).values() for k in kjts]
+    graph = torchrec.fx.symbolic_trace(converted)
+    scripted = torch.jit.script(graph)
+    assert "perfkernels::embedding_bag_collection_packed" in str(scripted.inlined_graph)
+    torch.jit.save(scripted, tmp_path / "m.pt")
+    loaded = torch.jit.load(tmp_path / "m.pt")
+    for _ in range(2):            # (TorchScript's executor optimises from the second call)
+        for k, want in zip(kjts, wants):
+            assert torch.equal(graph(k), want)
+            assert torch.equal(scripted(k), want)
+            assert torch.equal(loaded(k), want)
+    ep = torch.export.export(converted, (kjts[0],), strict=False)
+    assert "embedding_bag_collection_packed" in str(ep.graph)
+    assert torch.equal(ep.module()(kjts[0]), wants[0])
 
 
 def test_float_ebc_converted_runs_one_call_without_gradient(trec, monkeypatch):

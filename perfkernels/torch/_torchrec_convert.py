@@ -108,6 +108,7 @@ class _Lookup:
     def __init__(self, tables: list, bits: list, dims: list, modes: list) -> None:
         self.tables = tables
         self.arrays = [as_numpy(t) for t in tables]
+        self.all_bits = list(bits)
         self.bits = bits if any(b is not None for b in bits) else None
         self.dims = dims
         self.modes = modes
@@ -155,9 +156,15 @@ def _modes(module: torch.nn.Module) -> list:
 
 # --------------------------------------------------------------------------- converted classes
 
+def _torchrec_graph_forward(module: torch.nn.Module, features: Any) -> Any:
+    from ._torchrec_graph import graph_forward
+    return graph_forward(module, features)
+
+
 def _tracing() -> bool:
     """Whether a graph tool is tracing (torch.fx / torchrec.fx, torch.export, torch.compile,
-    torch.jit.trace): it records TorchRec's own forward, whose ops it knows."""
+    torch.jit.trace): a quantized collection records one registered op (jit.trace: TorchRec's
+    forward), the others TorchRec's own forward, whose ops it knows."""
     return (torch.fx._symbolic_trace.is_fx_tracing() or torch.compiler.is_compiling()
             or torch.jit.is_tracing())
 
@@ -196,8 +203,15 @@ class _QuantEBCForward(_Scriptable):
     def forward(self, features: Any) -> Any:
         from torchrec.sparse.jagged_tensor import KeyedTensor
         lookup: _Lookup = self._pk_lookup
-        if not lookup.arrays or _tracing():
+        if not lookup.arrays:
             return _QuantEBCForward._torchrec_forward(self, features)
+        if _tracing():
+            if torch.jit.is_tracing():
+                # jit.trace would record our rows as constants, which TorchScript's executor
+                # hands the op as one constant list that no longer holds valid tensors from
+                # the second call on: TorchRec's forward (FBGEMM's ops, the same bits)
+                return _QuantEBCForward._torchrec_forward(self, features)
+            return _torchrec_graph_forward(self, features)
         values, offsets, weights, _ = _feature_inputs(features, self._feature_names)
         out = lookup(values, offsets, weights if self._is_weighted else None)
         if self._output_dtype != torch.float32:
@@ -331,6 +345,9 @@ _CLASSES: dict = {}
 def _converted_class(base: type, mixin: type) -> type:
     """A subclass of TorchRec's ``base`` whose forward is ``mixin``'s, made once per class and
     named in this module (so that pickle finds it)."""
+    # the graph form's fx leaf must be registered before any trace begins (torch.fx patches
+    # the functions registered when its trace starts)
+    from . import _torchrec_graph  # noqa: F401
     key = (base, mixin)
     if key not in _CLASSES:
         name = f"Converted{'Float' if mixin is _FloatEBCForward else ''}{base.__name__}"
