@@ -378,3 +378,31 @@ def test_our_collections_refuse_script_clearly(trec):
         num_embeddings=10, embedding_dim=4, name="t", feature_names=["f"])])
     with pytest.raises(RuntimeError, match="EmbeddingCollection cannot be compiled"):
         torch.jit.script(ec)
+
+
+def test_quant_collection_bad_input_names_the_feature_and_keeps_the_input(trec):
+    """An out-of-range ID or lengths that do not add up: an error naming the feature and the
+    value (IndexError, also a RuntimeError as FBGEMM's checks raise in their FATAL mode; a
+    ValueError for the lengths), the KeyedJaggedTensor left as it was.  (Stock TorchRec's CPU
+    collection, in FBGEMM's default bounds-check mode, logs, sets the ID to 0 in the caller's
+    tensor and answers.)"""
+    torchrec = trec[0]
+    stock, _ = _quant_ebc(trec, torch.quint4x2)
+    converted = pt.convert(stock)[0]
+    names = converted._feature_names
+    rows = {f: c.num_embeddings for c in converted.embedding_bag_configs()
+            for f in c.feature_names}
+    bad_feature = names[1]
+    keys = list(names)
+    lengths = torch.ones(len(keys) * 2, dtype=torch.int64)
+    values = torch.zeros(len(keys) * 2, dtype=torch.int64)
+    values[keys.index(bad_feature) * 2 + 1] = rows[bad_feature]
+    kjt = torchrec.KeyedJaggedTensor.from_lengths_sync(keys, values.clone(), lengths)
+    with pytest.raises(IndexError, match=rf"feature '{bad_feature}'.*value {rows[bad_feature]} "):
+        converted(kjt)
+    with pytest.raises(RuntimeError):
+        converted(kjt)
+    assert torch.equal(kjt.values(), values)
+    short = torchrec.KeyedJaggedTensor(keys=keys, values=values[:-1].clone(), lengths=lengths)
+    with pytest.raises(ValueError, match=rf"feature '{keys[-1]}', sample 1"):
+        converted(short)

@@ -19,6 +19,7 @@ them); only ``forward`` changes.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any, Optional
 
 import numpy as np
@@ -27,7 +28,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from ._bridge import as_numpy, index_error, index_error_at
+from ._bridge import IndexOutOfRangeError, as_numpy, index_error, index_error_at
 
 #: FBGEMM's row-wise qparams: a float16 scale and a float16 bias, 4 bytes before the codes
 _QPARAM_BYTES = 4
@@ -113,7 +114,9 @@ class _Lookup:
         self.dims = dims
         self.modes = modes
 
-    def __call__(self, values: Tensor, offsets: Tensor, weights: Optional[Tensor]) -> Tensor:
+    def __call__(self, values: Tensor, offsets: Tensor, weights: Optional[Tensor],
+                 names: Optional[list] = None) -> Tensor:
+        """The pooled rows; ``names``: the features in slot order, named in the errors."""
         try:
             out = pk.embedding_bags_multi(
                 self.arrays, as_numpy(values), offsets=as_numpy(offsets),
@@ -123,10 +126,28 @@ class _Lookup:
             from ._collection import _MULTI_INDEX_MESSAGE
             m = _MULTI_INDEX_MESSAGE.search(str(exc))
             if m is not None:
-                entry, value, rows = (int(m.group(i)) for i in (3, 2, 6))
-                raise index_error_at(entry, value, rows) from None
+                entry, value, feature, rows = (int(m.group(i)) for i in (3, 2, 4, 6))
+                err = index_error_at(entry, value, rows)
+                if names is not None and feature < len(names):
+                    err = IndexOutOfRangeError(f"feature {names[feature]!r}: {err} (the entry's "
+                                               "position within that feature's values)")
+                raise err from None
             raise index_error(exc) from None
+        except ValueError as exc:
+            m = _OFFSET_POSITION.search(str(exc))
+            slots = len(self.arrays)
+            if m is None or names is None or not slots:
+                raise
+            batch = (offsets.shape[0] - 1) // slots
+            i = max(int(m.group(1)) - 1, 0)
+            f = min(i // max(batch, 1), len(names) - 1)
+            raise ValueError(f"the KeyedJaggedTensor's lengths / offsets at feature "
+                             f"{names[f]!r}, sample {i - f * batch}: {exc}") from None
         return torch.from_numpy(out)
+
+
+#: the first offset an offsets error names
+_OFFSET_POSITION = re.compile(r"offsets\[(\d+)\]")
 
 
 def _feature_inputs(features: Any, names: list) -> tuple[Tensor, Tensor, Optional[Tensor], int]:
@@ -213,7 +234,8 @@ class _QuantEBCForward(_Scriptable):
                 return _QuantEBCForward._torchrec_forward(self, features)
             return _torchrec_graph_forward(self, features)
         values, offsets, weights, _ = _feature_inputs(features, self._feature_names)
-        out = lookup(values, offsets, weights if self._is_weighted else None)
+        out = lookup(values, offsets, weights if self._is_weighted else None,
+                     self._feature_names)
         if self._output_dtype != torch.float32:
             out = out.to(self._output_dtype)
         return KeyedTensor(keys=self._embedding_names, values=out,
@@ -276,7 +298,7 @@ class _FloatEBCForward(_Scriptable):
         from torchrec.sparse.jagged_tensor import KeyedTensor
         names = [f for cfg in self._embedding_bag_configs for f in cfg.feature_names]
         values, offsets, weights, _ = _feature_inputs(features, names)
-        out = lookup(values, offsets, weights if self._is_weighted else None)
+        out = lookup(values, offsets, weights if self._is_weighted else None, names)
         return KeyedTensor(keys=self._embedding_names, values=out,
                            length_per_key=self._lengths_per_embedding)
 
