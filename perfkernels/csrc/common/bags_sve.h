@@ -1,4 +1,4 @@
-/* Float32-table bags in vector-length-agnostic SVE, for the sve level (simd/sve.h) on CPUs whose
+/* Float32-table and 8-bit packed-row bags in vector-length-agnostic SVE, for the sve level (simd/sve.h) on CPUs whose
  * vectors are wider than NEON's: the vector length is read at run time (svcntw() float lanes),
  * every load and store is predicated (svwhilelt), so any D and any length from 256 to 2048 bits
  * take the same code, and nothing past a row or an output row is touched.
@@ -15,6 +15,7 @@
 
 #if defined(__ARM_FEATURE_SVE)
 #include <arm_sve.h>
+#include <string.h>
 
 #include "perfkernels/bags.h"
 
@@ -120,6 +121,107 @@ static __attribute__((noinline)) pk_status pk_sve_bags_f32(const pk_bags *bags, 
 {
     if (bags->weights == NULL) return pk_sve_bags_f32_w(bags, table, rows, dim, row_stride, bad_pos, 0);
     return pk_sve_bags_f32_w(bags, table, rows, dim, row_stride, bad_pos, 1);
+}
+
+/* 8-bit packed rows (common/packed_rows.h: D codes, then float32 scale and bias), the same passes:
+ * per row acc = fma(q, w * scale, acc) with the codes widened to float32 (svld1ub_u32 + svcvt),
+ * w * bias summed apart and added once at the store, then times 1/count for mean: the bag loop's
+ * order (common/bag_loop.h), so the sums are those of the NEON body.  Only the first pass over a
+ * bag prefetches, whole rows (as the bag loop's packed passes do). */
+PK_INLINE pk_status pk_sve_q8_pass(const pk_bags *bags, const uint8_t *table, int64_t rows,
+                                   int64_t row_bytes, int64_t dim, int64_t begin, int64_t end,
+                                   int64_t col, int64_t n, float *out_row, int64_t *bad_pos,
+                                   const int nv, const int weighted)
+{
+    const int64_t vl = (int64_t)svcntw();
+#define PK_SVE_PRED(V) const svbool_t pg##V = svwhilelt_b32_s64((int64_t)V * vl, n);
+    PK_SVE_PRED(0) PK_SVE_PRED(1) PK_SVE_PRED(2) PK_SVE_PRED(3)
+    PK_SVE_PRED(4) PK_SVE_PRED(5) PK_SVE_PRED(6) PK_SVE_PRED(7)
+#undef PK_SVE_PRED
+    svfloat32_t a0 = svdup_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const void *indices = bags->indices;
+    const int idx64 = bags->index_64;
+    const float *weights = bags->weights;
+    const int64_t wofs = bags->positional ? begin : 0, padding = bags->padding_idx;
+    const int prefetch = col == 0;
+    int64_t skipped = 0;
+    float bias_sum = 0.0f;
+    for (int64_t j = begin; j < end; j++) {
+        const int64_t idx = pk_sve_index(indices, j, idx64);
+        if ((uint64_t)idx >= (uint64_t)rows) {
+            *bad_pos = j;
+            return PK_ERR_INDEX;
+        }
+        if (prefetch && j + PK_BAGS_PREFETCH_DISTANCE < bags->n_indices) {
+            const int64_t ahead = pk_sve_index(indices, j + PK_BAGS_PREFETCH_DISTANCE, idx64);
+            if ((uint64_t)ahead < (uint64_t)rows) {
+                const char *p = (const char *)(table + ahead * row_bytes);
+                for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+            }
+        }
+        if (idx == padding) {
+            skipped++;
+            continue;
+        }
+        const uint8_t *row = table + idx * row_bytes;
+        float scale, bias;
+        memcpy(&scale, row + dim, 4);
+        memcpy(&bias, row + dim + 4, 4);
+        const float w = weighted ? weights[j - wofs] : 1.0f;
+        const svfloat32_t ws = svdup_n_f32(weighted ? w * scale : scale);
+        bias_sum += weighted ? w * bias : bias;
+        const uint8_t *q = row + col;
+#define PK_SVE_Q8(V) if (nv > V) a##V = svmla_f32_m(pg##V, a##V, \
+                         svcvt_f32_u32_x(pg##V, svld1ub_u32(pg##V, q + V * vl)), ws);
+        PK_SVE_Q8(0) PK_SVE_Q8(1) PK_SVE_Q8(2) PK_SVE_Q8(3)
+        PK_SVE_Q8(4) PK_SVE_Q8(5) PK_SVE_Q8(6) PK_SVE_Q8(7)
+#undef PK_SVE_Q8
+    }
+    const int64_t count = end - begin - skipped;
+    const svfloat32_t mul = svdup_n_f32(bags->mean && count > 0 ? 1.0f / (float)count : 1.0f);
+    const svfloat32_t vbias = svdup_n_f32(bias_sum);
+    float *o = out_row + col;
+#define PK_SVE_STORE(V) if (nv > V) svst1_f32(pg##V, o + V * vl, \
+                            svmul_f32_x(pg##V, svadd_f32_x(pg##V, a##V, vbias), mul));
+    PK_SVE_STORE(0) PK_SVE_STORE(1) PK_SVE_STORE(2) PK_SVE_STORE(3)
+    PK_SVE_STORE(4) PK_SVE_STORE(5) PK_SVE_STORE(6) PK_SVE_STORE(7)
+#undef PK_SVE_STORE
+    return PK_OK;
+}
+
+PK_INLINE pk_status pk_sve_bags_q8_w(const pk_bags *bags, const uint8_t *table, int64_t rows,
+                                     int64_t dim, int64_t row_bytes, int64_t *bad_pos,
+                                     const int weighted)
+{
+    const int64_t vl = (int64_t)svcntw(), chunk = PK_SVE_BAG_VECS * vl;
+    for (int64_t b = 0; b < bags->num_bags; b++) {
+        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
+        float *out = bags->out + b * bags->out_stride;
+        for (int64_t col = 0; col < dim; col += chunk) {
+            const int64_t n = dim - col < chunk ? dim - col : chunk;
+            pk_status s;
+            switch ((n + vl - 1) / vl) {
+#define PK_SVE_CASE(NV) case NV: s = pk_sve_q8_pass(bags, table, rows, row_bytes, dim, begin, end, \
+                                                    col, n, out, bad_pos, NV, weighted); break;
+            PK_SVE_CASE(1) PK_SVE_CASE(2) PK_SVE_CASE(3) PK_SVE_CASE(4)
+            PK_SVE_CASE(5) PK_SVE_CASE(6) PK_SVE_CASE(7)
+            default: s = pk_sve_q8_pass(bags, table, rows, row_bytes, dim, begin, end, col, n, out,
+                                        bad_pos, 8, weighted);
+#undef PK_SVE_CASE
+            }
+            if (s != PK_OK) return s;
+        }
+    }
+    return PK_OK;
+}
+
+/* Bags over 8-bit packed rows of row_bytes bytes (>= dim + 8). dim > 0. */
+static __attribute__((noinline)) pk_status pk_sve_bags_q8(const pk_bags *bags, const uint8_t *table,
+                                                          int64_t rows, int64_t dim,
+                                                          int64_t row_bytes, int64_t *bad_pos)
+{
+    if (bags->weights == NULL) return pk_sve_bags_q8_w(bags, table, rows, dim, row_bytes, bad_pos, 0);
+    return pk_sve_bags_q8_w(bags, table, rows, dim, row_bytes, bad_pos, 1);
 }
 
 #endif /* __ARM_FEATURE_SVE */

@@ -6,6 +6,7 @@
 #define PK_QUANTIZED_BAGS_H
 
 #include "common/bag_loop.h"
+#include "common/bags_sve.h"
 
 #define BLOCK_VECS (V_REGS / 2) /* any D: output vectors held in registers per pass */
 /* A specialised D keeps up to SPEC_VECS_PACKED vectors in one pass: 16 where there are 32
@@ -118,6 +119,10 @@ pk_status PK_ISA_FN(pk_embedding_bag_quantized)(int bits, const pk_bags *bags, c
     const int far = pk_bags_far_table(rows, (uint64_t)row_bytes)
                     && pk_far_prefetch_mode() == PK_FAR_INTO_L2;
     const int i64 = bags->index_64 != 0, weighted = bags->weights != NULL;
+#if defined(__ARM_FEATURE_SVE)
+    if (bits == 8 && dim > 0 && svcntw() > 4)   /* SVE wider than NEON: the length-agnostic loop */
+        return pk_sve_bags_q8(bags, packed, rows, dim, row_bytes, bad_pos);
+#endif
 #define BY_DIM(BITS)                                                                              \
     switch (row_bytes == (int64_t)pk_quantized_row_bytes(BITS, (size_t)dim) ? dim : 0) {          \
     case 32: return bags_##BITS##bit_d32[far][i64][weighted](bags, packed, rows, dim, row_bytes, bad_pos); \
