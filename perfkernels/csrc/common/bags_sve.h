@@ -1,4 +1,4 @@
-/* Float32-table and 8-bit packed-row bags in vector-length-agnostic SVE, for the sve level (simd/sve.h) on CPUs whose
+/* Float-table (float32, float16, bfloat16) and 8-bit packed-row bags in vector-length-agnostic SVE, for the sve level (simd/sve.h) on CPUs whose
  * vectors are wider than NEON's: the vector length is read at run time (svcntw() float lanes),
  * every load and store is predicated (svwhilelt), so any D and any length from 256 to 2048 bits
  * take the same code, and nothing past a row or an output row is touched.
@@ -26,14 +26,29 @@ PK_INLINE int64_t pk_sve_index(const void *indices, int64_t j, int idx64)
     return idx64 ? ((const int64_t *)indices)[j] : (int64_t)((const int32_t *)indices)[j];
 }
 
+/* The float row formats of these loops: float32, float16 and bfloat16 elements. */
+enum { PK_SVE_F32 = 0, PK_SVE_F16 = 1, PK_SVE_BF16 = 2 };
+
+/* Elements [off, off + lanes of pg) of a row as float32: 16-bit ones widened in the load
+ * (svld1uh_u32 puts each in the low half of its 32-bit lane), float16 then converted exactly
+ * (svcvt_f32_f16 reads the low halves), bfloat16 shifted into the high half (exact). */
+PK_INLINE svfloat32_t pk_sve_load_row(svbool_t pg, const void *row, int64_t off, const int fmt)
+{
+    if (fmt == PK_SVE_F32) return svld1_f32(pg, (const float *)row + off);
+    const svuint32_t h = svld1uh_u32(pg, (const uint16_t *)row + off);
+    if (fmt == PK_SVE_F16) return svcvt_f32_f16_x(pg, svreinterpret_f16_u32(h));
+    return svreinterpret_f32_u32(svlsl_n_u32_x(pg, h, 16));
+}
+
 /* One pass: columns [col, col + n) with n <= NV * svcntw(), of bag [begin, end); NV, the vectors
  * of the pass, and the weighting are constants where it is called, so each specialisation keeps
  * only its own accumulators and no test per vector. */
-PK_INLINE pk_status pk_sve_bag_pass(const pk_bags *bags, const float *table, int64_t rows,
+PK_INLINE pk_status pk_sve_bag_pass(const pk_bags *bags, const void *table, int64_t rows,
                                     int64_t row_stride, int64_t begin, int64_t end, int64_t col,
                                     int64_t n, float *out_row, int64_t *bad_pos, const int nv,
-                                    const int weighted)
+                                    const int weighted, const int fmt)
 {
+    const int64_t elem = fmt == PK_SVE_F32 ? 4 : 2;
     const int64_t vl = (int64_t)svcntw();
     /* sizeless types make no arrays: eight predicates and accumulators by name */
 #define PK_SVE_PRED(V) const svbool_t pg##V = svwhilelt_b32_s64((int64_t)V * vl, n);
@@ -45,7 +60,7 @@ PK_INLINE pk_status pk_sve_bag_pass(const pk_bags *bags, const float *table, int
     const int idx64 = bags->index_64;
     const float *weights = bags->weights;
     const int64_t wofs = bags->positional ? begin : 0, padding = bags->padding_idx;
-    const size_t pf_bytes = (size_t)n * 4;
+    const size_t pf_bytes = (size_t)(n * elem);
     int64_t skipped = 0;
     for (int64_t j = begin; j < end; j++) {
         const int64_t idx = pk_sve_index(indices, j, idx64);
@@ -56,7 +71,7 @@ PK_INLINE pk_status pk_sve_bag_pass(const pk_bags *bags, const float *table, int
         if (j + PK_BAGS_PREFETCH_DISTANCE < bags->n_indices) {
             const int64_t ahead = pk_sve_index(indices, j + PK_BAGS_PREFETCH_DISTANCE, idx64);
             if ((uint64_t)ahead < (uint64_t)rows) {
-                const char *p = (const char *)(table + ahead * row_stride + col);
+                const char *p = (const char *)table + (ahead * row_stride + col) * elem;
                 for (size_t off = 0; off < pf_bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
             }
         }
@@ -64,15 +79,15 @@ PK_INLINE pk_status pk_sve_bag_pass(const pk_bags *bags, const float *table, int
             skipped++;
             continue;
         }
-        const float *x = table + idx * row_stride + col;
+        const char *x = (const char *)table + (idx * row_stride + col) * elem;
         if (!weighted) {
-#define PK_SVE_ADD(V) if (nv > V) a##V = svadd_f32_m(pg##V, a##V, svld1_f32(pg##V, x + V * vl));
+#define PK_SVE_ADD(V) if (nv > V) a##V = svadd_f32_m(pg##V, a##V, pk_sve_load_row(pg##V, x, V * vl, fmt));
             PK_SVE_ADD(0) PK_SVE_ADD(1) PK_SVE_ADD(2) PK_SVE_ADD(3)
             PK_SVE_ADD(4) PK_SVE_ADD(5) PK_SVE_ADD(6) PK_SVE_ADD(7)
 #undef PK_SVE_ADD
         } else {
             const svfloat32_t w = svdup_n_f32(weights[j - wofs]);
-#define PK_SVE_FMA(V) if (nv > V) a##V = svmla_f32_m(pg##V, a##V, w, svld1_f32(pg##V, x + V * vl));
+#define PK_SVE_FMA(V) if (nv > V) a##V = svmla_f32_m(pg##V, a##V, w, pk_sve_load_row(pg##V, x, V * vl, fmt));
             PK_SVE_FMA(0) PK_SVE_FMA(1) PK_SVE_FMA(2) PK_SVE_FMA(3)
             PK_SVE_FMA(4) PK_SVE_FMA(5) PK_SVE_FMA(6) PK_SVE_FMA(7)
 #undef PK_SVE_FMA
@@ -90,9 +105,9 @@ PK_INLINE pk_status pk_sve_bag_pass(const pk_bags *bags, const float *table, int
 
 /* Every bag, in passes of PK_SVE_BAG_VECS vectors (the last of as many as its columns need).
  * dim > 0. */
-PK_INLINE pk_status pk_sve_bags_f32_w(const pk_bags *bags, const float *table, int64_t rows,
-                                      int64_t dim, int64_t row_stride, int64_t *bad_pos,
-                                      const int weighted)
+PK_INLINE pk_status pk_sve_bags_w(const pk_bags *bags, const void *table, int64_t rows,
+                                  int64_t dim, int64_t row_stride, int64_t *bad_pos,
+                                  const int weighted, const int fmt)
 {
     const int64_t vl = (int64_t)svcntw(), chunk = PK_SVE_BAG_VECS * vl;
     for (int64_t b = 0; b < bags->num_bags; b++) {
@@ -103,10 +118,10 @@ PK_INLINE pk_status pk_sve_bags_f32_w(const pk_bags *bags, const float *table, i
             pk_status s;
             switch ((n + vl - 1) / vl) {
 #define PK_SVE_CASE(NV) case NV: s = pk_sve_bag_pass(bags, table, rows, row_stride, begin, end, col, n, \
-                                                     out, bad_pos, NV, weighted); break;
+                                                     out, bad_pos, NV, weighted, fmt); break;
             PK_SVE_CASE(1) PK_SVE_CASE(2) PK_SVE_CASE(3) PK_SVE_CASE(4)
             PK_SVE_CASE(5) PK_SVE_CASE(6) PK_SVE_CASE(7)
-            default: s = pk_sve_bag_pass(bags, table, rows, row_stride, begin, end, col, n, out, bad_pos, 8, weighted);
+            default: s = pk_sve_bag_pass(bags, table, rows, row_stride, begin, end, col, n, out, bad_pos, 8, weighted, fmt);
 #undef PK_SVE_CASE
             }
             if (s != PK_OK) return s;
@@ -115,13 +130,20 @@ PK_INLINE pk_status pk_sve_bags_f32_w(const pk_bags *bags, const float *table, i
     return PK_OK;
 }
 
-static __attribute__((noinline)) pk_status pk_sve_bags_f32(const pk_bags *bags, const float *table,
-                                                           int64_t rows, int64_t dim,
-                                                           int64_t row_stride, int64_t *bad_pos)
-{
-    if (bags->weights == NULL) return pk_sve_bags_f32_w(bags, table, rows, dim, row_stride, bad_pos, 0);
-    return pk_sve_bags_f32_w(bags, table, rows, dim, row_stride, bad_pos, 1);
-}
+/* Bags over a float32, float16 or bfloat16 table (row_stride in elements). dim > 0. */
+#define PK_SVE_BAGS_FN(NAME, FMT)                                                                \
+    static __attribute__((noinline)) pk_status NAME(const pk_bags *bags, const void *table,       \
+                                                    int64_t rows, int64_t dim, int64_t row_stride, \
+                                                    int64_t *bad_pos)                             \
+    {                                                                                              \
+        if (bags->weights == NULL)                                                                 \
+            return pk_sve_bags_w(bags, table, rows, dim, row_stride, bad_pos, 0, FMT);            \
+        return pk_sve_bags_w(bags, table, rows, dim, row_stride, bad_pos, 1, FMT);                \
+    }
+PK_SVE_BAGS_FN(pk_sve_bags_f32, PK_SVE_F32)
+PK_SVE_BAGS_FN(pk_sve_bags_f16, PK_SVE_F16)
+PK_SVE_BAGS_FN(pk_sve_bags_bf16, PK_SVE_BF16)
+#undef PK_SVE_BAGS_FN
 
 /* 8-bit packed rows (common/packed_rows.h: D codes, then float32 scale and bias), the same passes:
  * per row acc = fma(q, w * scale, acc) with the codes widened to float32 (svld1ub_u32 + svcvt),

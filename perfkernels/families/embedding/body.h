@@ -206,7 +206,7 @@ pk_status PK_ISA_FN(pk_embedding_bag_f32)(const pk_bags *bags, const void *table
 {
 #if defined(__ARM_FEATURE_SVE)
     if (dim > 0 && svcntw() > 4)   /* SVE wider than NEON: the length-agnostic loop */
-        return pk_sve_bags_f32(bags, (const float *)table, rows, dim, row_stride, bad_pos);
+        return pk_sve_bags_f32(bags, table, rows, dim, row_stride, bad_pos);
 #endif
     return embedding_bag(bags, table, rows, dim, row_stride, bad_pos, TABLE_F32);
 }
@@ -214,12 +214,20 @@ pk_status PK_ISA_FN(pk_embedding_bag_f32)(const pk_bags *bags, const void *table
 pk_status PK_ISA_FN(pk_embedding_bag_f16)(const pk_bags *bags, const void *table, int64_t rows,
                                           int64_t dim, int64_t row_stride, int64_t *bad_pos)
 {
+#if defined(__ARM_FEATURE_SVE)
+    if (dim > 0 && svcntw() > 4)
+        return pk_sve_bags_f16(bags, table, rows, dim, row_stride, bad_pos);
+#endif
     return embedding_bag(bags, table, rows, dim, row_stride, bad_pos, TABLE_F16);
 }
 
 pk_status PK_ISA_FN(pk_embedding_bag_bf16)(const pk_bags *bags, const void *table, int64_t rows,
                                            int64_t dim, int64_t row_stride, int64_t *bad_pos)
 {
+#if defined(__ARM_FEATURE_SVE)
+    if (dim > 0 && svcntw() > 4)
+        return pk_sve_bags_bf16(bags, table, rows, dim, row_stride, bad_pos);
+#endif
     return embedding_bag(bags, table, rows, dim, row_stride, bad_pos, TABLE_BF16);
 }
 
