@@ -1,4 +1,4 @@
-/* Float-table (float32, float16, bfloat16) and 8-bit packed-row bags in vector-length-agnostic SVE, for the sve level (simd/sve.h) on CPUs whose
+/* Float-table (float32, float16, bfloat16) and 8/4-bit packed-row bags in vector-length-agnostic SVE, for the sve level (simd/sve.h) on CPUs whose
  * vectors are wider than NEON's: the vector length is read at run time (svcntw() float lanes),
  * every load and store is predicated (svwhilelt), so any D and any length from 256 to 2048 bits
  * take the same code, and nothing past a row or an output row is touched.
@@ -145,17 +145,34 @@ PK_SVE_BAGS_FN(pk_sve_bags_f16, PK_SVE_F16)
 PK_SVE_BAGS_FN(pk_sve_bags_bf16, PK_SVE_BF16)
 #undef PK_SVE_BAGS_FN
 
-/* 8-bit packed rows (common/packed_rows.h: D codes, then float32 scale and bias), the same passes:
- * per row acc = fma(q, w * scale, acc) with the codes widened to float32 (svld1ub_u32 + svcvt),
- * w * bias summed apart and added once at the store, then times 1/count for mean: the bag loop's
- * order (common/bag_loop.h), so the sums are those of the NEON body.  Only the first pass over a
- * bag prefetches, whole rows (as the bag loop's packed passes do). */
-PK_INLINE pk_status pk_sve_q8_pass(const pk_bags *bags, const uint8_t *table, int64_t rows,
-                                   int64_t row_bytes, int64_t dim, int64_t begin, int64_t end,
-                                   int64_t col, int64_t n, float *out_row, int64_t *bad_pos,
-                                   const int nv, const int weighted)
+/* Codes [c0, c0 + lanes of pg) of a packed row as float32, c0 = col + V * vl.  8-bit codes are
+ * widened in the load; 4-bit ones (two a byte, low nibble first) come from the vl / 2 bytes that
+ * hold them, split into low and high nibbles and interleaved (svzip1), the load predicated on the
+ * row's code bytes (nb: bytes of the pass's columns from byte col / 2 on), so it never reads past
+ * them. */
+PK_INLINE svfloat32_t pk_sve_load_codes(svbool_t pg, const uint8_t *codes, int64_t col, int64_t v0,
+                                        int64_t nb, const int bits)
+{
+    if (bits == 8) return svcvt_f32_u32_x(pg, svld1ub_u32(pg, codes + col + v0));
+    const svbool_t pb = svwhilelt_b32_s64(v0 / 2, nb);
+    const svuint32_t b = svld1ub_u32(pb, codes + col / 2 + v0 / 2);
+    const svbool_t all = svptrue_b32();
+    const svuint32_t q = svzip1_u32(svand_n_u32_x(all, b, 0xF), svlsr_n_u32_x(all, b, 4));
+    return svcvt_f32_u32_x(pg, q);
+}
+
+/* Packed rows of 8 or 4 bits (common/packed_rows.h: the codes, then the scale and bias, float32
+ * after 8-bit codes, float16 after 4-bit ones), the same passes: per row acc = fma(q, w * scale,
+ * acc), w * bias summed apart and added once at the store, then times 1/count for mean: the bag
+ * loop's order (common/bag_loop.h), so the sums are those of the NEON body.  Only the first pass
+ * over a bag prefetches, whole rows (as the bag loop's packed passes do). */
+PK_INLINE pk_status pk_sve_packed_pass(const pk_bags *bags, const uint8_t *table, int64_t rows,
+                                       int64_t row_bytes, int64_t dim, int64_t begin, int64_t end,
+                                       int64_t col, int64_t n, float *out_row, int64_t *bad_pos,
+                                       const int nv, const int weighted, const int bits)
 {
     const int64_t vl = (int64_t)svcntw();
+    const int64_t codes_bytes = bits == 8 ? dim : (dim + 1) / 2, nb = (n + 1) / 2;
 #define PK_SVE_PRED(V) const svbool_t pg##V = svwhilelt_b32_s64((int64_t)V * vl, n);
     PK_SVE_PRED(0) PK_SVE_PRED(1) PK_SVE_PRED(2) PK_SVE_PRED(3)
     PK_SVE_PRED(4) PK_SVE_PRED(5) PK_SVE_PRED(6) PK_SVE_PRED(7)
@@ -187,14 +204,20 @@ PK_INLINE pk_status pk_sve_q8_pass(const pk_bags *bags, const uint8_t *table, in
         }
         const uint8_t *row = table + idx * row_bytes;
         float scale, bias;
-        memcpy(&scale, row + dim, 4);
-        memcpy(&bias, row + dim + 4, 4);
+        if (bits == 8) {
+            memcpy(&scale, row + dim, 4);
+            memcpy(&bias, row + dim + 4, 4);
+        } else {    /* float16 scale and bias: exact conversions */
+            __fp16 h[2];
+            memcpy(h, row + codes_bytes, 4);
+            scale = (float)h[0];
+            bias = (float)h[1];
+        }
         const float w = weighted ? weights[j - wofs] : 1.0f;
         const svfloat32_t ws = svdup_n_f32(weighted ? w * scale : scale);
         bias_sum += weighted ? w * bias : bias;
-        const uint8_t *q = row + col;
 #define PK_SVE_Q8(V) if (nv > V) a##V = svmla_f32_m(pg##V, a##V, \
-                         svcvt_f32_u32_x(pg##V, svld1ub_u32(pg##V, q + V * vl)), ws);
+                         pk_sve_load_codes(pg##V, row, col, (int64_t)V * vl, nb, bits), ws);
         PK_SVE_Q8(0) PK_SVE_Q8(1) PK_SVE_Q8(2) PK_SVE_Q8(3)
         PK_SVE_Q8(4) PK_SVE_Q8(5) PK_SVE_Q8(6) PK_SVE_Q8(7)
 #undef PK_SVE_Q8
@@ -211,9 +234,9 @@ PK_INLINE pk_status pk_sve_q8_pass(const pk_bags *bags, const uint8_t *table, in
     return PK_OK;
 }
 
-PK_INLINE pk_status pk_sve_bags_q8_w(const pk_bags *bags, const uint8_t *table, int64_t rows,
-                                     int64_t dim, int64_t row_bytes, int64_t *bad_pos,
-                                     const int weighted)
+PK_INLINE pk_status pk_sve_bags_packed_w(const pk_bags *bags, const uint8_t *table, int64_t rows,
+                                         int64_t dim, int64_t row_bytes, int64_t *bad_pos,
+                                         const int weighted, const int bits)
 {
     const int64_t vl = (int64_t)svcntw(), chunk = PK_SVE_BAG_VECS * vl;
     for (int64_t b = 0; b < bags->num_bags; b++) {
@@ -223,12 +246,13 @@ PK_INLINE pk_status pk_sve_bags_q8_w(const pk_bags *bags, const uint8_t *table, 
             const int64_t n = dim - col < chunk ? dim - col : chunk;
             pk_status s;
             switch ((n + vl - 1) / vl) {
-#define PK_SVE_CASE(NV) case NV: s = pk_sve_q8_pass(bags, table, rows, row_bytes, dim, begin, end, \
-                                                    col, n, out, bad_pos, NV, weighted); break;
+#define PK_SVE_CASE(NV) case NV: s = pk_sve_packed_pass(bags, table, rows, row_bytes, dim, begin, \
+                                                        end, col, n, out, bad_pos, NV, weighted, \
+                                                        bits); break;
             PK_SVE_CASE(1) PK_SVE_CASE(2) PK_SVE_CASE(3) PK_SVE_CASE(4)
             PK_SVE_CASE(5) PK_SVE_CASE(6) PK_SVE_CASE(7)
-            default: s = pk_sve_q8_pass(bags, table, rows, row_bytes, dim, begin, end, col, n, out,
-                                        bad_pos, 8, weighted);
+            default: s = pk_sve_packed_pass(bags, table, rows, row_bytes, dim, begin, end, col, n,
+                                            out, bad_pos, 8, weighted, bits);
 #undef PK_SVE_CASE
             }
             if (s != PK_OK) return s;
@@ -237,14 +261,20 @@ PK_INLINE pk_status pk_sve_bags_q8_w(const pk_bags *bags, const uint8_t *table, 
     return PK_OK;
 }
 
-/* Bags over 8-bit packed rows of row_bytes bytes (>= dim + 8). dim > 0. */
-static __attribute__((noinline)) pk_status pk_sve_bags_q8(const pk_bags *bags, const uint8_t *table,
-                                                          int64_t rows, int64_t dim,
-                                                          int64_t row_bytes, int64_t *bad_pos)
-{
-    if (bags->weights == NULL) return pk_sve_bags_q8_w(bags, table, rows, dim, row_bytes, bad_pos, 0);
-    return pk_sve_bags_q8_w(bags, table, rows, dim, row_bytes, bad_pos, 1);
-}
+/* Bags over packed rows of 8 or 4 bits, row_bytes bytes each (at least the codes and the
+ * trailer). dim > 0. */
+#define PK_SVE_PACKED_FN(NAME, BITS)                                                             \
+    static __attribute__((noinline)) pk_status NAME(const pk_bags *bags, const uint8_t *table,    \
+                                                    int64_t rows, int64_t dim, int64_t row_bytes,  \
+                                                    int64_t *bad_pos)                             \
+    {                                                                                              \
+        if (bags->weights == NULL)                                                                 \
+            return pk_sve_bags_packed_w(bags, table, rows, dim, row_bytes, bad_pos, 0, BITS);     \
+        return pk_sve_bags_packed_w(bags, table, rows, dim, row_bytes, bad_pos, 1, BITS);         \
+    }
+PK_SVE_PACKED_FN(pk_sve_bags_q8, 8)
+PK_SVE_PACKED_FN(pk_sve_bags_q4, 4)
+#undef PK_SVE_PACKED_FN
 
 #endif /* __ARM_FEATURE_SVE */
 #endif

@@ -120,8 +120,10 @@ pk_status PK_ISA_FN(pk_embedding_bag_quantized)(int bits, const pk_bags *bags, c
                     && pk_far_prefetch_mode() == PK_FAR_INTO_L2;
     const int i64 = bags->index_64 != 0, weighted = bags->weights != NULL;
 #if defined(__ARM_FEATURE_SVE)
-    if (bits == 8 && dim > 0 && svcntw() > 4)   /* SVE wider than NEON: the length-agnostic loop */
-        return pk_sve_bags_q8(bags, packed, rows, dim, row_bytes, bad_pos);
+    if (dim > 0 && svcntw() > 4) {   /* SVE wider than NEON: the length-agnostic loop */
+        if (bits == 8) return pk_sve_bags_q8(bags, packed, rows, dim, row_bytes, bad_pos);
+        if (bits == 4) return pk_sve_bags_q4(bags, packed, rows, dim, row_bytes, bad_pos);
+    }
 #endif
 #define BY_DIM(BITS)                                                                              \
     switch (row_bytes == (int64_t)pk_quantized_row_bytes(BITS, (size_t)dim) ? dim : 0) {          \
