@@ -101,7 +101,7 @@ static void check_convert(const pk_convert_kernels *k, const pk_convert_kernels 
     for (int clip = 0; clip < 2; clip++) {
         for (size_t d = 0; d < N_DIMS; d++) {
             const size_t n = (size_t)DIMS[d], off = (size_t)d * 3;
-            memset(ha, 0xab, n + 8); memset(hb, 0xab, n + 8);
+            memset(ha, 0xab, (n + 8) * 2); memset(hb, 0xab, (n + 8) * 2);
             k->float_to_half(src + off, ha + 1, n, clip);
             s->float_to_half(src + off, hb + 1, n, clip);
             CHECK(memcmp(ha, hb, (n + 8) * 2) == 0, "float_to_half n=%zu clip=%d differs from scalar", n, clip);
