@@ -21,6 +21,7 @@
 #include "perfkernels/cpu.h"
 #include "perfkernels/embedding.h"
 #include "perfkernels/interaction.h"
+#include "perfkernels/lstm.h"
 #include "perfkernels/quantized.h"
 
 #ifndef PR_SVE_GET_VL
@@ -417,6 +418,208 @@ static void check_interaction(const pk_interaction_kernels *k, const pk_interact
     }
 }
 
+/* --- float32 error bounds -------------------------------------------------------------------- */
+/* A result the kernels compute in float32, as its float64 value from the definitions and a bound
+ * on how far a float32 evaluation can be from it: each operation adds one rounding of its result
+ * (an unfused a * b + c two, which the bounds of its product and sum cover) to the first-order
+ * propagation of its operands' bounds.  The checks allow twice the bound (ev_ok). */
+typedef struct ev { double v, e; } ev;
+#define U32 0x1p-24      /* float32's unit roundoff */
+#define MATH_REL 3e-7    /* sigmoid / tanh relative error: lstm/vmath.h measures 1.5e-7 / 1.6e-7,
+                            the Python tests assert 3e-7 */
+static inline ev ev_x(double v) { ev r = {v, 0.0}; return r; }   /* an exact float32 input */
+static inline ev ev_round(double v, double e) { ev r = {v, e + U32 * fabs(v)}; return r; }
+static inline ev ev_add(ev a, ev b) { return ev_round(a.v + b.v, a.e + b.e); }
+static inline ev ev_sub(ev a, ev b) { return ev_round(a.v - b.v, a.e + b.e); }
+static inline ev ev_mul(ev a, ev b) { return ev_round(a.v * b.v, fabs(a.v) * b.e + fabs(b.v) * a.e + a.e * b.e); }
+static inline ev ev_div(ev a, ev b)
+{
+    const double v = a.v / b.v, lo = fabs(b.v) - b.e;
+    return ev_round(v, lo > 0 ? (a.e + fabs(v) * b.e) / lo : INFINITY);
+}
+static inline ev ev_sqrt(ev a)
+{
+    const double v = sqrt(a.v);
+    return ev_round(v, v - sqrt(fmax(0.0, a.v - a.e)));
+}
+static inline ev ev_sigmoid(ev x)
+{
+    const double s = 1.0 / (1.0 + exp(-x.v));
+    ev r = {s, s * (1.0 - s) * x.e + MATH_REL * s};
+    return r;
+}
+static inline ev ev_tanh(ev x)
+{
+    const double t = tanh(x.v);
+    ev r = {t, (1.0 - t * t) * x.e + MATH_REL * fabs(t)};
+    return r;
+}
+/* got within twice want's bound, plus `slack` and float32's smallest normal (results near the
+ * underflow threshold round absolutely); a NaN reference wants a NaN */
+static inline int ev_ok(double got, ev want, double slack)
+{
+    if (want.v != want.v) return got != got;
+    return fabs(got - want.v) <= 2.0 * want.e + slack + 0x1p-126;
+}
+/* a level against the scalar level: each within twice the bound of the reference */
+static inline int ev_near(double got, double scalar, ev want, double slack)
+{
+    if (want.v != want.v) return got != got && scalar != scalar;
+    return fabs(got - scalar) <= 4.0 * want.e + slack + 0x1p-125;
+}
+
+/* --- the LSTM unit --------------------------------------------------------------------------- */
+static void check_lstm_math(const pk_lstm_kernels *k)
+{
+    enum { N = 2003 };
+    float *x = malloc(N * 4), *y = malloc((N + 1) * 4);
+    for (int i = 0; i < N - 8; i++) x[i] = -30.0f + 60.0f * (float)i / (float)(N - 9);
+    const float special[8] = {-0.0f, 1e-30f, -1e-41f, 100.0f, -100.0f, INFINITY, -INFINITY, NAN};
+    memcpy(x + N - 8, special, sizeof special);
+    for (int fn = PK_MATH_EXP; fn <= PK_MATH_TANH; fn++) {
+        y[N] = bits_f32(0x7fc00bad);
+        k->lstm_math(fn, x, y, N);
+        CHECK(f32_bits(y[N]) == 0x7fc00bad, "lstm_math(%d) wrote past the output", fn);
+        for (int i = 0; i < N; i++) {
+            const double xv = x[i];
+            const double want = fn == PK_MATH_EXP ? exp(xv) : fn == PK_MATH_SIGMOID ? 1.0 / (1.0 + exp(-xv)) : tanh(xv);
+            const double rel = fn == PK_MATH_EXP ? 2.5e-7 : MATH_REL;
+            const int ok = want != want ? y[i] != y[i]
+                         : fabs(want) > 0x1.fffffep127 ? y[i] == copysign(INFINITY, want)
+                         : fabs(y[i] - want) <= rel * fabs(want) + 0x1p-126;
+            CHECK(ok, "lstm_math(%d, %.9g) = %.9g, float64 %.9g", fn, xv, y[i], want);
+        }
+        if (fn == PK_MATH_TANH)
+            CHECK(f32_bits(y[N - 8]) == 0x80000000u && y[N - 5] == 1.0f && y[N - 4] == -1.0f,
+                  "tanh(-0), tanh(+-100): %08x %.9g %.9g", f32_bits(y[N - 8]), y[N - 5], y[N - 4]);
+        if (fn == PK_MATH_SIGMOID)
+            CHECK(y[N - 5] == 1.0f && y[N - 4] == 0.0f, "sigmoid(+-100) saturates: %.9g %.9g", y[N - 5], y[N - 4]);
+    }
+    free(x); free(y);
+}
+
+static void check_lstm(const pk_lstm_kernels *k, const pk_lstm_kernels *s)
+{
+    enum { N = 6, GUARD = 4 };
+    /* t = 1: rows 1 and 3 are invalid where sequence lengths are given */
+    const int32_t len32[N] = {2, 1, 3, 0, 5, 2};
+    const int64_t len64[N] = {2, 1, 3, 0, 5, 2};
+    check_lstm_math(k);
+    for (size_t di = 0; di < N_DIMS; di++) {
+        const int64_t d = DIMS[di];
+        const size_t nd = (size_t)(N * d);
+        /* inputs one float past malloc's alignment: element alignment is all the kernels get */
+        float *buf = malloc((nd * 13 + 16 * nd + 64) * 4);
+        float *h_prev = buf + 1, *c_prev = h_prev + nd, *gates = c_prev + nd, *c_in = gates + 4 * nd;
+        float *dh = c_in + nd, *dc = dh + nd;
+        float *o = dc + nd + 1;   /* outputs: h, c, dh_prev, dc_prev (nd + GUARD each), dgates */
+        float *h = o, *c = h + nd + GUARD, *dh_prev = c + nd + GUARD, *dc_prev = dh_prev + nd + GUARD;
+        float *dgates = dc_prev + nd + GUARD;
+        float *so = dgates + 4 * nd + GUARD;   /* the scalar level's */
+        float *sh = so, *sc = sh + nd + GUARD, *sdh_prev = sc + nd + GUARD, *sdc_prev = sdh_prev + nd + GUARD;
+        float *sdgates = sdc_prev + nd + GUARD;
+        float *calias = sdgates + 4 * nd + GUARD;   /* c computed in place over a copy of c_prev */
+        for (size_t i = 0; i < nd; i++) {
+            h_prev[i] = rnd_float(), c_prev[i] = rnd_float(), c_in[i] = 1.5f * rnd_float();
+            dh[i] = rnd_float(), dc[i] = rnd_float();
+        }
+        for (size_t i = 0; i < 4 * nd; i++) gates[i] = 3.0f * rnd_float();
+        /* saturation, infinities and a NaN in the last row's first columns */
+        float *last = gates + 4 * (N - 1) * d;
+        last[0] = -100.0f, last[d] = 30.0f, last[2 * d] = NAN, last[3 * d] = INFINITY;
+        if (d > 1) last[1] = -INFINITY, last[3 * d + 1] = -30.0f, last[d + 1] = -90.0f;
+        /* 6 of the 12 variants (gate order x sequence lengths none / int32 / int64 x drop_states)
+         * per D, every one over the dims; forget_bias 1 in a third */
+        for (int q = 0; q < 6; q++) {
+            const int v = 2 * q + (q + (int)di) % 2;
+            pk_lstm_params p;
+            memset(&p, 0, sizeof p);
+            p.n = N, p.d = (size_t)d, p.t = 1;
+            p.gate_order = v % 2 ? PK_LSTM_IFGO : PK_LSTM_IFOG;
+            p.seq_lengths32 = (v / 2) % 3 == 1 ? len32 : NULL;
+            p.seq_lengths64 = (v / 2) % 3 == 2 ? len64 : NULL;
+            p.drop_states = v >= 6;
+            p.forget_bias = v % 3 == 0 ? 1.0f : 0.0f;
+            size_t oi, of, oo, og;
+            pk_lstm_gate_blocks(p.gate_order, &oi, &of, &oo, &og);
+            for (size_t i = 0; i < so - o; i++) o[i] = bits_f32(0x7fc00bad);
+            for (size_t i = 0; i < calias - so; i++) so[i] = bits_f32(0x7fc00bad);
+            k->lstm_forward(&p, h_prev, c_prev, gates, h, c);
+            s->lstm_forward(&p, h_prev, c_prev, gates, sh, sc);
+            k->lstm_backward(&p, c_prev, gates, c_in, dh, dc, dh_prev, dc_prev, dgates);
+            s->lstm_backward(&p, c_prev, gates, c_in, dh, dc, sdh_prev, sdc_prev, sdgates);
+            if (q == 0) {   /* c written over c_prev, element for element */
+                memcpy(calias, c_prev, nd * 4);
+                float *hh = malloc(nd * 4);
+                k->lstm_forward(&p, h_prev, calias, gates, hh, calias);
+                CHECK(memcmp(calias, c, nd * 4) == 0 && memcmp(hh, h, nd * 4) == 0,
+                      "lstm_forward D=%lld with c over c_prev differs", (long long)d);
+                free(hh);
+            }
+            for (int g = 0; g < GUARD; g++)
+                CHECK(f32_bits(h[nd + g]) == 0x7fc00bad && f32_bits(c[nd + g]) == 0x7fc00bad &&
+                      f32_bits(dh_prev[nd + g]) == 0x7fc00bad && f32_bits(dc_prev[nd + g]) == 0x7fc00bad &&
+                      f32_bits(dgates[4 * nd + g]) == 0x7fc00bad, "lstm D=%lld wrote past an output", (long long)d);
+            for (int64_t n = 0; n < N; n++) {
+                const size_t r = (size_t)(n * d);
+                if (!pk_lstm_row_valid(&p, (size_t)n)) {   /* copies or zeros, bit for bit */
+                    const float *want[4] = {h_prev, c_prev, dh, dc};
+                    float *got[4] = {h, c, dh_prev, dc_prev};
+                    for (int a = 0; a < 4; a++)
+                        for (int64_t j = 0; j < d; j++)
+                            CHECK(f32_bits(got[a][r + j]) == (p.drop_states ? 0u : f32_bits(want[a][r + j])),
+                                  "lstm variant %d D=%lld invalid row %lld output %d [%lld]", v, (long long)d,
+                                  (long long)n, a, (long long)j);
+                    for (int64_t j = 0; j < 4 * d; j++)
+                        CHECK(f32_bits(dgates[4 * r + j]) == 0, "lstm variant %d invalid row: dgates not 0", v);
+                    continue;
+                }
+                const float *x = gates + 4 * r;
+                const float *dxi = dgates + 4 * r + oi * d, *dxf = dgates + 4 * r + of * d;
+                const float *dxo = dgates + 4 * r + oo * d, *dxg = dgates + 4 * r + og * d;
+                const float *sdxi = sdgates + 4 * r + oi * d, *sdxf = sdgates + 4 * r + of * d;
+                const float *sdxo = sdgates + 4 * r + oo * d, *sdxg = sdgates + 4 * r + og * d;
+                for (int64_t j = 0; j < d; j++) {
+                    const size_t e = r + (size_t)j;
+                    const ev one = ev_x(1.0);
+                    const ev i = ev_sigmoid(ev_x(x[oi * d + j]));
+                    const ev f = ev_sigmoid(ev_add(ev_x(x[of * d + j]), ev_x(p.forget_bias)));
+                    const ev og_ = ev_sigmoid(ev_x(x[oo * d + j]));
+                    const ev g = ev_tanh(ev_x(x[og * d + j]));
+                    /* forward: c = f c_prev + i g, h = o tanh(c) */
+                    const ev cc = ev_add(ev_mul(f, ev_x(c_prev[e])), ev_mul(i, g));
+                    const ev hh = ev_mul(og_, ev_tanh(cc));
+                    CHECK(ev_ok(c[e], cc, 0) && ev_near(c[e], sc[e], cc, 0),
+                          "lstm_forward variant %d D=%lld [%lld, %lld]: c %.9g, float64 %.9g, scalar %.9g",
+                          v, (long long)d, (long long)n, (long long)j, c[e], cc.v, sc[e]);
+                    CHECK(ev_ok(h[e], hh, 0) && ev_near(h[e], sh[e], hh, 0),
+                          "lstm_forward variant %d D=%lld [%lld, %lld]: h %.9g, float64 %.9g, scalar %.9g",
+                          v, (long long)d, (long long)n, (long long)j, h[e], hh.v, sh[e]);
+                    /* backward, given c (c_in), dh, dc */
+                    const ev tc = ev_tanh(ev_x(c_in[e]));
+                    const ev dct = ev_add(ev_mul(ev_mul(ev_x(dh[e]), og_), ev_sub(one, ev_mul(tc, tc))), ev_x(dc[e]));
+                    const ev want[5] = {
+                        ev_mul(dct, f),
+                        ev_mul(ev_mul(ev_mul(dct, g), i), ev_sub(one, i)),
+                        ev_mul(ev_mul(ev_mul(dct, ev_x(c_prev[e])), f), ev_sub(one, f)),
+                        ev_mul(ev_mul(ev_mul(ev_x(dh[e]), tc), og_), ev_sub(one, og_)),
+                        ev_mul(ev_mul(dct, i), ev_sub(one, ev_mul(g, g))),
+                    };
+                    const float got[5] = {dc_prev[e], dxi[j], dxf[j], dxo[j], dxg[j]};
+                    const float sgot[5] = {sdc_prev[e], sdxi[j], sdxf[j], sdxo[j], sdxg[j]};
+                    static const char *names[5] = {"dc_prev", "di", "df", "do", "dg"};
+                    for (int a = 0; a < 5; a++)
+                        CHECK(ev_ok(got[a], want[a], 0) && ev_near(got[a], sgot[a], want[a], 0),
+                              "lstm_backward variant %d D=%lld [%lld, %lld]: %s %.9g, float64 %.9g, scalar %.9g",
+                              v, (long long)d, (long long)n, (long long)j, names[a], got[a], want[a].v, sgot[a]);
+                    CHECK(f32_bits(dh_prev[e]) == 0, "lstm_backward: dh_prev of a valid row not +0");
+                }
+            }
+        }
+        free(buf);
+    }
+}
+
 /* `arm_driver bench LEVEL KIND D ROWS`: one bag of ROWS random rows of a 4096-row table (KIND f32:
  * float32, q8: 8-bit rows) summed at LEVEL (or none: the same setup, no kernel call), for counting
  * instructions per row under the emulator (docs/arm.md). */
@@ -457,6 +660,7 @@ int main(int argc, char **argv)
     const pk_embedding_kernels *se = pk_embedding_table(PK_ISA_scalar);
     const pk_quantized_kernels *sq = pk_quantized_table(PK_ISA_scalar);
     const pk_interaction_kernels *si = pk_interaction_table(PK_ISA_scalar);
+    const pk_lstm_kernels *sl = pk_lstm_table(PK_ISA_scalar);
     static const struct { int isa; int needs; } levels[] = {
         {PK_ISA_neon, PK_CPU_ASIMD}, {PK_ISA_sve, PK_CPU_SVE},
     };
@@ -477,6 +681,7 @@ int main(int argc, char **argv)
         check_float_bags(pk_embedding_table(isa), se);
         check_quantized(pk_quantized_table(isa), sq);
         check_interaction(pk_interaction_table(isa), si);
+        check_lstm(pk_lstm_table(isa), sl);
         printf("level %s: %s\n", level_name, failures == before ? "ok" : "FAILED");
     }
     return failures > 100 ? 100 : failures;
