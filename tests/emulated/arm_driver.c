@@ -23,6 +23,7 @@
 #include "perfkernels/interaction.h"
 #include "perfkernels/lstm.h"
 #include "perfkernels/quantized.h"
+#include "perfkernels/training.h"
 
 #ifndef PR_SVE_GET_VL
 #define PR_SVE_GET_VL 51
@@ -620,6 +621,393 @@ static void check_lstm(const pk_lstm_kernels *k, const pk_lstm_kernels *s)
     }
 }
 
+/* --- training: the fused backward and optimizer step ----------------------------------------- */
+typedef struct opt_case { int optimizer, nesterov; const char *name; } opt_case;
+static const opt_case OPTS[] = {
+    {PK_OPT_SGD, 0, "sgd"}, {PK_OPT_ADAGRAD, 0, "adagrad"}, {PK_OPT_ROWWISE_ADAGRAD, 0, "rowwise_adagrad"},
+    {PK_OPT_ADAM, 0, "adam"}, {PK_OPT_ADAMW, 0, "adamw"}, {PK_OPT_ROWWISE_ADAM, 0, "rowwise_adam"},
+    {PK_OPT_MOMENTUM, 0, "momentum"}, {PK_OPT_MOMENTUM, 1, "nesterov"},
+};
+#define N_OPTS (sizeof OPTS / sizeof OPTS[0])
+enum { T_F32, T_F16, T_BF16 };
+static const char *const TYPE_NAMES[3] = {"f32", "f16", "bf16"};
+
+static int state_rowwise(int o) { return o == PK_OPT_ROWWISE_ADAGRAD; }
+static int has_state2(int o) { return o == PK_OPT_ADAM || o == PK_OPT_ADAMW || o == PK_OPT_ROWWISE_ADAM; }
+
+static double table_value(const void *t, int type, int64_t i)
+{
+    if (type == T_F32) return ((const float *)t)[i];
+    const uint16_t h = ((const uint16_t *)t)[i];
+    return type == T_F16 ? f16_value(h) : (double)bits_f32((uint32_t)h << 16);
+}
+
+/* the spacing of the 16-bit table format at magnitude |x| */
+static double ulp16(double x, int type)
+{
+    int e;
+    frexp(fmax(fabs(x), type == T_F16 ? 0x1p-14 : 0x1p-126), &e);   /* |x| in [2^(e-1), 2^e) */
+    return ldexp(1.0, e - 1 - (type == T_F16 ? 10 : 7));
+}
+
+/* One touched row's new weights w[0:dim], state h and state2 v (dim values, or one for a row-wise
+ * state), in float64 with bounds, from the definitions in perfkernels/training.h; g: the row's
+ * summed gradient; w0, h0, v0: the row and its state before. */
+static void train_reference_row(const opt_case *oc, const pk_sparse_optim *o, const ev *g,
+                                const double *w0, const float *h0, const float *v0, int64_t dim,
+                                ev *w, ev *h, ev *v)
+{
+    const ev one = ev_x(1.0), lr = ev_x(o->lr), eps = ev_x(o->eps), wd = ev_x(o->weight_decay);
+    const ev b1 = ev_x(o->beta1), b2 = ev_x(o->beta2), c1 = ev_sub(one, b1), c2 = ev_sub(one, b2);
+    ev ss = ev_x(0.0);
+    switch (oc->optimizer) {
+    case PK_OPT_SGD:
+        for (int64_t d = 0; d < dim; d++) {
+            const ev W = ev_x(w0[d]);
+            w[d] = ev_sub(W, ev_mul(lr, ev_add(g[d], ev_mul(wd, W))));
+        }
+        break;
+    case PK_OPT_ADAGRAD:
+        for (int64_t d = 0; d < dim; d++) {
+            const ev W = ev_x(w0[d]), gd = ev_add(g[d], ev_mul(wd, W));
+            h[d] = ev_add(ev_x(h0[d]), ev_mul(gd, gd));
+            w[d] = ev_sub(W, ev_div(ev_mul(lr, gd), ev_add(ev_sqrt(h[d]), eps)));
+        }
+        break;
+    case PK_OPT_ROWWISE_ADAGRAD: {
+        for (int64_t d = 0; d < dim; d++) {
+            w[d] = ev_add(g[d], ev_mul(wd, ev_x(w0[d])));   /* g + wd w, for now */
+            ss = ev_add(ss, ev_mul(w[d], w[d]));
+        }
+        h[0] = ev_add(ev_x(h0[0]), ev_div(ss, ev_x((double)dim)));
+        const ev step = ev_div(lr, ev_add(ev_sqrt(h[0]), eps));
+        for (int64_t d = 0; d < dim; d++) w[d] = ev_sub(ev_x(w0[d]), ev_mul(step, w[d]));
+        break;
+    }
+    case PK_OPT_ADAM:
+    case PK_OPT_ADAMW:
+        for (int64_t d = 0; d < dim; d++) {
+            ev W = ev_x(w0[d]), gd = g[d];
+            if (oc->optimizer == PK_OPT_ADAMW) W = ev_mul(ev_x(o->decay), W);
+            else gd = ev_add(gd, ev_mul(wd, W));
+            const ev m0 = ev_x(h0[d]), s0 = ev_x(v0[d]);
+            h[d] = ev_add(m0, ev_mul(c1, ev_sub(gd, m0)));
+            v[d] = ev_add(s0, ev_mul(c2, ev_sub(ev_mul(gd, gd), s0)));
+            w[d] = ev_sub(W, ev_mul(ev_x(o->step_size), ev_div(h[d], ev_add(ev_sqrt(v[d]), eps))));
+        }
+        break;
+    case PK_OPT_ROWWISE_ADAM: {
+        for (int64_t d = 0; d < dim; d++) {
+            h[d] = ev_add(ev_mul(b1, ev_x(h0[d])), ev_mul(c1, g[d]));
+            ss = ev_add(ss, ev_mul(g[d], g[d]));
+        }
+        v[0] = ev_add(ev_mul(b2, ev_x(v0[0])), ev_mul(c2, ev_div(ss, ev_x((double)dim))));
+        const ev a = ev_div(lr, ev_mul(ev_x(o->bias1), ev_add(ev_sqrt(ev_div(v[0], ev_x(o->bias2))), eps)));
+        const ev lwd = ev_mul(lr, wd);
+        for (int64_t d = 0; d < dim; d++) {
+            const ev W = ev_x(w0[d]);
+            w[d] = ev_sub(ev_sub(W, ev_mul(a, h[d])), ev_mul(lwd, W));
+        }
+        break;
+    }
+    default: {   /* momentum */
+        const ev mu = ev_x(o->momentum);
+        for (int64_t d = 0; d < dim; d++) {
+            const ev W = ev_x(w0[d]), gd = ev_add(g[d], ev_mul(wd, W));
+            h[d] = ev_add(ev_mul(mu, ev_x(h0[d])), gd);
+            const ev u = oc->nesterov ? ev_add(gd, ev_mul(mu, h[d])) : h[d];
+            w[d] = ev_sub(W, ev_mul(lr, u));
+        }
+    }
+    }
+}
+
+/* One table, its state and the upstream gradient, as they were before a call. */
+typedef struct train_data {
+    int type;
+    int64_t dim, wstride, sstride, s2stride, gstride;
+    size_t table_bytes, state_floats, state2_floats;
+    void *table;
+    float *state, *state2, *grad;
+    float *state_signed, *state_positive;   /* state points at one of them */
+} train_data;
+
+/* A copy of the table and its state, the optimizer pointing at the copy's state. */
+typedef struct train_copy {
+    void *table;
+    float *state, *state2;
+    pk_sparse_optim opt;
+} train_copy;
+
+static void train_copy_init(train_copy *c, const train_data *t, const pk_sparse_optim *opt)
+{
+    memcpy(c->table, t->table, t->table_bytes);
+    memcpy(c->state, t->state, t->state_floats * 4);
+    memcpy(c->state2, t->state2, t->state2_floats * 4);
+    c->opt = *opt;
+    c->opt.state = opt->optimizer == PK_OPT_SGD ? NULL : c->state;
+    c->opt.state_stride = t->sstride;
+    c->opt.state2 = has_state2(opt->optimizer) ? c->state2 : NULL;
+    c->opt.state2_stride = t->s2stride;
+}
+
+static int train_same(const train_copy *c, const train_data *t)
+{
+    return memcmp(c->table, t->table, t->table_bytes) == 0 && memcmp(c->state, t->state, t->state_floats * 4) == 0 &&
+           memcmp(c->state2, t->state2, t->state2_floats * 4) == 0;
+}
+
+static pk_status train_run(pk_training_update_fn fn, const pk_bags *bags, const train_data *t,
+                           train_copy *c, int64_t dim, int64_t *bad)
+{
+    pk_training_call call = {bags, ROWS, t->grad, t->gstride, c->table, dim, t->wstride, fn, &c->opt};
+    pk_training_plan plan;
+    pk_training_plan_call(&call, 1, &plan);
+    void *work = malloc((size_t)plan.workspace_bytes);
+    const pk_status st = pk_training_run(&call, &plan, work, NULL, bad);
+    free(work);
+    return st;
+}
+
+/* The same update through the two steps of training.h, the groups cut in two ranges at `cut`:
+ * each row belongs to one group, so the result must be the whole call's, bit for bit. */
+static void train_split(pk_training_update_fn fn, const pk_bags *bags, const train_data *t,
+                        train_copy *c, int64_t cut_num, int64_t cut_den)
+{
+    const int64_t n = bags->n_indices, nb = bags->num_bags;
+    pk_training_work w;
+    memset(&w, 0, sizeof w);
+    w.keys = malloc((size_t)n * 8 + 8), w.keys_tmp = malloc((size_t)n * 8 + 8);
+    w.entry_bag = malloc((size_t)n * 8 + 8);
+    w.entry_coef = w.bag_scale = malloc((size_t)(n > nb ? n : nb) * 4 + 4);
+    w.group_start = malloc((size_t)(n + 1) * 8);
+    w.histogram = malloc(PK_TRAINING_HISTOGRAM * 8);
+    uint64_t *keys = w.keys, *keys_tmp = w.keys_tmp;
+    int64_t bad = -1;
+    float *scratch = malloc((size_t)(2 * t->dim + 16) * 4);
+    CHECK(pk_training_group(bags, ROWS, &w, &bad, NULL, 1, 1) == PK_OK, "pk_training_group status");
+    const int64_t cut = w.num_groups * cut_num / cut_den;
+    fn(&w, 0, cut, t->grad, t->gstride, c->table, t->dim, t->wstride, &c->opt, scratch);
+    fn(&w, cut, w.num_groups, t->grad, t->gstride, c->table, t->dim, t->wstride, &c->opt, scratch);
+    free(keys); free(keys_tmp); free(w.entry_bag); free(w.entry_coef); free(w.group_start);
+    free(w.histogram); free(scratch);
+}
+
+/* Compares a call's result (c) with the float64 reference and with the scalar level's (sc). */
+static void train_compare(const char *what, const opt_case *oc, const bag_case *bc, const pk_bags *bags,
+                          const train_data *t, const train_copy *c, const train_copy *sc)
+{
+    const int64_t dim = t->dim;
+    const int stochastic = c->opt.stochastic_rounding && t->type != T_F32;
+    ev *g = malloc((size_t)dim * sizeof(ev) * 4 + 64);
+    ev *w = g + dim, *h = w + dim, *v = h + dim;
+    double *w0 = malloc((size_t)dim * 8 + 8);
+    const size_t esize = t->type == T_F32 ? 4 : 2;
+    for (int64_t r = 0; r < ROWS; r++) {
+        /* the row's gradient: its entries in index order, padding skipped */
+        int touched = 0;
+        for (int64_t d = 0; d < dim; d++) g[d] = ev_x(0.0);
+        for (int b = 0; b < NBAGS; b++) {
+            int64_t count = 0;
+            for (int64_t j = bc->offsets[b]; j < bc->offsets[b + 1]; j++) count += bc->idx64[j] != bags->padding_idx;
+            for (int64_t j = bc->offsets[b]; j < bc->offsets[b + 1]; j++) {
+                if (bc->idx64[j] != r || r == bags->padding_idx) continue;
+                touched = 1;
+                const ev wj = ev_x(bags->weights ? bags->weights[bags->positional ? j - bc->offsets[b] : j] : 1.0);
+                const ev coef = bags->mean ? ev_mul(wj, ev_div(ev_x(1.0), ev_x((double)count))) : wj;
+                const float *G = t->grad + b * t->gstride;
+                for (int64_t d = 0; d < dim; d++) g[d] = ev_add(g[d], ev_mul(coef, ev_x(G[d])));
+            }
+        }
+        const size_t row_off = (size_t)(r * t->wstride) * esize;
+        const float *h0 = t->state + r * t->sstride, *v0 = t->state2 + r * t->s2stride;
+        const float *hk = c->state + r * t->sstride, *vk = c->state2 + r * t->s2stride;
+        const float *hs = sc->state + r * t->sstride, *vs = sc->state2 + r * t->s2stride;
+        const int64_t nh = oc->optimizer == PK_OPT_SGD ? 0 : state_rowwise(oc->optimizer) ? 1 : dim;
+        const int64_t nv = !has_state2(oc->optimizer) ? 0 : oc->optimizer == PK_OPT_ROWWISE_ADAM ? 1 : dim;
+        if (!touched) {   /* untouched rows and their state: as they were */
+            CHECK(memcmp((char *)c->table + row_off, (char *)t->table + row_off, (size_t)dim * esize) == 0 &&
+                  memcmp(hk, h0, (size_t)nh * 4) == 0 && memcmp(vk, v0, (size_t)nv * 4) == 0,
+                  "%s %s %s D=%lld: untouched row %lld changed", what, oc->name, TYPE_NAMES[t->type],
+                  (long long)dim, (long long)r);
+            continue;
+        }
+        for (int64_t d = 0; d < dim; d++) w0[d] = table_value(t->table, t->type, r * t->wstride + d);
+        train_reference_row(oc, &c->opt, g, w0, h0, v0, dim, w, h, v);
+        for (int64_t d = 0; d < dim; d++) {
+            const double got = table_value(c->table, t->type, r * t->wstride + d);
+            const double sgot = table_value(sc->table, t->type, r * t->wstride + d);
+            /* a 16-bit table rounds the float32 result: half a unit of its last place (one when
+             * stochastic), and the two levels' may round to neighbours */
+            const double u16 = t->type == T_F32 ? 0.0 : ulp16(fmax(fabs(w[d].v) + 2 * w[d].e, fabs(got)), t->type);
+            CHECK(ev_ok(got, w[d], (stochastic ? 1.0 : 0.5) * u16) &&
+                  ev_near(got, sgot, w[d], (stochastic ? 2.0 : 1.0) * u16),
+                  "%s %s %s D=%lld row %lld [%lld]: w %.9g, float64 %.9g (bound %.3g), scalar %.9g", what, oc->name,
+                  TYPE_NAMES[t->type], (long long)dim, (long long)r, (long long)d, got, w[d].v, 2 * w[d].e, sgot);
+        }
+        for (int64_t d = 0; d < nh; d++)
+            CHECK(ev_ok(hk[d], h[d], 0) && ev_near(hk[d], hs[d], h[d], 0),
+                  "%s %s %s D=%lld row %lld [%lld]: state %.9g, float64 %.9g, scalar %.9g", what, oc->name,
+                  TYPE_NAMES[t->type], (long long)dim, (long long)r, (long long)d, hk[d], h[d].v, hs[d]);
+        for (int64_t d = 0; d < nv; d++)
+            CHECK(ev_ok(vk[d], v[d], 0) && ev_near(vk[d], vs[d], v[d], 0),
+                  "%s %s %s D=%lld row %lld [%lld]: state2 %.9g, float64 %.9g, scalar %.9g", what, oc->name,
+                  TYPE_NAMES[t->type], (long long)dim, (long long)r, (long long)d, vk[d], v[d].v, vs[d]);
+    }
+    /* the elements between rows (strides wider than D) are never written */
+    for (int64_t r = 0; r < ROWS; r++) {
+        const size_t gap = (size_t)(r * t->wstride + dim) * esize;
+        CHECK(memcmp((char *)c->table + gap, (char *)t->table + gap, (size_t)(t->wstride - dim) * esize) == 0,
+              "%s %s D=%lld: wrote between rows", what, oc->name, (long long)dim);
+    }
+    CHECK(memcmp(c->state + ROWS * t->sstride, t->state + ROWS * t->sstride, 4) == 0 &&
+          memcmp(c->state2 + ROWS * t->s2stride, t->state2 + ROWS * t->s2stride, 4) == 0,
+          "%s %s D=%lld: wrote past the state", what, oc->name, (long long)dim);
+    free(g); free(w0);
+}
+
+static void train_data_init(train_data *t, int type, int64_t dim)
+{
+    t->type = type, t->dim = dim;
+    t->wstride = dim + 3, t->sstride = dim + 1, t->s2stride = dim + 2, t->gstride = dim + 2;
+    const size_t esize = type == T_F32 ? 4 : 2;
+    t->table_bytes = (size_t)(ROWS * t->wstride) * esize;
+    t->state_floats = (size_t)((ROWS + 1) * t->sstride), t->state2_floats = (size_t)((ROWS + 1) * t->s2stride);
+    t->table = malloc(t->table_bytes);
+    t->state_signed = malloc(t->state_floats * 4), t->state_positive = malloc(t->state_floats * 4);
+    t->state = t->state_signed, t->state2 = malloc(t->state2_floats * 4);
+    t->grad = malloc((size_t)(NBAGS * t->gstride) * 4);
+    float *w = malloc((size_t)(ROWS * t->wstride) * 4);
+    for (int64_t i = 0; i < ROWS * t->wstride; i++) w[i] = rnd_float();
+    if (type == T_F32) memcpy(t->table, w, t->table_bytes);
+    else if (type == T_F16) scalar_convert->float_to_half(w, t->table, (size_t)(ROWS * t->wstride), 0);
+    else scalar_convert->float_to_bf16(w, t->table, (size_t)(ROWS * t->wstride));
+    /* states: m and the momentum buffer of either sign; h and v (the adagrad family's sums, Adam's
+     * second moments) positive */
+    for (size_t i = 0; i < t->state_floats; i++)
+        t->state_signed[i] = rnd_float(), t->state_positive[i] = fabsf(rnd_float());
+    for (size_t i = 0; i < t->state2_floats; i++) t->state2[i] = 0.25f * fabsf(rnd_float());
+    for (int64_t i = 0; i < NBAGS * t->gstride; i++) t->grad[i] = rnd_float();
+    free(w);
+}
+
+static void train_data_free(train_data *t)
+{
+    free(t->table); free(t->state_signed); free(t->state_positive); free(t->state2); free(t->grad);
+}
+
+static void train_copy_alloc(train_copy *c, const train_data *t)
+{
+    c->table = malloc(t->table_bytes);
+    c->state = malloc(t->state_floats * 4), c->state2 = malloc(t->state2_floats * 4);
+}
+
+static void train_copy_free(train_copy *c) { free(c->table); free(c->state); free(c->state2); }
+
+static void check_training(const pk_training_kernels *k, const pk_training_kernels *s)
+{
+    bag_case bc;
+    make_bags(&bc);
+    /* duplicates within a bag (make_bags) and across bags: row idx[1] three times */
+    bc.idx64[13] = bc.idx64[17] = bc.idx64[1];
+    for (int64_t j = 0; j < bc.n; j++) bc.idx32[j] = (int32_t)bc.idx64[j];
+    for (size_t di = 0; di < N_DIMS; di++) {
+        const int64_t dim = DIMS[di];
+        for (int type = T_F32; type <= T_BF16; type++) {
+            const pk_training_update_fn fn = type == T_F32 ? k->training_update_f32
+                                           : type == T_F16 ? k->training_update_f16 : k->training_update_bf16;
+            const pk_training_update_fn sfn = type == T_F32 ? s->training_update_f32
+                                            : type == T_F16 ? s->training_update_f16 : s->training_update_bf16;
+            train_data t;
+            train_data_init(&t, type, dim);
+            train_copy c, sc;
+            train_copy_alloc(&c, &t), train_copy_alloc(&sc, &t);
+            for (size_t oi = 0; oi < N_OPTS; oi++) {
+                const opt_case *oc = &OPTS[oi];
+                const int combo = (int)(di * 3 * N_OPTS + (size_t)type * N_OPTS + oi);
+                pk_sparse_optim opt;
+                memset(&opt, 0, sizeof opt);
+                opt.optimizer = oc->optimizer;
+                opt.lr = 0.05f, opt.eps = 1e-8f;
+                opt.weight_decay = combo % 2 ? 0.01f : 0.0f;
+                opt.stochastic_rounding = type != T_F32 && combo % 3 == 0;
+                opt.seed = 0x5eed0000u + (uint64_t)combo;
+                opt.momentum = 0.9f, opt.nesterov = oc->nesterov;
+                if (has_state2(oc->optimizer)) {
+                    pk_sparse_optim_adam(&opt, 0.05f, opt.weight_decay, 3, 0.9f, 0.999f, oc->optimizer == PK_OPT_ADAMW);
+                    const double lr = 0.05f, wd = opt.weight_decay, b1 = 0.9f, b2 = 0.999f;
+                    const double step_size = lr * sqrt(1 - b2 * b2 * b2) / (1 - b1 * b1 * b1);
+                    CHECK(fabs(opt.step_size - step_size) <= 1e-7 * step_size &&
+                          fabs(opt.bias1 - (1 - b1 * b1 * b1)) <= 1e-7 * opt.bias1 &&
+                          fabs(opt.decay - (oc->optimizer == PK_OPT_ADAMW ? 1 - lr * wd : 1.0)) <= 1e-7,
+                          "pk_sparse_optim_adam: step_size %.9g bias1 %.9g decay %.9g", opt.step_size, opt.bias1,
+                          opt.decay);
+                }
+                t.state = oc->optimizer == PK_OPT_ADAGRAD || oc->optimizer == PK_OPT_ROWWISE_ADAGRAD
+                          ? t.state_positive : t.state_signed;
+                t.sstride = state_rowwise(oc->optimizer) ? 2 : dim + 1;
+                t.s2stride = oc->optimizer == PK_OPT_ROWWISE_ADAM ? 3 : dim + 2;
+                /* two of the bag variants (index width, weights, mean, padding) per combination:
+                 * every variant with every optimizer over the dims */
+                for (int rep = 0; rep < 2; rep++) {
+                    const int v = (combo + rep * 3) % N_VARIANTS;
+                    pk_bags bags;
+                    set_variant(&bags, &bc, v);
+                    int64_t bad = -1;
+                    train_copy_init(&c, &t, &opt), train_copy_init(&sc, &t, &opt);
+                    CHECK(train_run(fn, &bags, &t, &c, dim, &bad) == PK_OK, "training status");
+                    CHECK(train_run(sfn, &bags, &t, &sc, dim, &bad) == PK_OK, "scalar training status");
+                    char what[32];
+                    snprintf(what, sizeof what, "variant %d", v);
+                    train_compare(what, oc, &bc, &bags, &t, &c, &sc);
+                    if (rep == 0 && (type == T_F32 || opt.stochastic_rounding)) {
+                        /* the groups in two ranges (and stochastic rounding's bits again): bit for bit */
+                        train_copy split;
+                        train_copy_alloc(&split, &t);
+                        train_copy_init(&split, &t, &opt);
+                        train_split(fn, &bags, &t, &split, 1 + combo % 3, 4);
+                        CHECK(memcmp(split.table, c.table, t.table_bytes) == 0 &&
+                              memcmp(split.state, c.state, t.state_floats * 4) == 0 &&
+                              memcmp(split.state2, c.state2, t.state2_floats * 4) == 0,
+                              "%s %s D=%lld: the groups in two ranges differ from the whole call", oc->name,
+                              TYPE_NAMES[type], (long long)dim);
+                        train_copy_free(&split);
+                    }
+                }
+                if (oi == di % N_OPTS) {
+                    /* nothing to do: no indices, no bags, only padding, D = 0; and a bad index:
+                     * refused with its position before anything is written */
+                    pk_bags bags;
+                    set_variant(&bags, &bc, 7);   /* 64-bit indices, mean, padding */
+                    int64_t zeros[NBAGS + 1] = {0}, bad = -1;
+                    bags.offsets = zeros, bags.n_indices = 0;
+                    train_copy_init(&c, &t, &opt);
+                    CHECK(train_run(fn, &bags, &t, &c, dim, &bad) == PK_OK && train_same(&c, &t), "no indices");
+                    bags.num_bags = 0;
+                    CHECK(train_run(fn, &bags, &t, &c, dim, &bad) == PK_OK && train_same(&c, &t), "no bags");
+                    set_variant(&bags, &bc, 6);
+                    int64_t same[32];
+                    for (int j = 0; j < 32; j++) same[j] = 5;
+                    bags.indices = same, bags.index_64 = 1, bags.padding_idx = 5;
+                    CHECK(train_run(fn, &bags, &t, &c, dim, &bad) == PK_OK && train_same(&c, &t), "only padding");
+                    set_variant(&bags, &bc, 3);
+                    CHECK(train_run(fn, &bags, &t, &c, 0, &bad) == PK_OK && train_same(&c, &t), "D = 0");
+                    for (int neg = 0; neg < 2; neg++) {
+                        const int64_t saved = bc.idx64[9];
+                        bc.idx64[9] = neg ? -1 : ROWS;
+                        bad = -1;
+                        CHECK(train_run(fn, &bags, &t, &c, dim, &bad) == PK_ERR_INDEX && bad == 9 && train_same(&c, &t),
+                              "training: bad index refused at %lld", (long long)bad);
+                        bc.idx64[9] = saved;
+                    }
+                }
+            }
+            train_copy_free(&c), train_copy_free(&sc);
+            train_data_free(&t);
+        }
+    }
+}
+
 /* `arm_driver bench LEVEL KIND D ROWS`: one bag of ROWS random rows of a 4096-row table (KIND f32:
  * float32, q8: 8-bit rows) summed at LEVEL (or none: the same setup, no kernel call), for counting
  * instructions per row under the emulator (docs/arm.md). */
@@ -661,6 +1049,7 @@ int main(int argc, char **argv)
     const pk_quantized_kernels *sq = pk_quantized_table(PK_ISA_scalar);
     const pk_interaction_kernels *si = pk_interaction_table(PK_ISA_scalar);
     const pk_lstm_kernels *sl = pk_lstm_table(PK_ISA_scalar);
+    const pk_training_kernels *st = pk_training_table(PK_ISA_scalar);
     static const struct { int isa; int needs; } levels[] = {
         {PK_ISA_neon, PK_CPU_ASIMD}, {PK_ISA_sve, PK_CPU_SVE},
     };
@@ -682,6 +1071,7 @@ int main(int argc, char **argv)
         check_quantized(pk_quantized_table(isa), sq);
         check_interaction(pk_interaction_table(isa), si);
         check_lstm(pk_lstm_table(isa), sl);
+        check_training(pk_training_table(isa), st);
         printf("level %s: %s\n", level_name, failures == before ? "ok" : "FAILED");
     }
     return failures > 100 ? 100 : failures;
