@@ -29,7 +29,7 @@ CODEGEN = runpy.run_path(str(ROOT / "perfkernels" / "_codegen.py"))
 FAMILY_DIR = ROOT / REGISTRY["FAMILIES_DIR"]
 DRIVER = Path(__file__).parent / "emulated" / "arm_driver.c"
 #: the families the driver calls
-FAMILIES = ("convert", "embedding", "quantized", "interaction", "lstm", "training")
+FAMILIES = ("convert", "embedding", "quantized", "interaction", "lstm", "training", "sequence")
 
 CROSS = shutil.which("aarch64-linux-gnu-gcc")
 QEMU = shutil.which("qemu-aarch64")

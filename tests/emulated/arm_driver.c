@@ -23,6 +23,7 @@
 #include "perfkernels/interaction.h"
 #include "perfkernels/lstm.h"
 #include "perfkernels/quantized.h"
+#include "perfkernels/sequence.h"
 #include "perfkernels/training.h"
 
 #ifndef PR_SVE_GET_VL
@@ -1008,6 +1009,192 @@ static void check_training(const pk_training_kernels *k, const pk_training_kerne
     }
 }
 
+/* --- unpooled lookups (the sequence family) -------------------------------------------------- */
+enum { SEQ_ROWS = 37, SEQ_N = 45 };   /* 45 lookups: past the prefetch distances (16, 32) */
+
+/* rows copied as stored: every row's bytes, bit for bit (random bytes, NaN payloads among them) */
+static void check_rows_call(const pk_sequence_kernels *k, const pk_sequence_kernels *s, const char *table,
+                            int64_t rows, int64_t row_stride, int64_t row_bytes, const int64_t *idx64,
+                            const int32_t *idx32, int64_t n, const char *what)
+{
+    for (int iw = 0; iw < 2; iw++) {
+        const void *idx = iw ? (const void *)idx64 : (const void *)idx32;
+        unsigned char *out = malloc((size_t)(n * row_bytes) + 32), *sout = malloc((size_t)(n * row_bytes) + 32);
+        memset(out, 0xcd, (size_t)(n * row_bytes) + 32);
+        int64_t bad = -1;
+        CHECK(k->embedding_rows(table, rows, row_stride, row_bytes, idx, iw, n, out, &bad) == PK_OK, "status");
+        CHECK(s->embedding_rows(table, rows, row_stride, row_bytes, idx, iw, n, sout, &bad) == PK_OK, "scalar status");
+        for (int64_t j = 0; j < n; j++)
+            CHECK(memcmp(out + j * row_bytes, table + idx64[j] * row_stride, (size_t)row_bytes) == 0 &&
+                  memcmp(out + j * row_bytes, sout + j * row_bytes, (size_t)row_bytes) == 0,
+                  "embedding_rows %s row_bytes=%lld stride=%lld index_64=%d n=%lld: lookup %lld not the row's bytes",
+                  what, (long long)row_bytes, (long long)row_stride, iw, (long long)n, (long long)j);
+        for (int g = 0; g < 32; g++)
+            CHECK(out[n * row_bytes + g] == 0xcd, "embedding_rows %s row_bytes=%lld: wrote past the output", what,
+                  (long long)row_bytes);
+        free(out); free(sout);
+    }
+}
+
+/* dequantised rows: q * scale + bias within a rounding or two of float64, and bit for bit the
+ * level's own dequantize_rowwise of the row (deq) */
+static void check_qrows_call(const pk_sequence_kernels *k, const pk_sequence_kernels *s, int bits,
+                             const uint8_t *packed, int64_t rows, int64_t row_bytes, int64_t dim,
+                             const packed_table *pt, const float *deq, const int64_t *idx64,
+                             const int32_t *idx32, int64_t n, const char *what)
+{
+    for (int iw = 0; iw < 2; iw++) {
+        const void *idx = iw ? (const void *)idx64 : (const void *)idx32;
+        float *out = malloc((size_t)(n * dim + 8) * 4), *sout = malloc((size_t)(n * dim + 8) * 4);
+        for (int64_t i = 0; i < n * dim + 8; i++) out[i] = bits_f32(0x7fc00bad);
+        int64_t bad = -1;
+        CHECK(k->embedding_rows_quantized(bits, packed, rows, row_bytes, dim, idx, iw, n, out, &bad) == PK_OK,
+              "status");
+        CHECK(s->embedding_rows_quantized(bits, packed, rows, row_bytes, dim, idx, iw, n, sout, &bad) == PK_OK,
+              "scalar status");
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t r = idx64[j] % SEQ_ROWS;   /* far tables repeat the small table's rows */
+            for (int64_t c = 0; c < dim; c++) {
+                const double want = packed_element(pt, r, c, 0), mag = packed_element(pt, r, c, 1);
+                const float got = out[j * dim + c];
+                CHECK(f32_bits(got) == f32_bits(deq[r * dim + c]) &&
+                      fabs(got - want) <= 2.5 * U32 * mag + 0x1p-126 &&
+                      fabs(got - sout[j * dim + c]) <= 5 * U32 * mag + 0x1p-125,
+                      "embedding_rows_quantized %s bits=%d D=%lld row_bytes=%lld index_64=%d [%lld, %lld]: %.9g, "
+                      "dequantize_rowwise %.9g, float64 %.9g, scalar %.9g", what, bits, (long long)dim,
+                      (long long)row_bytes, iw, (long long)j, (long long)c, got, deq[r * dim + c], want,
+                      sout[j * dim + c]);
+            }
+        }
+        for (int g = 0; g < 8; g++)
+            CHECK(f32_bits(out[n * dim + g]) == 0x7fc00bad, "embedding_rows_quantized wrote past the output");
+        free(out); free(sout);
+    }
+}
+
+/* an index out of range (or negative) at position 20: refused there, the rows before it written */
+static void check_rows_bad(const pk_sequence_kernels *k, int quantized, int bits, const void *table,
+                           int64_t rows, int64_t row_stride, int64_t row_bytes, int64_t dim,
+                           const int64_t *idx64, const int32_t *idx32)
+{
+    int64_t i64[SEQ_N];
+    int32_t i32[SEQ_N];
+    memcpy(i64, idx64, sizeof i64), memcpy(i32, idx32, sizeof i32);
+    i64[20] = rows, i32[20] = -1;
+    const size_t out_bytes = quantized ? (size_t)(SEQ_N * dim) * 4 : (size_t)(SEQ_N * row_bytes);
+    char *a = malloc(out_bytes + 8), *b = malloc(out_bytes + 8);
+    for (int iw = 0; iw < 2; iw++) {
+        int64_t bad = -1;
+        const void *idx = iw ? (const void *)i64 : (const void *)i32;
+        const pk_status st = quantized
+            ? k->embedding_rows_quantized(bits, table, rows, row_bytes, dim, idx, iw, SEQ_N, (float *)a, &bad)
+            : k->embedding_rows(table, rows, row_stride, row_bytes, idx, iw, SEQ_N, a, &bad);
+        CHECK(st == PK_ERR_INDEX && bad == 20, "%s: bad index (index_64=%d) status %d at %lld",
+              quantized ? "embedding_rows_quantized" : "embedding_rows", iw, (int)st, (long long)bad);
+    }
+    /* the rows before it: as a call over those 20 alone */
+    int64_t bad = -1;
+    const pk_status st = quantized
+        ? k->embedding_rows_quantized(bits, table, rows, row_bytes, dim, idx64, 1, 20, (float *)b, &bad)
+        : k->embedding_rows(table, rows, row_stride, row_bytes, idx64, 1, 20, b, &bad);
+    const size_t before = quantized ? (size_t)(20 * dim) * 4 : (size_t)(20 * row_bytes);
+    CHECK(st == PK_OK && memcmp(a, b, before) == 0, "bad index: the rows before it differ");
+    free(a); free(b);
+}
+
+static void check_sequence(const pk_sequence_kernels *k, const pk_sequence_kernels *s,
+                           const pk_quantized_kernels *kq, const pk_quantized_kernels *sq)
+{
+    int64_t idx64[SEQ_N];
+    int32_t idx32[SEQ_N];
+    for (int j = 0; j < SEQ_N; j++) idx64[j] = rnd() % SEQ_ROWS, idx32[j] = (int32_t)idx64[j];
+    idx64[7] = idx64[8], idx32[7] = idx32[8];
+    /* the awkward dims, and those whose rows the kernels specialise (64 .. 1024 bytes) */
+    int64_t dims[N_DIMS + 3];
+    memcpy(dims, DIMS, sizeof DIMS);
+    dims[N_DIMS] = 32, dims[N_DIMS + 1] = 256, dims[N_DIMS + 2] = 512;
+    for (size_t di = 0; di < N_DIMS + 3; di++) {
+        const int64_t dim = dims[di];
+        for (int64_t esize = 4; esize >= 2; esize -= 2) {
+            const int64_t row_bytes = dim * esize;
+            for (int layout = 0; layout < 2; layout++) {
+                /* rows back to back on a 64-byte boundary, or 6 bytes apart from an odd address */
+                const int64_t stride = layout ? row_bytes + 6 : row_bytes;
+                unsigned char *base = aligned_alloc(64, (size_t)(SEQ_ROWS * stride + 64) / 64 * 64 + 64);
+                unsigned char *table = base + (layout ? 3 : 0);
+                for (int64_t i = 0; i < SEQ_ROWS * stride; i++) table[i] = (unsigned char)rnd();
+                const char *what = esize == 4 ? "f32 rows" : "16-bit rows";
+                const int64_t ns[3] = {0, 1, SEQ_N};
+                for (int ni = 0; ni < 3; ni++)
+                    check_rows_call(k, s, (const char *)table, SEQ_ROWS, stride, row_bytes, idx64, idx32, ns[ni], what);
+                check_rows_bad(k, 0, 0, table, SEQ_ROWS, stride, row_bytes, dim, idx64, idx32);
+                free(base);
+            }
+        }
+        for (int bits = 8; bits >= 2; bits /= 2) {
+            const size_t rb = pk_quantized_row_bytes(bits, (size_t)dim);
+            float *w = malloc((size_t)(SEQ_ROWS * dim) * 4), *deq = malloc((size_t)(SEQ_ROWS * dim) * 4);
+            uint8_t *packed = malloc(SEQ_ROWS * rb), *padded = malloc(SEQ_ROWS * (rb + 5));
+            for (int64_t i = 0; i < SEQ_ROWS * dim; i++) w[i] = rnd_float() * (float)(1 + (i / dim) % 4);
+            size_t badr = 0;
+            CHECK(sq->quantize_rowwise(bits, 0, w, SEQ_ROWS, (size_t)dim, packed, &badr) == PK_OK, "quantize status");
+            kq->dequantize_rowwise(bits, packed, SEQ_ROWS, rb, (size_t)dim, deq);
+            /* rows of rb + 5 bytes: codes, scale and bias, 5 bytes of padding */
+            for (int64_t r = 0; r < SEQ_ROWS; r++) {
+                memcpy(padded + r * (rb + 5), packed + r * rb, rb);
+                for (int p = 0; p < 5; p++) padded[r * (rb + 5) + rb + p] = (uint8_t)rnd();
+            }
+            const packed_table pt = {packed, rb, bits};
+            const int64_t ns[3] = {0, 1, SEQ_N};
+            for (int ni = 0; ni < 3; ni++) {
+                check_qrows_call(k, s, bits, packed, SEQ_ROWS, (int64_t)rb, dim, &pt, deq, idx64, idx32, ns[ni],
+                                 "packed");
+                check_qrows_call(k, s, bits, padded, SEQ_ROWS, (int64_t)rb + 5, dim, &pt, deq, idx64, idx32,
+                                 ns[ni], "padded");
+            }
+            check_rows_bad(k, 1, bits, packed, SEQ_ROWS, 0, (int64_t)rb, dim, idx64, idx32);
+            free(w); free(deq); free(packed); free(padded);
+        }
+    }
+    /* tables of 16 MiB and more take the far-prefetch loops: 45 random rows of them */
+    {
+        static const struct { int64_t dim, esize; } far[2] = {{64, 4}, {33, 2}};
+        for (int f = 0; f < 2; f++) {
+            const int64_t row_bytes = far[f].dim * far[f].esize;
+            const int64_t rows = (int64_t)((PK_BAGS_FAR_MIN_BYTES + (uint64_t)row_bytes - 1) / (uint64_t)row_bytes);
+            char *table = malloc((size_t)(rows * row_bytes));
+            int64_t i64[SEQ_N];
+            int32_t i32[SEQ_N];
+            for (int j = 0; j < SEQ_N; j++) {
+                i64[j] = (int64_t)(((uint64_t)rnd() << 20 | rnd()) % (uint64_t)rows), i32[j] = (int32_t)i64[j];
+                for (int64_t b = 0; b < row_bytes; b++) table[i64[j] * row_bytes + b] = (char)rnd();
+            }
+            check_rows_call(k, s, table, rows, row_bytes, row_bytes, i64, i32, SEQ_N, "far");
+            free(table);
+        }
+        for (int bits = 8; bits >= 4; bits /= 2) {
+            const int64_t dim = bits == 8 ? 64 : 7;
+            const size_t rb = pk_quantized_row_bytes(bits, (size_t)dim);
+            const int64_t rows = (int64_t)((PK_BAGS_FAR_MIN_BYTES + rb - 1) / rb);
+            float *w = malloc((size_t)(SEQ_ROWS * dim) * 4), *deq = malloc((size_t)(SEQ_ROWS * dim) * 4);
+            uint8_t *packed = malloc(SEQ_ROWS * rb), *table = malloc((size_t)rows * rb);
+            for (int64_t i = 0; i < SEQ_ROWS * dim; i++) w[i] = rnd_float();
+            size_t badr = 0;
+            CHECK(sq->quantize_rowwise(bits, 0, w, SEQ_ROWS, (size_t)dim, packed, &badr) == PK_OK, "quantize status");
+            kq->dequantize_rowwise(bits, packed, SEQ_ROWS, rb, (size_t)dim, deq);
+            int64_t i64[SEQ_N];
+            int32_t i32[SEQ_N];
+            for (int j = 0; j < SEQ_N; j++) {   /* row i of the far table: row i % SEQ_ROWS of packed */
+                i64[j] = (int64_t)(((uint64_t)rnd() << 20 | rnd()) % (uint64_t)rows), i32[j] = (int32_t)i64[j];
+                memcpy(table + (size_t)i64[j] * rb, packed + (size_t)(i64[j] % SEQ_ROWS) * rb, rb);
+            }
+            const packed_table pt = {packed, rb, bits};
+            check_qrows_call(k, s, bits, table, rows, (int64_t)rb, dim, &pt, deq, i64, i32, SEQ_N, "far");
+            free(w); free(deq); free(packed); free(table);
+        }
+    }
+}
+
 /* `arm_driver bench LEVEL KIND D ROWS`: one bag of ROWS random rows of a 4096-row table (KIND f32:
  * float32, q8: 8-bit rows) summed at LEVEL (or none: the same setup, no kernel call), for counting
  * instructions per row under the emulator (docs/arm.md). */
@@ -1050,6 +1237,7 @@ int main(int argc, char **argv)
     const pk_interaction_kernels *si = pk_interaction_table(PK_ISA_scalar);
     const pk_lstm_kernels *sl = pk_lstm_table(PK_ISA_scalar);
     const pk_training_kernels *st = pk_training_table(PK_ISA_scalar);
+    const pk_sequence_kernels *ss = pk_sequence_table(PK_ISA_scalar);
     static const struct { int isa; int needs; } levels[] = {
         {PK_ISA_neon, PK_CPU_ASIMD}, {PK_ISA_sve, PK_CPU_SVE},
     };
@@ -1072,6 +1260,7 @@ int main(int argc, char **argv)
         check_interaction(pk_interaction_table(isa), si);
         check_lstm(pk_lstm_table(isa), sl);
         check_training(pk_training_table(isa), st);
+        check_sequence(pk_sequence_table(isa), ss, pk_quantized_table(isa), sq);
         printf("level %s: %s\n", level_name, failures == before ? "ok" : "FAILED");
     }
     return failures > 100 ? 100 : failures;
