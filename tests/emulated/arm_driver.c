@@ -1253,15 +1253,25 @@ int main(int argc, char **argv)
             printf("level %s: skipped (cpu lacks %s)\n", level_name, pk_cpu_feature_name(levels[l].needs));
             continue;
         }
-        const int before = failures;
-        check_convert(pk_convert_table(isa), sc);
-        check_float_bags(pk_embedding_table(isa), se);
-        check_quantized(pk_quantized_table(isa), sq);
-        check_interaction(pk_interaction_table(isa), si);
-        check_lstm(pk_lstm_table(isa), sl);
-        check_training(pk_training_table(isa), st);
-        check_sequence(pk_sequence_table(isa), ss, pk_quantized_table(isa), sq);
-        printf("level %s: %s\n", level_name, failures == before ? "ok" : "FAILED");
+        /* each family's failures counted (only the first 40 failures are printed) */
+        int counts[7], at = failures;
+        const char *const names[7] = {"convert", "embedding", "quantized", "interaction", "lstm", "training",
+                                      "sequence"};
+#define COUNTED(i, call) do { call; counts[i] = failures - at; at = failures; } while (0)
+        COUNTED(0, check_convert(pk_convert_table(isa), sc));
+        COUNTED(1, check_float_bags(pk_embedding_table(isa), se));
+        COUNTED(2, check_quantized(pk_quantized_table(isa), sq));
+        COUNTED(3, check_interaction(pk_interaction_table(isa), si));
+        COUNTED(4, check_lstm(pk_lstm_table(isa), sl));
+        COUNTED(5, check_training(pk_training_table(isa), st));
+        COUNTED(6, check_sequence(pk_sequence_table(isa), ss, pk_quantized_table(isa), sq));
+#undef COUNTED
+        int failed = 0;
+        for (int i = 0; i < 7; i++) failed += counts[i];
+        printf("level %s: %s", level_name, failed ? "FAILED (failures:" : "ok");
+        for (int i = 0; i < 7 && failed; i++)
+            if (counts[i]) printf(" %s %d", names[i], counts[i]);
+        printf("%s\n", failed ? ")" : "");
     }
     return failures > 100 ? 100 : failures;
 }
