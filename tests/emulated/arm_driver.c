@@ -2,14 +2,25 @@
  * objects, that runs under qemu-aarch64 (tests/test_emulated_arm.py builds and runs it).
  *
  * For every Arm level this build contains and the (emulated) CPU can run, each kernel is called
- * on awkward sizes (D = 1, 7, 9, 15, 17, 63, 65, 127, 129, 1000 and empty bags) and compared:
+ * on awkward sizes (D = 1, 7, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000 and empty inputs) and
+ * compared:
  *   - conversions and quantization: bit for bit with the scalar level (which the Python tests
  *     hold to NumPy / PyTorch), every float16 and bfloat16 input included;
  *   - bags (float32 / float16 / bfloat16 tables, 8/4/2-bit rows) and the dot interaction: with a
  *     float64 sum computed here, within a bound on float32 rounding, and with the scalar level;
+ *   - the LSTM unit, forward and backward (both gate orders, forget bias, int32 / int64 sequence
+ *     lengths, drop_states), its exp / sigmoid / tanh, and the fused sparse optimizers (sgd,
+ *     adagrad, rowwise_adagrad, adam, adamw, rowwise_adam, momentum, nesterov; float32 / float16 /
+ *     bfloat16 tables, duplicate indices summed before one update per row, stochastic rounding):
+ *     with float64 references written here from the definitions (perfkernels/training.h,
+ *     docs/semantics.md), within bounds propagated from float32 rounding (struct ev), and with the
+ *     scalar level;
+ *   - unpooled lookups (the sequence family): rows bit for bit as stored, dequantised rows bit for
+ *     bit the level's own dequantize_rowwise and within a rounding of float64;
  *   - an out-of-range index: refused with its position, as on the scalar level.
  * Output lines: "cpu ..." (the detected features, the SVE vector length), "level X: ok" for each
- * level checked, and "FAIL ..." lines; the exit status is the number of failures (capped). */
+ * level checked (or "FAILED" with each family's failure count), and "FAIL ..." lines (the first
+ * 40); the exit status is the number of failures (capped). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
