@@ -1,12 +1,13 @@
 """The Arm levels (neon, sve) built with Debian's cross compiler and run under qemu-aarch64.
 
 The kernels of the families that tests/emulated/arm_driver.c checks (conversions, float and
-quantized bags, quantization, the dot interaction) are compiled for aarch64 exactly as setup.py
-compiles them (the registry's base flags, each level's file with the level's flags), linked
-statically with the driver, and run with SVE off (NEON only) and at SVE vector lengths 128, 256
-and 512 bits.  The driver compares each level with the scalar level and with float64 sums of its
-own (see its header), so a wrong primitive in simd/neon.h fails here.  The objects are kept
-under build/arm-emulated/ and recompiled only when a source or header is newer.
+quantized bags, quantization, the dot interaction, the LSTM unit, the fused sparse optimizers,
+unpooled lookups) are compiled for aarch64 exactly as setup.py compiles them (the registry's base
+flags, each level's file with the level's flags), linked statically with the driver, and run with
+SVE off (NEON only) and at SVE vector lengths 128, 256 and 512 bits.  The driver compares each
+level with the scalar level and with float64 references of its own (see its header), so a wrong
+primitive in simd/neon.h fails here.  The objects are kept under build/arm-emulated/ and
+recompiled only when a source or header is newer.
 
 Skips when aarch64-linux-gnu-gcc or qemu-aarch64 is missing, unless PERFKERNELS_REQUIRE_CROSS /
 PERFKERNELS_REQUIRE_QEMU is set (CI sets them once it has installed Debian's
@@ -29,7 +30,7 @@ CODEGEN = runpy.run_path(str(ROOT / "perfkernels" / "_codegen.py"))
 FAMILY_DIR = ROOT / REGISTRY["FAMILIES_DIR"]
 DRIVER = Path(__file__).parent / "emulated" / "arm_driver.c"
 #: the families the driver calls
-FAMILIES = ("convert", "embedding", "quantized", "interaction")
+FAMILIES = ("convert", "embedding", "quantized", "interaction", "lstm", "training", "sequence")
 
 CROSS = shutil.which("aarch64-linux-gnu-gcc")
 QEMU = shutil.which("qemu-aarch64")
