@@ -85,6 +85,13 @@ def index_error_at(position: int, value: int, rows: int) -> IndexOutOfRangeError
                                   f"{rows} rows"))
 
 
+def feature_index_error(exc: IndexOutOfRangeError, feature: str) -> IndexOutOfRangeError:
+    """``exc`` (a collection's lookup, its position within one feature's values) with that
+    feature named first."""
+    return IndexOutOfRangeError(f"feature {feature!r}: {exc} (the entry's position within that "
+                                "feature's values)")
+
+
 def padded_index_error(exc: IndexOutOfRangeError) -> IndexOutOfRangeError:
     """``exc`` in the wording torch's ``embedding_bag`` uses for a bad index when the lookup has
     a ``padding_idx`` (``embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx

@@ -28,7 +28,7 @@ from torch import Tensor
 
 import perfkernels as pk
 
-from ._bridge import IndexOutOfRangeError, as_numpy, index_error, index_error_at
+from ._bridge import as_numpy, feature_index_error, index_error, index_error_at
 
 #: FBGEMM's row-wise qparams: a float16 scale and a float16 bias, 4 bytes before the codes
 _QPARAM_BYTES = 4
@@ -129,8 +129,7 @@ class _Lookup:
                 entry, value, feature, rows = (int(m.group(i)) for i in (3, 2, 4, 6))
                 err = index_error_at(entry, value, rows)
                 if names is not None and feature < len(names):
-                    err = IndexOutOfRangeError(f"feature {names[feature]!r}: {err} (the entry's "
-                                               "position within that feature's values)")
+                    err = feature_index_error(err, names[feature])
                 raise err from None
             raise index_error(exc) from None
         except ValueError as exc:
