@@ -1,4 +1,4 @@
-/* Float-table (float32, float16, bfloat16) and 8/4-bit packed-row bags in vector-length-agnostic SVE, for the sve level (simd/sve.h) on CPUs whose
+/* Float-table (float32, float16, bfloat16) and packed-row (8/4/2-bit) bags in vector-length-agnostic SVE, for the sve level (simd/sve.h) on CPUs whose
  * vectors are wider than NEON's: the vector length is read at run time (svcntw() float lanes),
  * every load and store is predicated (svwhilelt), so any D and any length from 256 to 2048 bits
  * take the same code, and nothing past a row or an output row is touched.
@@ -147,22 +147,33 @@ PK_SVE_BAGS_FN(pk_sve_bags_bf16, PK_SVE_BF16)
 
 /* Codes [c0, c0 + lanes of pg) of a packed row as float32, c0 = col + V * vl.  8-bit codes are
  * widened in the load; 4-bit ones (two a byte, low nibble first) come from the vl / 2 bytes that
- * hold them, split into low and high nibbles and interleaved (svzip1), the load predicated on the
- * row's code bytes (nb: bytes of the pass's columns from byte col / 2 on), so it never reads past
- * them. */
+ * hold them, split into low and high nibbles and interleaved (svzip1), 2-bit ones likewise from
+ * vl / 4 bytes; the loads are predicated on the row's code bytes (nb: bytes of the pass's columns
+ * from byte col * bits / 8 on), so they never read past them. */
 PK_INLINE svfloat32_t pk_sve_load_codes(svbool_t pg, const uint8_t *codes, int64_t col, int64_t v0,
                                         int64_t nb, const int bits)
 {
     if (bits == 8) return svcvt_f32_u32_x(pg, svld1ub_u32(pg, codes + col + v0));
-    const svbool_t pb = svwhilelt_b32_s64(v0 / 2, nb);
-    const svuint32_t b = svld1ub_u32(pb, codes + col / 2 + v0 / 2);
     const svbool_t all = svptrue_b32();
-    const svuint32_t q = svzip1_u32(svand_n_u32_x(all, b, 0xF), svlsr_n_u32_x(all, b, 4));
-    return svcvt_f32_u32_x(pg, q);
+    if (bits == 4) {
+        const svbool_t pb = svwhilelt_b32_s64(v0 / 2, nb);
+        const svuint32_t b = svld1ub_u32(pb, codes + col / 2 + v0 / 2);
+        const svuint32_t q = svzip1_u32(svand_n_u32_x(all, b, 0xF), svlsr_n_u32_x(all, b, 4));
+        return svcvt_f32_u32_x(pg, q);
+    }
+    /* 2-bit: four codes a byte, lowest bits first; (c0, c1) and (c2, c3) interleaved, then the
+     * pairs interleaved as 64-bit elements: c0 c1 c2 c3 of byte 0, then of byte 1, ... */
+    const svbool_t pb = svwhilelt_b32_s64(v0 / 4, nb);
+    const svuint32_t b = svld1ub_u32(pb, codes + col / 4 + v0 / 4);
+    const svuint32_t c0 = svand_n_u32_x(all, b, 3), c1 = svand_n_u32_x(all, svlsr_n_u32_x(all, b, 2), 3);
+    const svuint32_t c2 = svand_n_u32_x(all, svlsr_n_u32_x(all, b, 4), 3), c3 = svlsr_n_u32_x(all, b, 6);
+    const svuint64_t lo = svreinterpret_u64_u32(svzip1_u32(c0, c1));
+    const svuint64_t hi = svreinterpret_u64_u32(svzip1_u32(c2, c3));
+    return svcvt_f32_u32_x(pg, svreinterpret_u32_u64(svzip1_u64(lo, hi)));
 }
 
-/* Packed rows of 8 or 4 bits (common/packed_rows.h: the codes, then the scale and bias, float32
- * after 8-bit codes, float16 after 4-bit ones), the same passes: per row acc = fma(q, w * scale,
+/* Packed rows of 8, 4 or 2 bits (common/packed_rows.h: the codes, then the scale and bias, float32
+ * after 8-bit codes, float16 after 4- and 2-bit ones), the same passes: per row acc = fma(q, w * scale,
  * acc), w * bias summed apart and added once at the store, then times 1/count for mean: the bag
  * loop's order (common/bag_loop.h), so the sums are those of the NEON body.  Only the first pass
  * over a bag prefetches, whole rows (as the bag loop's packed passes do). */
@@ -172,7 +183,7 @@ PK_INLINE pk_status pk_sve_packed_pass(const pk_bags *bags, const uint8_t *table
                                        const int nv, const int weighted, const int bits)
 {
     const int64_t vl = (int64_t)svcntw();
-    const int64_t codes_bytes = bits == 8 ? dim : (dim + 1) / 2, nb = (n + 1) / 2;
+    const int64_t per = 8 / bits, codes_bytes = (dim + per - 1) / per, nb = (n + per - 1) / per;
 #define PK_SVE_PRED(V) const svbool_t pg##V = svwhilelt_b32_s64((int64_t)V * vl, n);
     PK_SVE_PRED(0) PK_SVE_PRED(1) PK_SVE_PRED(2) PK_SVE_PRED(3)
     PK_SVE_PRED(4) PK_SVE_PRED(5) PK_SVE_PRED(6) PK_SVE_PRED(7)
@@ -274,6 +285,7 @@ PK_INLINE pk_status pk_sve_bags_packed_w(const pk_bags *bags, const uint8_t *tab
     }
 PK_SVE_PACKED_FN(pk_sve_bags_q8, 8)
 PK_SVE_PACKED_FN(pk_sve_bags_q4, 4)
+PK_SVE_PACKED_FN(pk_sve_bags_q2, 2)
 #undef PK_SVE_PACKED_FN
 
 #endif /* __ARM_FEATURE_SVE */

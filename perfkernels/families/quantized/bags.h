@@ -123,6 +123,7 @@ pk_status PK_ISA_FN(pk_embedding_bag_quantized)(int bits, const pk_bags *bags, c
     if (dim > 0 && svcntw() > 4) {   /* SVE wider than NEON: the length-agnostic loop */
         if (bits == 8) return pk_sve_bags_q8(bags, packed, rows, dim, row_bytes, bad_pos);
         if (bits == 4) return pk_sve_bags_q4(bags, packed, rows, dim, row_bytes, bad_pos);
+        return pk_sve_bags_q2(bags, packed, rows, dim, row_bytes, bad_pos);
     }
 #endif
 #define BY_DIM(BITS)                                                                              \
