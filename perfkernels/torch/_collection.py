@@ -322,8 +322,9 @@ class EmbeddingBagCollection(torch.nn.Module):
         >>> import os, tempfile, numpy as np, torch, perfkernels as pk, perfkernels.torch as pkt
         >>> from perfkernels import tables
         >>> d = tempfile.mkdtemp()
-        >>> tables.save_table(os.path.join(d, "item.pkt"),
-        ...                   pk.quantize_rowwise(np.ones((100, 8), np.float32), bits=4), bits=4, dim=8)
+        >>> info = tables.save_table(os.path.join(d, "item.pkt"),
+        ...                          pk.quantize_rowwise(np.ones((100, 8), np.float32), bits=4),
+        ...                          bits=4, dim=8)
         >>> ebc = pkt.EmbeddingBagCollection.from_files({"item": os.path.join(d, "item.pkt")})
         >>> kjt = pkt.KeyedJaggedTensor(["item"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))
         >>> ebc(kjt).values()[:, 0]
