@@ -80,8 +80,15 @@ except ValueError as error:
 
 
 def _target_arch() -> str:
-    plat = (sysconfig.get_platform() + " " + platform.machine()).lower()
-    return "x86_64" if ("x86_64" in plat or "amd64" in plat) else platform.machine().lower()
+    """The architecture the extensions are built for: the platform sysconfig names (which is
+    ``_PYTHON_HOST_PLATFORM`` when cross-compiling, e.g. ``linux-aarch64`` on an x86-64 host, as
+    .ci/arm_python does), else this machine's."""
+    plat = sysconfig.get_platform().lower()
+    for arch, names in (("x86_64", ("x86_64", "amd64")), ("aarch64", ("aarch64", "arm64"))):
+        if any(name in plat for name in names):
+            return arch
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
 
 
 def isa_flags(source: str, arch: str) -> list:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import perfkernels
-from perfkernels import _dispatch
+from perfkernels import _dispatch, _registry
 # The variant lists (declared once, shared with the benchmarks), re-exported for the test modules.
 from perfkernels._variants import (  # noqa: F401
     AWKWARD_DIMS, BITS, CONVERSIONS, GATE_ORDERS, INDEX_DTYPES, MODES, QUANTIZE_DTYPES,
@@ -82,6 +82,23 @@ def run_with_torch_only(body: str, library: str, timeout=120):
     r = run_python(["-c", code], timeout=timeout)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
     return r
+
+
+def without_zero_bias_signs_off_x86(table, *packed):
+    """The packed rows of ``table`` (perfkernels' and PyTorch's prepack), ready to compare.
+
+    FBGEMM's x86 kernels take a row's min in 8 lanes, which decides the sign of a min that is a
+    zero (of both signs in the row), stored in the bias; the kernels and the reference take that
+    order on every architecture.  PyTorch's prepack on aarch64 takes the first of equal values,
+    so there the sign bit of those rows' bias (a row's last byte: float32 or float16,
+    little-endian) is cleared in every array; on x86-64 they are returned as they are."""
+    if _registry.host_arch() == "x86_64":
+        return packed
+    rows = np.flatnonzero(np.asarray(table, dtype=np.float32).min(axis=1) == 0)
+    out = [np.array(p, copy=True) for p in packed]
+    for p in out:
+        p[rows, -1] &= 0x7F
+    return out
 
 
 def unaligned(a: np.ndarray) -> np.ndarray:
