@@ -48,7 +48,7 @@ def built():
 @pytest.mark.parametrize("cpu,runs,refused", CPUS, ids=[c for c, _, _ in CPUS])
 def test_conversions_on_every_arm_level(built, cpu, runs, refused):
     proc = subprocess.run([str(SCRIPT), "test", str(built), "-c", cpu, "tests/test_convert.py",
-                           "-k", "every_half_pattern_to_float or float_edge_cases", "-v", "-rs"],
+                           "-k", "every_half_pattern_to_float or float_edge_cases", "-vv", "-rs"],
                           capture_output=True, text=True, timeout=1800)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
