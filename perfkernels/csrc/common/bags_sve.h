@@ -103,31 +103,40 @@ PK_INLINE pk_status pk_sve_bag_pass(const pk_bags *bags, const void *table, int6
     return PK_OK;
 }
 
-/* Every bag, in passes of PK_SVE_BAG_VECS vectors (the last of as many as its columns need).
- * dim > 0. */
+/* The passes over every bag: columns [col, col + n) in passes of up to PK_SVE_BAG_VECS vectors,
+ * PASS(NV) summing one with NV vectors (a constant there, so each keeps only its accumulators). */
+#define PK_SVE_FOR_PASSES(DIM, PASS)                                                              \
+    const int64_t vl = (int64_t)svcntw(), chunk = PK_SVE_BAG_VECS * vl;                            \
+    for (int64_t b = 0; b < bags->num_bags; b++) {                                                 \
+        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];                        \
+        float *out = bags->out + b * bags->out_stride;                                             \
+        for (int64_t col = 0; col < (DIM); col += chunk) {                                         \
+            const int64_t n = (DIM) - col < chunk ? (DIM) - col : chunk;                           \
+            pk_status s;                                                                           \
+            switch ((n + vl - 1) / vl) {                                                           \
+            case 1: s = PASS(1); break;                                                            \
+            case 2: s = PASS(2); break;                                                            \
+            case 3: s = PASS(3); break;                                                            \
+            case 4: s = PASS(4); break;                                                            \
+            case 5: s = PASS(5); break;                                                            \
+            case 6: s = PASS(6); break;                                                            \
+            case 7: s = PASS(7); break;                                                            \
+            default: s = PASS(8);                                                                  \
+            }                                                                                      \
+            if (s != PK_OK) return s;                                                              \
+        }                                                                                          \
+    }                                                                                              \
+    return PK_OK;
+
+/* Every bag of a float table, in passes (PK_SVE_FOR_PASSES). dim > 0. */
 PK_INLINE pk_status pk_sve_bags_w(const pk_bags *bags, const void *table, int64_t rows,
                                   int64_t dim, int64_t row_stride, int64_t *bad_pos,
                                   const int weighted, const int fmt)
 {
-    const int64_t vl = (int64_t)svcntw(), chunk = PK_SVE_BAG_VECS * vl;
-    for (int64_t b = 0; b < bags->num_bags; b++) {
-        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
-        float *out = bags->out + b * bags->out_stride;
-        for (int64_t col = 0; col < dim; col += chunk) {
-            const int64_t n = dim - col < chunk ? dim - col : chunk;
-            pk_status s;
-            switch ((n + vl - 1) / vl) {
-#define PK_SVE_CASE(NV) case NV: s = pk_sve_bag_pass(bags, table, rows, row_stride, begin, end, col, n, \
-                                                     out, bad_pos, NV, weighted, fmt); break;
-            PK_SVE_CASE(1) PK_SVE_CASE(2) PK_SVE_CASE(3) PK_SVE_CASE(4)
-            PK_SVE_CASE(5) PK_SVE_CASE(6) PK_SVE_CASE(7)
-            default: s = pk_sve_bag_pass(bags, table, rows, row_stride, begin, end, col, n, out, bad_pos, 8, weighted, fmt);
-#undef PK_SVE_CASE
-            }
-            if (s != PK_OK) return s;
-        }
-    }
-    return PK_OK;
+#define PK_SVE_FLOAT_PASS(NV) pk_sve_bag_pass(bags, table, rows, row_stride, begin, end, col, n, \
+                                              out, bad_pos, NV, weighted, fmt)
+    PK_SVE_FOR_PASSES(dim, PK_SVE_FLOAT_PASS)
+#undef PK_SVE_FLOAT_PASS
 }
 
 /* Bags over a float32, float16 or bfloat16 table (row_stride in elements). dim > 0. */
@@ -245,34 +254,18 @@ PK_INLINE pk_status pk_sve_packed_pass(const pk_bags *bags, const uint8_t *table
     return PK_OK;
 }
 
+/* Every bag of a packed table, in passes (PK_SVE_FOR_PASSES). dim > 0. */
 PK_INLINE pk_status pk_sve_bags_packed_w(const pk_bags *bags, const uint8_t *table, int64_t rows,
                                          int64_t dim, int64_t row_bytes, int64_t *bad_pos,
                                          const int weighted, const int bits)
 {
-    const int64_t vl = (int64_t)svcntw(), chunk = PK_SVE_BAG_VECS * vl;
-    for (int64_t b = 0; b < bags->num_bags; b++) {
-        const int64_t begin = bags->offsets[b], end = bags->offsets[b + 1];
-        float *out = bags->out + b * bags->out_stride;
-        for (int64_t col = 0; col < dim; col += chunk) {
-            const int64_t n = dim - col < chunk ? dim - col : chunk;
-            pk_status s;
-            switch ((n + vl - 1) / vl) {
-#define PK_SVE_CASE(NV) case NV: s = pk_sve_packed_pass(bags, table, rows, row_bytes, dim, begin, \
-                                                        end, col, n, out, bad_pos, NV, weighted, \
-                                                        bits); break;
-            PK_SVE_CASE(1) PK_SVE_CASE(2) PK_SVE_CASE(3) PK_SVE_CASE(4)
-            PK_SVE_CASE(5) PK_SVE_CASE(6) PK_SVE_CASE(7)
-            default: s = pk_sve_packed_pass(bags, table, rows, row_bytes, dim, begin, end, col, n,
-                                            out, bad_pos, 8, weighted, bits);
-#undef PK_SVE_CASE
-            }
-            if (s != PK_OK) return s;
-        }
-    }
-    return PK_OK;
+#define PK_SVE_PACKED_PASS(NV) pk_sve_packed_pass(bags, table, rows, row_bytes, dim, begin, end, \
+                                                  col, n, out, bad_pos, NV, weighted, bits)
+    PK_SVE_FOR_PASSES(dim, PK_SVE_PACKED_PASS)
+#undef PK_SVE_PACKED_PASS
 }
 
-/* Bags over packed rows of 8 or 4 bits, row_bytes bytes each (at least the codes and the
+/* Bags over packed rows of 8, 4 or 2 bits, row_bytes bytes each (at least the codes and the
  * trailer). dim > 0. */
 #define PK_SVE_PACKED_FN(NAME, BITS)                                                             \
     static __attribute__((noinline)) pk_status NAME(const pk_bags *bags, const uint8_t *table,    \
