@@ -30,7 +30,8 @@ TABLES = [("item", 300, 17, ["item"], "sum"),
 def _collection(seed=0, weighted=False):
     torch.manual_seed(seed)
     return pkt.EmbeddingBagCollection(
-        [pkt.EmbeddingBagConfig(rows, dim, name=name, feature_names=feats, pooling=pooling)
+        [pkt.EmbeddingBagConfig(rows, dim, name=name, feature_names=feats, pooling=pooling,
+                                data_type=torch.float32)     # (whatever torch's default dtype)
          for name, rows, dim, feats, pooling in TABLES], is_weighted=weighted)
 
 
@@ -154,7 +155,7 @@ def test_mixed_float_and_quantized_tables_and_grad_mode():
     floats = _tables(ebc)
     conv = pkt.convert(ebc, bits=4)
     item = pkt.EmbeddingBag(300, 17, mode="sum", include_last_offset=True,
-                            _weight=floats["item"].clone())
+                            _weight=floats["item"].clone(), dtype=torch.float32)
     item.output_dtype = torch.float32
     conv.embedding_bags["item"] = item
     kjt = _kjt(seed=7)
@@ -164,7 +165,7 @@ def test_mixed_float_and_quantized_tables_and_grad_mode():
     out = conv(kjt).values()
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
     out[:, :17].sum().backward()
-    counts = torch.zeros(300)
+    counts = torch.zeros(300, dtype=torch.float32)
     keys, offs = kjt.keys(), kjt.offsets()
     o = offs[:5 + 1]
     counts.index_add_(0, kjt.values()[o[0]:o[-1]], torch.ones(int(o[-1] - o[0])))
@@ -268,8 +269,8 @@ def test_bad_input_is_refused_clearly():
 
 def test_convert_our_own_modules_with_bits_and_dtype():
     torch.manual_seed(0)
-    bag = pkt.EmbeddingBag(100, 9, mode="mean")
-    emb = pkt.Embedding(100, 9)
+    bag = pkt.EmbeddingBag(100, 9, mode="mean", dtype=torch.float32)
+    emb = pkt.Embedding(100, 9, dtype=torch.float32)
     model = torch.nn.ModuleDict({"bag": bag, "emb": emb})
     conv = pkt.convert(model, bits=8)
     assert isinstance(conv["bag"], pkt.QuantizedEmbeddingBag)
@@ -298,7 +299,8 @@ def test_one_call_sees_edits_between_calls():
         conv(kjt)
         torch.manual_seed(7)
         conv.embedding_bags["geo"] = pkt.convert(
-            pkt.EmbeddingBag(40, 9, mode="mean", include_last_offset=True), bits=8)
+            pkt.EmbeddingBag(40, 9, mode="mean", include_last_offset=True, dtype=torch.float32),
+            bits=8)
         torch.testing.assert_close(conv(kjt).values(), ebc_lookup_loop(conv, kjt),
                                    rtol=1e-6, atol=1e-6)
         conv.embedding_bags["item"].mode = "mean"
