@@ -168,7 +168,8 @@ def test_mixed_float_and_quantized_tables_and_grad_mode():
     counts = torch.zeros(300, dtype=torch.float32)
     keys, offs = kjt.keys(), kjt.offsets()
     o = offs[:5 + 1]
-    counts.index_add_(0, kjt.values()[o[0]:o[-1]], torch.ones(int(o[-1] - o[0])))
+    counts.index_add_(0, kjt.values()[o[0]:o[-1]],
+                      torch.ones(int(o[-1] - o[0]), dtype=torch.float32))
     torch.testing.assert_close(item.weight.grad, counts.unsqueeze(1).expand(300, 17))
     # a graph cannot record a lookup of quantized rows with a gradient: said, not dropped
     with pytest.raises(RuntimeError, match="without gradients"):
