@@ -197,7 +197,39 @@ def train_columns(stock: torch.nn.Module, optimizer: str, lr: float
             tables.add(id(bag.weight))
         dense = [p for p in model.parameters() if id(p) not in tables]
         columns[name] = step_of(model, torch_opt(dense, lr=lr))
+    columns["dense only"] = _dense_only_step(stock, torch_opt, lr)
+    notes.append("dense only: the same step with the tables' part free (a constant interaction "
+                 "input): what no embedding kernel can beat")
     return columns, notes
+
+
+class _DenseOnly(torch.nn.Module):
+    """The MLPs of a reference DLRM on a constant interaction output: the lower bound of a step
+    in which the lookups, the interaction and the tables' update cost nothing."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.bot_l = copy.deepcopy(model.bot_l)
+        self.top_l = copy.deepcopy(model.top_l)
+        self.pairs = self.top_l[0].in_features - model.bot_l[-2].out_features
+        self._constant: dict = {}
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        z = self._constant.get(dense.shape[0])
+        if z is None:
+            z = self._constant[dense.shape[0]] = torch.rand(dense.shape[0], self.pairs)
+        return self.top_l(torch.cat([self.bot_l(dense), z], dim=1))
+
+
+def _dense_only_step(stock: torch.nn.Module, torch_opt, lr: float):
+    model = _DenseOnly(stock).train()
+    opt = torch_opt(model.parameters(), lr=lr)
+
+    def step(dense, offsets, indices, target):
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.binary_cross_entropy(model(dense), target).backward()
+        opt.step()
+    return step
 
 
 def run_step_latency(args: argparse.Namespace) -> dict:

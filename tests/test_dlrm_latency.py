@@ -110,3 +110,18 @@ def test_optimize_column_appears_when_perfkernels_has_it(monkeypatch):
     monkeypatch.delattr(pt, "optimize")
     columns, notes = lat.build_columns(stock, example, compile_=False)
     assert list(columns) == ["stock", "convert"] and "optimize" in notes[0]
+
+
+def test_train_step_mode_table(capsys):
+    """``--latency --train-step``: stock, convert(), optimize() and the dense-only bound, each a
+    full training step that changes the model."""
+    dlrm = load("dlrm")
+    result = dlrm.run(dlrm.parse_args([
+        "--latency", "--train-step", "--max-rows", "200", "--batches", "1,4", "--rounds", "4",
+        "--warmup", "1", "--distinct", "2"]))
+    assert set(result["batches"]) == {1, 4}
+    assert result["columns"][0] == "stock" and result["columns"][-1] == "dense only"
+    for stats in result["batches"].values():
+        for col in result["columns"]:
+            assert stats[col]["samples"] == 4 and stats[col]["p50"] > 0
+    assert "dense only" in capsys.readouterr().out

@@ -292,3 +292,79 @@ def test_dlrm_training_tracks_unfused_torch(optimizer):
     unfused, fused = losses[False], losses[True]
     assert unfused[-50:].mean() < unfused[:50].mean() * 0.9        # the model does learn
     np.testing.assert_allclose(fused, unfused, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_one_backward_steps_its_tables_in_one_call(monkeypatch, optimizer):
+    """The tables a backward pass steps with one optimizer's options go to the native op in one
+    call (a per-sample-weighted lookup, another optimizer's options: their own calls); every
+    table ends as torch.optim leaves nn.EmbeddingBag(sparse=True)."""
+    from perfkernels.torch import _fused
+    calls = {"many": 0, "one": 0}
+    many, one = _fused.fused_steps_op, _fused.fused_step_op
+
+    def count_many(*args):
+        calls["many"] += 1
+        return many(*args)
+
+    def count_one(*args):
+        calls["one"] += 1
+        return one(*args)
+    monkeypatch.setattr(_fused, "fused_steps_op", count_many)
+    monkeypatch.setattr(_fused, "fused_step_op", count_one)
+    gen = torch.Generator().manual_seed(5)
+    lr, eps = 0.05, 1e-10
+    opts = {"lr": lr, "eps": eps} if optimizer == "adagrad" else {"lr": lr}
+    shapes = [(30, 7, "sum"), (50, 16, "mean"), (20, 1, "sum"), (40, 9, "sum")]
+    refs = [torch.nn.EmbeddingBag(r, d, mode=m, sparse=True) for r, d, m in shapes]
+    ours = [pt.EmbeddingBag(r, d, mode=m, fused_optimizer=(optimizer, opts))
+            for r, d, m in shapes]
+    # the last table: the same optimizer at another learning rate (a call of its own)
+    last_opts = dict(opts, lr=2 * lr)
+    ours[-1].set_fused_optimizer((optimizer, last_opts))
+    for r, o in zip(refs, ours):
+        with torch.no_grad():
+            o.weight.copy_(r.weight)
+    make = torch.optim.SGD if optimizer == "sgd" else torch.optim.Adagrad
+    extra = {} if optimizer == "sgd" else {"eps": eps}
+    topts = [make(r.parameters(), lr=lr * (2 if k == len(refs) - 1 else 1), **extra)
+             for k, r in enumerate(refs)]
+    for step in range(3):
+        batch = []
+        for r, d, _ in shapes:
+            ix, off = _bags(gen, r, 6, 5)
+            batch.append((ix, off, torch.randn(6, d, generator=gen)))
+        psw = torch.rand(batch[0][0].numel(), generator=gen)
+        for t in topts:
+            t.zero_grad()
+        sum((r(ix, off, per_sample_weights=psw if k == 0 else None) * g).sum()
+            for k, (r, (ix, off, g)) in enumerate(zip(refs, batch))).backward()
+        for t in topts:
+            t.step()
+        sum((o(ix, off, per_sample_weights=psw if k == 0 else None) * g).sum()
+            for k, (o, (ix, off, g)) in enumerate(zip(ours, batch))).backward()
+    # per pass: tables 1 and 2 in one call; table 0 (weighted) and 3 (its lr) one each
+    assert calls == {"many": 3, "one": 6}, calls
+    for r, o in zip(refs, ours):
+        torch.testing.assert_close(o.weight.detach(), r.weight.detach(), rtol=2e-5, atol=2e-6)
+
+
+def test_table_used_twice_in_a_pass_steps_twice_in_order():
+    """A fused Adam table read twice in one forward steps twice in that backward (the step
+    count goes up by two), as two backward passes of the two reads would step it."""
+    gen = torch.Generator().manual_seed(3)
+    a = pt.EmbeddingBag(30, 8, mode="sum", fused_optimizer=("adam", {"lr": 0.05}))
+    other = pt.EmbeddingBag(30, 8, mode="sum", fused_optimizer=("adam", {"lr": 0.05}))
+    b = copy.deepcopy(a)
+    other_b = copy.deepcopy(other)
+    ix1, off1 = _bags(gen, 30, 4, 3)
+    ix2, off2 = _bags(gen, 30, 4, 3)
+    g1, g2 = torch.randn(4, 8, generator=gen), torch.randn(4, 8, generator=gen)
+    ((a(ix1, off1) * g1).sum() + (other(ix1, off1) * g1).sum()
+     + (a(ix2, off2) * g2).sum()).backward()
+    # the same steps one pass each, in the order the engine reaches the reads (the later first)
+    (b(ix2, off2) * g2).sum().backward()
+    ((b(ix1, off1) * g1).sum() + (other_b(ix1, off1) * g1).sum()).backward()
+    assert int(a.step) == 2 and int(other.step) == 1
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.momentum2, b.momentum2)
+    assert torch.equal(other.weight, other_b.weight)

@@ -362,3 +362,169 @@ def test_runs_without_perfkernels_python():
         "'sgd', None, None, 0.5, 1e-8, 0., None, 0.9, 0.999, 0., False, False, 0)\n"
         "assert w.tolist() == [[0.5, 0.], [1., 1.], [-2., -3.], [1., 1.]], w",
         pt.native_library_path())
+
+
+# --------------------------------------------------------------------------- many tables
+
+many = torch.ops.perfkernels.embedding_bags_backward_update.default
+
+
+def _tables(rng, case, dtype, dims=(1, 9, 17, 65), rows=30, num_bags=7):
+    """One table per D in ``dims``, each with its own bags (some mean, some with a padding row,
+    some int32) and state: a list of dicts."""
+    optimizer, opts = CASES[case]
+    out = []
+    for f, D in enumerate(dims):
+        weight = torch.from_numpy(rng.standard_normal((rows, D)).astype(np.float32)).to(dtype)
+        ix, off = bags_of(rng, rows, num_bags, 6)
+        index_dtype = torch.int32 if f % 2 else torch.int64
+        state, state2 = new_state(optimizer, opts, rows, D, rng)
+        out.append(dict(weight=weight, indices=torch.from_numpy(ix).to(index_dtype),
+                        offsets=torch.from_numpy(off).to(index_dtype),
+                        grad=torch.from_numpy(rng.standard_normal((num_bags, D))
+                                              .astype(np.float32)),
+                        mode="mean" if f % 3 == 1 else "sum",
+                        padding_idx=2 if f % 2 == 0 else None, state=state, state2=state2,
+                        step=(f + 2) if optimizer in ADAM else None))
+    return out
+
+
+def call_many(tables, case, *, lr=0.05, eps=1e-8, include_last_offset=False, seed0=0):
+    optimizer, opts = CASES[case]
+    betas = opts.get("betas", (0.9, 0.999))
+    many([t["weight"] for t in tables], [t["indices"] for t in tables],
+         [t["offsets"] for t in tables], [t["mode"] == "mean" for t in tables],
+         include_last_offset, [-1 if t["padding_idx"] is None else t["padding_idx"]
+                               for t in tables],
+         [t["grad"] for t in tables], optimizer,
+         [t["state"] for t in tables if t["state"] is not None],
+         [t["state2"] for t in tables if t["state2"] is not None], lr, eps,
+         opts.get("weight_decay", 0.0),
+         [t["step"] for t in tables if t["step"] is not None], betas[0], betas[1],
+         opts.get("momentum", 0.0), opts.get("nesterov", False), False,
+         [seed0 + f for f in range(len(tables))])
+
+
+def test_many_tables_schema_and_native_kernel():
+    dump = torch._C._dispatch_dump("perfkernels::embedding_bags_backward_update")
+    cpu = [line for line in dump.splitlines() if line.startswith("CPU:")]
+    assert cpu and "native/ops.cpp" in cpu[0], dump
+    assert "Tensor(a!)[] weights" in str(many._schema)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_many_tables_match_reference_every_level(isa, rng, case, dtype):
+    """Each table of one many-table call against the float64 reference of its own step."""
+    optimizer, opts = CASES[case]
+    tables = _tables(rng, case, dtype)
+    want = []
+    for t in tables:
+        bags = {"mode": t["mode"], "padding_idx": t["padding_idx"]}
+        want.append(expected(t["weight"], t["indices"], t["offsets"], t["grad"], optimizer, opts,
+                             t["state"], t["state2"], lr=0.05, eps=1e-8, step=t["step"],
+                             **bags))
+    before = [(t["weight"].clone(), [s.clone() for s in (t["state"], t["state2"])
+                                     if s is not None]) for t in tables]
+    call_many(tables, case)
+    rtol = 2e-5
+    for t, (exp_w, exp_states, touched), (w0, olds) in zip(tables, want, before):
+        w0_64 = w0.double().numpy()
+        tol = (rtol * (np.abs(w0_64) + np.abs(exp_w - w0_64) + 0.05)
+               + HALF_ULP[dtype] * np.abs(exp_w) * 1.001 + TINY[dtype])
+        err = np.abs(t["weight"].double().numpy() - exp_w)
+        assert np.all(err <= tol), f"D={t['weight'].shape[1]}: max error {err.max()}"
+        news = [s for s in (t["state"], t["state2"]) if s is not None]
+        for got, exp, old in zip(news, exp_states, olds):
+            np.testing.assert_allclose(got.numpy(), exp, rtol=rtol,
+                                       atol=rtol * (float(old.abs().max()) + 1))
+        untouched = torch.from_numpy(~touched)
+        assert torch.equal(t["weight"][untouched], w0[untouched])
+
+
+@pytest.mark.parametrize("case", ["sgd", "adagrad", "adam", "nesterov"])
+def test_many_tables_a_table_twice_steps_twice(rng, case):
+    """A table given twice is stepped twice, in order: what two one-table calls do."""
+    t0, t1 = _tables(rng, case, torch.float32, dims=(9, 9))
+    t1.update(weight=t0["weight"], state=t0["state"], state2=t0["state2"])
+    if t0["step"] is not None:
+        t1["step"] = t0["step"] + 1
+    copies = [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+              for t in (t0, t1)]
+    copies[1].update(weight=copies[0]["weight"], state=copies[0]["state"],
+                     state2=copies[0]["state2"])
+    optimizer, opts = CASES[case]
+    for f, c in enumerate(copies):
+        call(c["weight"], c["indices"], c["offsets"], c["grad"], optimizer, c["state"],
+             c["state2"], step=c["step"], mode=c["mode"], padding_idx=c["padding_idx"],
+             seed=f, **opts)
+    call_many([t0, t1], case)
+    assert torch.equal(t0["weight"], copies[0]["weight"])
+    if t0["state"] is not None:
+        assert torch.equal(t0["state"], copies[0]["state"])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_many_tables_thread_counts_bit_identical(rng, threads):
+    tables = _tables(rng, "rowwise_adagrad", torch.float32, dims=(16, 64), rows=500,
+                     num_bags=300)
+    results = []
+    old = torch.get_num_threads()
+    try:
+        for n in (1, threads):
+            torch.set_num_threads(n)
+            copies = [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+                      for t in tables]
+            call_many(copies, "rowwise_adagrad")
+            results.append([c["weight"] for c in copies])
+    finally:
+        torch.set_num_threads(old)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def _many_bad_cases():
+    def index(tables):
+        tables[-1]["indices"][0] = 30          # one past the last row of the last table
+
+    def negative(tables):
+        tables[2]["indices"][1] = -1
+
+    def grad_dtype(tables):
+        tables[2]["grad"] = tables[2]["grad"].double()
+
+    def grad_shape(tables):
+        tables[1]["grad"] = tables[1]["grad"][:, :3]
+
+    def state_shape(tables):
+        tables[3]["state"] = tables[3]["state"][:5]
+
+    def offsets(tables):
+        tables[3]["offsets"][1] = 1000
+    return [(index, "IndexError|Index 0 of input takes value 30"),
+            (negative, "takes value -1"),
+            (grad_dtype, r"grad_output\[2\] must be float32"),
+            (grad_shape, r"grad_output\[1\] has shape"),
+            (state_shape, r"state\[3\] has shape"),
+            (offsets, "offsets")]
+
+
+@pytest.mark.parametrize("change,message", _many_bad_cases(), ids=lambda x: getattr(x, "__name__", ""))
+def test_many_tables_bad_input_writes_nothing(rng, change, message):
+    """A bad argument of any table raises before the first table is written."""
+    tables = _tables(rng, "adagrad", torch.float32)
+    change(tables)
+    before = [(t["weight"].clone(), t["state"].clone()) for t in tables]
+    with pytest.raises(RuntimeError, match=message):
+        call_many(tables, "adagrad")
+    for t, (w, s) in zip(tables, before):
+        assert torch.equal(t["weight"], w) and torch.equal(t["state"], s)
+
+
+def test_many_tables_list_lengths_checked(rng):
+    tables = _tables(rng, "sgd", torch.float32)
+    with pytest.raises(RuntimeError, match=r"grad_outputs needs one entry per table \(4\); got 3"):
+        many([t["weight"] for t in tables], [t["indices"] for t in tables],
+             [t["offsets"] for t in tables], [0] * 4, False, [-1] * 4,
+             [t["grad"] for t in tables[:3]], "sgd", [], [], 0.1, 1e-8, 0.0, [], 0.9, 0.999,
+             0.0, False, False, [0] * 4)

@@ -224,8 +224,30 @@ class FusedOptimizer:
         if torch._C._current_graph_task_id() < 0:     # called outside a backward pass
             self._step_now(weight, state, b)
         elif _delivers_gradient(getattr(b, "weight_node", None)):
-            torch.autograd.Variable._execution_engine.queue_callback(
-                lambda: self._step_now(weight, state, b))
+            key = None
+            if b.per_sample_weights is None and b.offsets is not None and b.indices.dim() == 1:
+                key = self._batch_key(b.include_last_offset)
+            _pending_rows().append((key, self, weight, state, b.grad_output, b.indices,
+                                    b.offsets, b.mode == "mean", b.padding_idx, b))
+
+    def queue(self, weight: Tensor, state: Any, grad: Tensor, indices: Tensor, offsets: Tensor,
+              mean: bool, include_last_offset: bool, padding_idx: Optional[int]) -> None:
+        """:meth:`update` for the bags of 1-D ``indices`` with ``offsets`` and no
+        ``per_sample_weights`` whose backward the caller runs (a fused lookup's): the step of
+        ``grad`` (their ``[num_bags, D]`` gradient), at the end of the running backward pass."""
+        if torch._C._current_graph_task_id() < 0:
+            from ._bags import BagBackward
+            self._step_now(weight, state, BagBackward(
+                grad, indices, offsets, None, "mean" if mean else "sum", include_last_offset,
+                padding_idx, weight.shape[0], weight.dtype))
+            return
+        _pending_rows().append((self._batch_key(include_last_offset), self, weight, state, grad,
+                                indices, offsets, mean, padding_idx, None))
+
+    def _batch_key(self, include_last_offset: bool) -> tuple:
+        """What the steps batched into one call with this one must share."""
+        return (self.name, self.lr, self.eps, self.weight_decay, self.betas, self.momentum,
+                self.nesterov, self.stochastic_rounding, include_last_offset)
 
     def _step_now(self, weight: Tensor, state: Any, b) -> None:
         buffers = state if isinstance(state, Mapping) else {"momentum1": state}
@@ -272,12 +294,128 @@ class FusedOptimizer:
                 step.fill_(t)     # counted once the update is done
 
 
+#: The steps queued by each running backward pass (by graph task id), taken by the pass's one
+#: engine callback; a pass that fails before its end leaves its entry, dropped once
+#: _PENDING_LIMIT passes are pending.
+_PENDING: dict = {}
+_PENDING_LIMIT = 64
+
+
+def _pending_rows() -> list:
+    """The steps the running backward pass has queued (a new list, with the callback that takes
+    it, on a pass's first step)."""
+    task = torch._C._current_graph_task_id()
+    rows = _PENDING.get(task)
+    if rows is None:
+        if len(_PENDING) >= _PENDING_LIMIT:     # passes that failed before their end
+            del _PENDING[min(_PENDING)]
+        rows = _PENDING[task] = []
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: _run_pending(task))
+    return rows
+
+
+def _run_pending(task: int) -> None:
+    """The table steps a backward pass queued, in their order: each run of consecutive steps
+    with the same optimizer options in one native call (a small-batch training step of a model
+    with tens of tables would otherwise pay a dispatch and a callback per table).  A row:
+    ``(key, optimizer, weight, state, grad, indices, offsets, mean, padding_idx, b)``, key None
+    where the step runs alone (``b``, its :class:`~perfkernels.torch._bags.BagBackward`:
+    per_sample_weights, 2-D indices)."""
+    rows = _PENDING.pop(task, ())
+    i, n = 0, len(rows)
+    while i < n:
+        key = rows[i][0]
+        j = i + 1
+        if key is not None:
+            while j < n and rows[j][0] == key:
+                j += 1
+        if j - i == 1 and rows[i][9] is not None:
+            _, opt, weight, state, *_rest, b = rows[i]
+            opt._step_now(weight, state, b)
+        else:
+            _step_batch(rows[i:j])
+        i = j
+
+
+def _step_batch(rows: list) -> None:
+    """The steps ``rows`` (see :func:`_run_pending`: one set of optimizer options, 1-D indices
+    with offsets, no per_sample_weights) in one call of the many-table op."""
+    opt0 = rows[0][1]
+    adam = opt0.name in ADAM_FAMILY
+    weights, indices, offsets, mean, padding, grads = [], [], [], [], [], []
+    states, states2, steps, seeds, counted = [], [], [], [], {}
+    for _, opt, weight, state, grad, ix, off, is_mean, pad, _b in rows:
+        if type(state) is dict or isinstance(state, Mapping):
+            m1 = state.get("momentum1")
+        else:
+            m1, state = state, None
+        if adam:
+            m2, step = state.get("momentum2"), state.get("step")
+            if m1 is None or m2 is None or step is None:
+                raise RuntimeError(f"fused optimizer {opt.name!r} needs the buffers momentum1, "
+                                   "momentum2 and step")
+            prev = counted.get(id(step))
+            t = (int(step) if prev is None else prev[1]) + 1
+            counted[id(step)] = (step, t)
+            steps.append(t)
+            seeds.append(t)
+            states2.append(m2)
+        else:
+            opt._step += 1
+            seeds.append(opt._step)
+        if m1 is not None:
+            states.append(m1)
+        weights.append(weight)
+        indices.append(ix)
+        offsets.append(off)
+        mean.append(is_mean)
+        padding.append(-1 if pad is None else (pad + weight.shape[0] if pad < 0 else pad))
+        grads.append(grad if grad.dtype is torch.float32 else grad.float())
+    if states and len(states) != len(rows):
+        raise RuntimeError(f"fused optimizer {opt0.name!r}: some tables lack their momentum1 "
+                           "buffer")
+    grad_mode = torch.is_grad_enabled()
+    if grad_mode:
+        torch._C._set_grad_enabled(False)
+    try:
+        fused_steps_op(weights, indices, offsets, mean, rows[0][0][-1], padding, grads,
+                       opt0.name, states, states2, opt0.lr, opt0.eps, opt0.weight_decay, steps,
+                       opt0.betas[0], opt0.betas[1], opt0.momentum, opt0.nesterov,
+                       opt0.stochastic_rounding, seeds)
+    except RuntimeError as exc:
+        bad_index = native_index_error(exc)
+        if bad_index is not None:
+            raise bad_index from None
+        raise
+    finally:
+        if grad_mode:
+            torch._C._set_grad_enabled(True)
+    if counted:
+        with torch.no_grad():
+            for step, t in counted.values():
+                step.fill_(t)     # counted once the update is done
+
+
 #: The step as the native op (its CPU kernel in the native library, what the NumPy API's
 #: perfkernels.embedding_bag_backward_update runs): ``(weight, indices, offsets,
 #: per_sample_weights, bag_mode, include_last_offset, padding_idx, grad_output, optimizer, state,
 #: state2, lr, eps, weight_decay, step, beta1, beta2, momentum, nesterov, stochastic_rounding,
 #: seed)``, weight / state / state2 updated in place.
 fused_step_op = torch.ops.perfkernels.embedding_bag_backward_update.default
+
+
+#: Several tables' steps with one optimizer in one call: ``(weights, indices, offsets, mean,
+#: include_last_offset, padding_idx, grad_outputs, optimizer, states, states2, lr, eps,
+#: weight_decay, steps, beta1, beta2, momentum, nesterov, stochastic_rounding, seeds)``, lists
+#: with an entry per table (states, states2 and steps empty where the optimizer keeps none).
+fused_steps_op = torch.ops.perfkernels.embedding_bags_backward_update.default
+
+
+@torch.library.register_fake("perfkernels::embedding_bags_backward_update")
+def _fused_steps_fake(weights, indices, offsets, mean, include_last_offset, padding_idx,
+                      grad_outputs, optimizer, states, states2, lr, eps, weight_decay, steps,
+                      beta1, beta2, momentum, nesterov, stochastic_rounding, seeds) -> None:
+    return None
 
 
 @torch.library.register_fake("perfkernels::embedding_bag_backward_update")

@@ -82,13 +82,15 @@ def _pair_arrays(n: int, pairs: str, itself: bool):
 
 
 def _fast(dense, weights, indices, offsets, include_last, interaction, pairs, itself, mean,
-          padding_idx) -> Optional[Tensor]:
-    """The kernels read straight from the tensors (C, no NumPy views), or None."""
+          padding_idx, keep_pooled: bool = False):
+    """The kernels read straight from the tensors (C, no NumPy views), or None.
+    ``keep_pooled`` (``"dot"``): ``(output, pooled [B, F, D])``."""
     li = lj = None
     if interaction != "cat":
         li, lj = _pair_arrays(len(weights) + 1, pairs, itself)
     return _tensor_bags.interaction_lookup(dense, weights, indices, offsets, include_last,
-                                           interaction == "cat", li, lj, mean, padding_idx)
+                                           interaction == "cat", li, lj, mean, padding_idx,
+                                           keep_pooled)
 
 
 # --------------------------------------------------------------------------- per-table inputs
@@ -295,7 +297,8 @@ def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: s
     is :func:`perfkernels.dot_interaction_backward` (per sample, ``(G + G^T) z`` with G the pairs'
     gradients; no stacked ``[B, n, D]`` copy, no ``[B, n, n]`` matrices, outputs from the memory
     pool): each table's gradient is a ``[B, D]`` column slice of one ``[B, F, D]`` result."""
-    grad = grad.float()
+    if grad.dtype is not torch.float32:
+        grad = grad.float()
     d = dense.shape[1]
     if interaction == "cat":    # (``pooled``: the tables' widths are enough)
         parts, col = [], d
@@ -305,12 +308,15 @@ def _interaction_grads(grad: Tensor, dense: Tensor, pooled: list, interaction: s
             col += width
         return grad[:, :d], parts
     stacked = isinstance(pooled, Tensor)      # [B, F, D], or F [B, D] tensors
+    if dense.dtype is not torch.float32:
+        dense = dense.float()
     g_dense, g_pooled = dot_interaction_backward(
-        as_numpy(grad.contiguous()), as_numpy(dense.detach().float().contiguous()),
+        as_numpy(grad if grad.is_contiguous() else grad.contiguous()),
+        as_numpy(dense if dense.is_contiguous() else dense.contiguous()),
         as_numpy(pooled) if stacked else [as_numpy(p.contiguous()) for p in pooled],
         pairs=pairs, self_interaction=itself)
-    g_pooled = torch.from_numpy(g_pooled)
-    return torch.from_numpy(g_dense), [g_pooled[:, f] for f in range(g_pooled.shape[1])]
+    # (unbind: the F column views in one call)
+    return torch.from_numpy(g_dense), list(torch.from_numpy(g_pooled).unbind(1))
 
 
 def _table_grads(grads, weights, indices, offsets, include_last, mean, padding_idx, modules,
@@ -326,7 +332,14 @@ def _table_grads(grads, weights, indices, offsets, include_last, mean, padding_i
         module = modules[f]
         backward = getattr(module, "weight_backward", None)
         # a fused optimizer's step reads the rows of a column slice where they are
-        fused = getattr(module, "fused_optimizer", None) is not None
+        opt = getattr(module, "fused_optimizer", None)
+        fused = opt is not None
+        if fused and getattr(backward, "__func__", None) in _FUSED_BACKWARDS:
+            # the module's own fused step, queued without a BagBackward (what its
+            # weight_backward would do)
+            opt.queue(w, module._buffers, g, i, o, bool(m), include_last, None if p < 0 else p)
+            out.append(None)
+            continue
         b = _bags.BagBackward(g if fused else g.contiguous(), i, o, None,
                               "mean" if m else "sum", include_last, None if p < 0 else p,
                               w.shape[0], w.dtype)
@@ -339,6 +352,16 @@ def _table_grads(grads, weights, indices, offsets, include_last, mean, padding_i
     return out
 
 
+def _fused_backwards() -> tuple:
+    from ._embedding import Embedding
+    from ._embedding_bag import EmbeddingBag
+    return (EmbeddingBag._fused_weight_backward, Embedding._fused_weight_backward)
+
+
+#: the modules' own fused-optimizer weight backwards (a user's replacement is called as given)
+_FUSED_BACKWARDS = _fused_backwards()
+
+
 def _per_table_setup(ctx, inputs, output):
     (dense, weights, indices, offsets, include_last, interaction, pairs, itself, mean,
      padding_idx, bits, dims, group) = inputs
@@ -349,14 +372,15 @@ def _per_table_setup(ctx, inputs, output):
 
 
 def _per_table_grads(grad, dense, weights, indices, offsets, options, needs_dense: bool,
-                     needs_tables: bool):
+                     needs_tables: bool, pooled: Optional[Tensor] = None):
     """(d dense or None, [d weights[f] or None]) of the per-table op for the output gradient
-    ``grad``; ``options``: the op's arguments after ``offsets``."""
+    ``grad``; ``options``: the op's arguments after ``offsets``; ``pooled``: the forward's
+    pooled rows [B, F, D] of a ``"dot"`` interaction where it kept them (else looked up
+    again)."""
     include_last, interaction, pairs, itself, mean, padding_idx, bits, dims, group = options
     if interaction == "cat":    # the gradient's column slices: no lookup needed
         pooled = [d if b else w.shape[1] for w, b, d in zip(weights, bits, dims)]
-    else:
-        pooled = None
+    elif pooled is None:
         if not any(bits):       # every table's pooled rows in one call, as [B, F, D]
             rows = _fast(dense.new_empty((dense.shape[0], 0), dtype=torch.float32), weights,
                          indices, offsets, include_last, "cat", pairs, itself, mean,
@@ -396,10 +420,20 @@ class _BagsInteraction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, dense, indices, offsets, options, *weights):
         weights = list(weights)
-        out = _eager(dense, weights, indices, offsets, *options)
+        out = pooled = None
+        if options[1] != "cat" and not any(options[6]):
+            # the "dot" backward needs the pooled rows: kept from this lookup (the same
+            # kernels, the same output bits)
+            found = _fast(dense, weights, indices, offsets, options[0], options[1], options[2],
+                          options[3], options[4], options[5], True)
+            if found is not None:
+                out, pooled = found
+        if out is None:
+            out = _eager(dense, weights, indices, offsets, *options)
         ctx.save_for_backward(dense, *weights, *indices, *offsets)
         ctx.num = len(weights)
         ctx.options = options
+        ctx.pooled = pooled
         return out
 
     @staticmethod
@@ -409,7 +443,8 @@ class _BagsInteraction(torch.autograd.Function):
         needs = ctx.needs_input_grad
         g_dense, g_tables = _per_table_grads(grad, dense, rest[:num], rest[num:2 * num],
                                              rest[2 * num:], ctx.options, needs[0],
-                                             any(needs[4:]))
+                                             any(needs[4:]), ctx.pooled)
+        ctx.pooled = None
         return (g_dense, None, None, None, *g_tables)
 
 

@@ -394,6 +394,40 @@ def _drop_orphan_assertions(graph, lookups_of: set) -> None:
             graph.erase_node(node)
 
 
+def _lean_graph(graph) -> None:
+    """What an eager run of the rewritten graph need not pay for, one Python op call each:
+    a constant's fresh copy detached in place and never read (the pair lists a fused op took
+    over), and the per-feature rows of one tensor taken one ``select`` at a time (``indices[k]``
+    for 26 features: one ``unbind`` and list items instead)."""
+    for node in list(graph.nodes):
+        if (node.op == "call_function" and node.target is _aten.detach_.default
+                and not node.users and node.args[0].op == "call_function"
+                and node.args[0].target is _aten.lift_fresh_copy.default
+                and len(node.args[0].users) == 1):
+            fresh = node.args[0]
+            graph.erase_node(node)
+            graph.erase_node(fresh)
+    rows: dict = {}
+    for node in graph.nodes:
+        if (node.op == "call_function" and node.target is _aten.select.int
+                and len(node.args) == 3 and not node.kwargs and node.args[1] == 0
+                and isinstance(node.args[2], int)):
+            rows.setdefault(node.args[0], []).append(node)
+    for src, selects in rows.items():
+        if len(selects) < 4:
+            continue
+        with graph.inserting_after(src):
+            parts = graph.call_function(_aten.unbind.int, (src, 0))
+        if "val" in src.meta:
+            parts.meta["val"] = list(src.meta["val"].unbind(0))
+        for sel in selects:
+            with graph.inserting_before(sel):
+                item = graph.call_function(operator.getitem, (parts, sel.args[2]))
+            item.meta.update(sel.meta)
+            sel.replace_all_uses_with(item)
+            graph.erase_node(sel)
+
+
 class _Capture:
     """One captured and rewritten forward, for inputs of one signature."""
 
@@ -438,6 +472,7 @@ class _Capture:
                            if self.feeds[i][0] == "state"}
         self._fuse(gm, weights, consts, report, index)
         _drop_orphan_assertions(gm.graph, lookups_of=set(self._fused_lookups))
+        _lean_graph(gm.graph)
         gm.graph.eliminate_dead_code()
         gm.recompile()
         self.gm = gm

@@ -499,7 +499,7 @@ def embedding_module_lookup(module, input):
 # --------------------------------------------------------------------------- fused interaction
 
 def interaction_lookup(dense, list weights, list indices, list offsets, bint include_last_offset,
-                       bint cat, li, lj, list mean, list padding_idx):
+                       bint cat, li, lj, list mean, list padding_idx, bint keep_pooled=False):
     """perfkernels.embedding_bags_interaction read straight from tensors, for the optimized
     model's eager calls without a gradient: F float-table lookups (``indices[f]`` /
     ``offsets[f]`` in ``weights[f]``) and the interaction with ``dense`` (``cat``: concatenated;
@@ -507,7 +507,9 @@ def interaction_lookup(dense, list weights, list indices, list offsets, bint inc
     nothing, for anything but the plain cases (the caller's full path then answers, or raises
     torch's error): CPU tensors, float32 contiguous ``dense``, float32 / float16 / bfloat16
     tables with unit-stride rows, contiguous 1-D int32 / int64 indices and offsets passing the
-    NumPy API's bag checks, every index in range."""
+    NumPy API's bag checks, every index in range.  ``keep_pooled`` (``"dot"`` only): return
+    ``(output, pooled)``, ``pooled`` the ``[B, F, D]`` float32 rows that entered the pairs (what
+    the backward needs, so it does not look them up again)."""
     cdef _View x, w, ix, off
     cdef Py_ssize_t F = len(weights), f
     cdef int64_t B, Dd, width, P = 0, count, n, max_len = 0, col, total = 0, bad = -1, pad
@@ -523,6 +525,9 @@ def interaction_lookup(dense, list weights, list indices, list offsets, bint inc
     cdef const int32_t *lj_p = NULL
     cdef cnp.npy_intp shape[2]
     cdef float *o
+    cdef float *pooled_p = NULL
+    cdef cnp.ndarray pooled = None
+    cdef cnp.npy_intp pshape[3]
     if (_view_fn == NULL or len(indices) != F or len(offsets) != F or F == 0
             or type(dense) is not _Tensor or not _readable(dense, &x) or x.ndim != 2
             or x.code != DL_FLOAT or x.bits != 32 or not x.contiguous):
@@ -614,12 +619,18 @@ def interaction_lookup(dense, list weights, list indices, list offsets, bint inc
         else:
             li_p = <const int32_t *>cnp.PyArray_DATA(ali)
             lj_p = <const int32_t *>cnp.PyArray_DATA(alj)
+            if keep_pooled:
+                pshape[0], pshape[1], pshape[2] = B, F, Dd
+                pooled = pool_empty(3, pshape, cnp.NPY_FLOAT32)
+                pooled_p = <float *>cnp.PyArray_DATA(pooled)
         with nogil:
             status = run_interaction(pool, nt, parts, <int>F, cat, <const float *>x.data, Dd,
                                      li_p, lj_p, P, _dot_kernels.interaction_dot, o, width, B,
-                                     &bad, &bad_part)
+                                     &bad, &bad_part, pooled_p)
         if status != PK_OK:
             return None
+        if pooled is not None:
+            return _from_numpy(out), _from_numpy(pooled)
         return _from_numpy(out)
     finally:
         free(parts)

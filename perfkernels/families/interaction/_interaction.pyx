@@ -290,7 +290,10 @@ def dot_interaction_backward(grad: Float32Array, dense: Float32Array, sparse: ob
             raise ValueError(f"sparse must be [B, F, D] = [{B}, F, {D}] (dense is {B} x {D}); "
                              f"got shape {(<object>a).shape}")
         F = a.shape[1]
-        parts = [a[:, i] for i in range(F)]
+        if cnp.PyArray_IS_C_CONTIGUOUS(a):
+            parts = None       # each feature's rows: every F * D floats from a's f-th row
+        else:
+            parts = [a[:, i] for i in range(F)]
         strides = [F * D] * F
     li, lj = pair_lists(F + 1, pairs, self_interaction)
     cdef cnp.ndarray ali = <cnp.ndarray>li, alj = <cnp.ndarray>lj
@@ -303,7 +306,7 @@ def dot_interaction_backward(grad: Float32Array, dense: Float32Array, sparse: ob
         out = (None, None)
     elif not isinstance(out, tuple) or len(out) != 2:
         raise TypeError(f"out must be a tuple (d_dense, d_sparse); got {type(out).__name__}")
-    inputs = (x, gr, *parts)
+    inputs = (x, gr, a) if parts is None else (x, gr, *parts)
     dst = [pool_new(shape, cnp.NPY_FLOAT32) if o is None
            else check_out(o, cnp.NPY_FLOAT32, "float32", shape, inputs)
            for o, shape in zip(out, shapes)]
@@ -316,7 +319,10 @@ def dot_interaction_backward(grad: Float32Array, dense: Float32Array, sparse: ob
         free(row_strides)
         raise MemoryError()
     for f in range(F):
-        ptrs[f] = <const float *>cnp.PyArray_DATA(<cnp.ndarray>parts[f])
+        if parts is None:
+            ptrs[f] = <const float *>cnp.PyArray_DATA(a) + f * D
+        else:
+            ptrs[f] = <const float *>cnp.PyArray_DATA(<cnp.ndarray>parts[f])
         row_strides[f] = strides[f]
     job.fn = _kernels.interaction_dot_backward
     job.grad = <const float *>cnp.PyArray_DATA(gr)

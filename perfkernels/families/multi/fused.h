@@ -33,6 +33,9 @@ typedef struct pk_dot_interaction_job {
     pk_interaction_dot_fn dot;
     float *out;                  /* B rows, out_stride apart: dim dense values, then the pairs */
     int64_t out_stride;
+    float *pooled;               /* NULL, or B rows pooled_stride apart: each sample's n_parts
+                                  * pooled rows as they entered the pairs (for a backward) */
+    int64_t pooled_stride;
     int64_t n_samples, n_chunks;
     pk_status *status;           /* per chunk */
     int64_t *bad_pos;
@@ -58,6 +61,9 @@ static pk_status pk_dot_interaction_samples(const pk_dot_interaction_job *job, i
         }
         float *row = job->out + b * job->out_stride;
         memcpy(row, z, (size_t)dim * sizeof(float));
+        if (job->pooled != NULL)
+            memcpy(job->pooled + b * job->pooled_stride, z + dim,
+                   (size_t)job->n_parts * (size_t)dim * sizeof(float));
         job->dot(z, dim, job->li, job->lj, job->n_pairs, row + dim);
     }
     return PK_OK;

@@ -21,6 +21,8 @@ cdef extern from "multi/fused.h":
         pk_interaction_dot_fn dot
         float *out
         int64_t out_stride
+        float *pooled
+        int64_t pooled_stride
         int64_t n_samples
     pk_status pk_dot_interaction_run(const pk_parallel_api *pool, int n_threads,
                                      pk_dot_interaction_job *job, int64_t *bad_pos,
@@ -33,10 +35,12 @@ cdef inline pk_status run_interaction(const pk_parallel_api *api, int n_threads,
                                       const int32_t *lj, int64_t n_pairs,
                                       pk_interaction_dot_fn dot, float *out, int64_t out_stride,
                                       int64_t n_samples, int64_t *bad_pos,
-                                      int *bad_part) noexcept nogil:
+                                      int *bad_part, float *pooled=NULL) noexcept nogil:
     """The F lookups of `parts` with DLRM's interaction into out [n_samples, out_stride]: "cat"
     copies each sample's dense row [dim] in front of the pooled features (the parts' out already
-    at their columns) and runs the lookups; "dot" runs the fused driver over the pairs li / lj."""
+    at their columns) and runs the lookups; "dot" runs the fused driver over the pairs li / lj,
+    and where `pooled` is given also writes each sample's pooled rows there ([n_samples,
+    n_parts, dim], for a backward)."""
     cdef int64_t b
     if cat:
         for b in range(n_samples):
@@ -44,5 +48,6 @@ cdef inline pk_status run_interaction(const pk_parallel_api *api, int n_threads,
         return pk_bags_run(api, n_threads, parts, n_parts, NULL, bad_pos, bad_part)
     cdef pk_dot_interaction_job job = pk_dot_interaction_job(
         parts=parts, n_parts=n_parts, dense=dense, dense_stride=dim, dim=dim, li=li, lj=lj,
-        n_pairs=n_pairs, dot=dot, out=out, out_stride=out_stride, n_samples=n_samples)
+        n_pairs=n_pairs, dot=dot, out=out, out_stride=out_stride, pooled=pooled,
+        pooled_stride=n_parts * dim, n_samples=n_samples)
     return pk_dot_interaction_run(api, n_threads, &job, bad_pos, bad_part)

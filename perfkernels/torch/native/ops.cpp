@@ -1441,6 +1441,206 @@ void *training_workspace(int64_t bytes)
     return space.data();
 }
 
+/* The options of a fused optimizer step that every table of a call shares. */
+struct StepOptions {
+    std::string optimizer;
+    double lr, eps, weight_decay, beta1, beta2, momentum;
+    bool nesterov, stochastic;
+};
+
+StepOptions take_step_options(StableIValue *stack, int optimizer, int lr, int beta1, int momentum)
+{
+    StepOptions o;
+    o.optimizer = take_string(stack[optimizer]);
+    o.lr = to_double(stack[lr]);
+    o.eps = to_double(stack[lr + 1]);
+    o.weight_decay = to_double(stack[lr + 2]);
+    o.beta1 = to_double(stack[beta1]);
+    o.beta2 = to_double(stack[beta1 + 1]);
+    o.momentum = to_double(stack[momentum]);
+    o.nesterov = to_bool(stack[momentum + 1]);
+    o.stochastic = to_bool(stack[momentum + 2]);
+    return o;
+}
+
+/* One table's fused step, every argument checked, ready to run (run_step). */
+struct TableStep {
+    pk_sparse_optim opt;
+    Bags b;
+    std::vector<float> grad_copy;
+    pk_training_call call;
+    int64_t rows;
+};
+
+/* Check one table's step and fill `s`; `n` follows each argument's name in the messages ("" for
+ * the one-table op, "[f]" for table f of the many-table op). */
+void prepare_step(TableStep &s, const Tensor &weight, const Tensor &indices, const Tensor &offsets,
+                  const Tensor &psw, const std::string &mode, bool include_last_offset,
+                  std::optional<int64_t> padding_idx, const Tensor &grad_output,
+                  const StepOptions &o, const Tensor &state, const Tensor &state2,
+                  std::optional<int64_t> step, int64_t seed, const std::string &n)
+{
+    const std::string &optimizer = o.optimizer;
+    pk_sparse_optim &opt = s.opt;
+    std::memset(&opt, 0, sizeof opt);
+    const bool adam = optimizer == "adam" || optimizer == "rowwise_adam" || optimizer == "adamw";
+    if (optimizer == "sgd")
+        opt.optimizer = o.momentum != 0 ? PK_OPT_MOMENTUM : PK_OPT_SGD;
+    else if (optimizer == "adagrad")
+        opt.optimizer = PK_OPT_ADAGRAD;
+    else if (optimizer == "rowwise_adagrad")
+        opt.optimizer = PK_OPT_ROWWISE_ADAGRAD;
+    else if (optimizer == "adam")
+        opt.optimizer = PK_OPT_ADAM;
+    else if (optimizer == "rowwise_adam")
+        opt.optimizer = PK_OPT_ROWWISE_ADAM;
+    else if (optimizer == "adamw")
+        opt.optimizer = PK_OPT_ADAMW;
+    else
+        fail("perfkernels: optimizer must be one of 'sgd', 'adagrad', 'rowwise_adagrad', 'adam', "
+             "'rowwise_adam', 'adamw'; got '" + optimizer + "'");
+    opt.lr = hyper(o.lr, "lr");
+    opt.eps = hyper(o.eps, "eps");
+    opt.weight_decay = hyper(o.weight_decay, "weight_decay");
+    opt.momentum = hyper(o.momentum, "momentum");
+    if (optimizer != "sgd" && (o.momentum != 0 || o.nesterov))
+        fail("perfkernels: momentum and nesterov are options of optimizer 'sgd'; got momentum = " +
+             std::to_string(o.momentum) + " with optimizer '" + optimizer + "'");
+    if (o.nesterov && o.momentum == 0) fail("perfkernels: nesterov=True needs momentum > 0");
+    opt.nesterov = o.nesterov ? 1 : 0;
+
+    const View w = view(weight, ("weight" + n).c_str(), 2);
+    int64_t elem = 4;
+    pk_training_update_fn update = nullptr;
+    const pk_training_kernels *k = pk_training_table(g_isa.load(std::memory_order_relaxed));
+    if (w.dtype == api.aoti_torch_dtype_float32()) {
+        update = k->training_update_f32;
+    } else if (w.dtype == api.aoti_torch_dtype_float16()) {
+        update = k->training_update_f16;
+        elem = 2;
+    } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
+        update = k->training_update_bf16;
+        elem = 2;
+    } else {
+        fail("perfkernels: weight" + n + " must be float32, float16 or bfloat16; got " +
+             dtype_name(w.dtype));
+    }
+    check_in_place(w, "weight" + n, elem);
+    const int64_t rows = w.size[0], dim = w.size[1];
+
+    std::vector<View> states;
+    if (adam) {
+        if (!step)
+            fail("perfkernels: optimizer '" + optimizer + "' needs step" + n + ", the table's "
+                 "step count including this update (1 for the first)");
+        if (*step < 1)
+            fail("perfkernels: step" + n + " = " + std::to_string(*step) + " must be >= 1 (the "
+                 "count including this update)");
+        if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+            fail("perfkernels: betas = (" + std::to_string(o.beta1) + ", " +
+                 std::to_string(o.beta2) + ") must each be in [0, 1)");
+        if (opt.eps <= 0)
+            fail("perfkernels: eps = " + std::to_string(o.eps) + " must be > 0 for optimizer '" +
+                 optimizer + "'");
+        pk_sparse_optim_adam(&opt, o.lr, o.weight_decay, *step, o.beta1, o.beta2,
+                             optimizer == "adamw");
+        states.push_back(state_view(state, "state" + n + " (m)", optimizer, true, rows, dim));
+        states.push_back(state_view(state2, "state2" + n + " (v)", optimizer,
+                                    optimizer != "rowwise_adam", rows, dim));
+    } else {
+        if (step) fail("perfkernels: step is an option of the Adam family; optimizer '" + optimizer +
+                       "' keeps no step count");
+        if (state2) fail("perfkernels: optimizer '" + optimizer + "' keeps one state: state2" + n +
+                         " must be None");
+        if (opt.optimizer == PK_OPT_SGD) {
+            if (state) fail("perfkernels: optimizer 'sgd' keeps no state without momentum: state" +
+                            n + " must be None");
+        } else {
+            states.push_back(state_view(state, "state" + n, optimizer,
+                                        optimizer != "rowwise_adagrad", rows, dim));
+        }
+    }
+    for (size_t i = 0; i < states.size(); i++) {
+        if (overlap(states[i], 4, w, elem))
+            fail("perfkernels: the optimizer state shares memory with weight" + n);
+        for (size_t j = 0; j < i; j++)
+            if (overlap(states[i], 4, states[j], 4))
+                fail("perfkernels: state" + n + " and state2" + n + " share memory");
+    }
+    if (!states.empty()) {
+        opt.state = reinterpret_cast<float *>(states[0].data);
+        opt.state_stride = states[0].stride[0];
+    }
+    if (states.size() > 1) {
+        opt.state2 = reinterpret_cast<float *>(states[1].data);
+        opt.state2_stride = states[1].stride[0];
+    }
+    opt.stochastic_rounding = o.stochastic && elem == 2 ? 1 : 0;
+    opt.seed = (uint64_t)seed;
+
+    Bags &b = s.b;
+    prepare(b, indices, offsets, psw, mode, include_last_offset, padding_idx, rows);
+    const View g = view(grad_output, ("grad_output" + n).c_str(), 2);
+    if (g.dtype != api.aoti_torch_dtype_float32())
+        fail("perfkernels: grad_output" + n + " must be float32; got " + dtype_name(g.dtype));
+    if (g.size[0] != b.bags.num_bags || g.size[1] != dim)
+        fail("perfkernels: grad_output" + n + " has shape [" + std::to_string(g.size[0]) + ", " +
+             std::to_string(g.size[1]) + "]; expected [" + std::to_string(b.bags.num_bags) + ", " +
+             std::to_string(dim) + "] ([num_bags, D])");
+    bool shared = overlap(g, 4, w, elem);
+    for (const View &st : states) shared = shared || overlap(g, 4, st, 4);
+    /* rows of unit stride are read where they are (a slice of the gradient of a concatenation,
+     * as DLRM's backward gives each table, costs no copy); else, or when it shares memory with
+     * what is written, a contiguous copy */
+    const float *grad = reinterpret_cast<const float *>(g.data);
+    int64_t grad_stride = g.size[0] <= 1 ? dim : g.stride[0];
+    if (shared || !(dim <= 1 || g.stride[1] == 1) || grad_stride < 0) {
+        const float *c = contiguous<float>(g, s.grad_copy);
+        if (s.grad_copy.empty()) s.grad_copy.assign(c, c + numel(g));
+        grad = s.grad_copy.data();
+        grad_stride = dim;
+    }
+    if (!pk_training_fits(rows, b.bags.n_indices, b.bags.num_bags))
+        fail("perfkernels: " + std::to_string(b.bags.n_indices) + " indices into a table of " +
+             std::to_string(rows) + " rows: the row and entry numbers need more than 64 bits");
+
+    pk_training_call &call = s.call;
+    call.bags = nullptr;     /* set by run_step: `s` may still move */
+    call.rows = rows;
+    call.grad = grad;
+    call.grad_stride = grad_stride;
+    call.table = w.data;
+    call.dim = dim;
+    call.row_stride = rows <= 1 ? dim : w.stride[0];
+    call.update = update;
+    call.opt = &opt;
+    s.rows = rows;
+}
+
+/* The first index of `b` outside [0, rows), or -1. */
+int64_t first_bad_index(const Bags &b, int64_t rows)
+{
+    for (int64_t i = 0; i < b.indices.n; i++) {
+        const int64_t v = b.indices[i];
+        if (v < 0 || v >= rows) return i;
+    }
+    return -1;
+}
+
+void run_step(TableStep &s)
+{
+    s.call.bags = &s.b.bags;
+    s.call.opt = &s.opt;
+    pk_training_plan plan;
+    pk_training_plan_call(&s.call, torch_threads(), &plan);
+    int64_t bad = 0;
+    const pk_status st = pk_training_run(&s.call, &plan, training_workspace(plan.workspace_bytes),
+                                         &g_pool, &bad);
+    if (st == PK_ERR_INDEX) index_error(s.b.indices, bad, s.rows);
+    if (st != PK_OK)
+        fail("perfkernels: the fused optimizer step failed with status " + std::to_string((int)st));
+}
+
 /* embedding_bag_backward_update(Tensor(a!) weight, Tensor indices, Tensor? offsets,
  *     Tensor? per_sample_weights, str bag_mode, bool include_last_offset, SymInt? padding_idx,
  *     Tensor grad_output, str optimizer, Tensor(b!)? state, Tensor(c!)? state2, float lr,
@@ -1456,151 +1656,79 @@ void embedding_bag_backward_update(StableIValue *stack, uint64_t, uint64_t)
     Tensor weight = take_tensor(stack[0]);
     const BagArgs a = take_bag_args(stack);
     Tensor grad_output = take_tensor(stack[7]);
-    const std::string optimizer = take_string(stack[8]);
+    const StepOptions o = take_step_options(stack, 8, 11, 15, 17);
     Tensor state = take_optional_tensor(stack[9]), state2 = take_optional_tensor(stack[10]);
-    const double lr = to_double(stack[11]), eps = to_double(stack[12]);
-    const double weight_decay = to_double(stack[13]);
     const std::optional<int64_t> step = take_optional_int(stack[14]);
-    const double beta1 = to_double(stack[15]), beta2 = to_double(stack[16]);
-    const double momentum = to_double(stack[17]);
-    const bool nesterov = to_bool(stack[18]), stochastic = to_bool(stack[19]);
     const int64_t seed = to_int(stack[20]);
+    TableStep s;
+    prepare_step(s, weight, a.indices, a.offsets, a.psw, a.mode, a.include_last_offset,
+                 a.padding_idx, grad_output, o, state, state2, step, seed, "");
+    run_step(s);
+}
 
-    pk_sparse_optim opt;
-    std::memset(&opt, 0, sizeof opt);
-    const bool adam = optimizer == "adam" || optimizer == "rowwise_adam" || optimizer == "adamw";
-    if (optimizer == "sgd")
-        opt.optimizer = momentum != 0 ? PK_OPT_MOMENTUM : PK_OPT_SGD;
-    else if (optimizer == "adagrad")
-        opt.optimizer = PK_OPT_ADAGRAD;
-    else if (optimizer == "rowwise_adagrad")
-        opt.optimizer = PK_OPT_ROWWISE_ADAGRAD;
-    else if (optimizer == "adam")
-        opt.optimizer = PK_OPT_ADAM;
-    else if (optimizer == "rowwise_adam")
-        opt.optimizer = PK_OPT_ROWWISE_ADAM;
-    else if (optimizer == "adamw")
-        opt.optimizer = PK_OPT_ADAMW;
-    else
-        fail("perfkernels: optimizer must be one of 'sgd', 'adagrad', 'rowwise_adagrad', 'adam', "
-             "'rowwise_adam', 'adamw'; got '" + optimizer + "'");
-    opt.lr = hyper(lr, "lr");
-    opt.eps = hyper(eps, "eps");
-    opt.weight_decay = hyper(weight_decay, "weight_decay");
-    opt.momentum = hyper(momentum, "momentum");
-    if (optimizer != "sgd" && (momentum != 0 || nesterov))
-        fail("perfkernels: momentum and nesterov are options of optimizer 'sgd'; got momentum = " +
-             std::to_string(momentum) + " with optimizer '" + optimizer + "'");
-    if (nesterov && momentum == 0) fail("perfkernels: nesterov=True needs momentum > 0");
-    opt.nesterov = nesterov ? 1 : 0;
+/* embedding_bags_backward_update(Tensor(a!)[] weights, Tensor[] indices, Tensor[] offsets,
+ *     SymInt[] mean, bool include_last_offset, SymInt[] padding_idx, Tensor[] grad_outputs,
+ *     str optimizer, Tensor(b!)[] states, Tensor(c!)[] states2, float lr, float eps,
+ *     float weight_decay, SymInt[] steps, float beta1, float beta2, float momentum,
+ *     bool nesterov, bool stochastic_rounding, SymInt[] seeds) -> ()
+ * The fused step of several tables with one optimizer in one call (a training step of a model
+ * with many tables pays one dispatch, not one per table): table f is stepped as
+ * embedding_bag_backward_update steps it with weights[f], indices[f], offsets[f] (1-D, the
+ * include_last_offset convention given), mean[f] ("mean" when nonzero, else "sum"),
+ * padding_idx[f] (-1: none), grad_outputs[f], states[f] / states2[f] (empty lists when the
+ * optimizer keeps no such state), steps[f] (the Adam family; else empty) and seeds[f].  The
+ * tables are stepped in order (a table given twice steps twice), and every argument and index
+ * of every table is checked before the first row is written. */
+void embedding_bags_backward_update(StableIValue *stack, uint64_t, uint64_t)
+{
+    std::vector<Tensor> weights = take_list<Tensor>(stack[0], take_tensor);
+    std::vector<Tensor> indices = take_list<Tensor>(stack[1], take_tensor);
+    std::vector<Tensor> offsets = take_list<Tensor>(stack[2], take_tensor);
+    const std::vector<int64_t> mean = take_list<int64_t>(stack[3], to_int);
+    const bool include_last = to_bool(stack[4]);
+    const std::vector<int64_t> padding = take_list<int64_t>(stack[5], to_int);
+    std::vector<Tensor> grads = take_list<Tensor>(stack[6], take_tensor);
+    const StepOptions o = take_step_options(stack, 7, 10, 14, 16);
+    std::vector<Tensor> states = take_list<Tensor>(stack[8], take_tensor);
+    std::vector<Tensor> states2 = take_list<Tensor>(stack[9], take_tensor);
+    const std::vector<int64_t> steps = take_list<int64_t>(stack[13], to_int);
+    const std::vector<int64_t> seeds = take_list<int64_t>(stack[19], to_int);
 
-    const View w = view(weight, "weight", 2);
-    int64_t elem = 4;
-    pk_training_update_fn update = nullptr;
-    const pk_training_kernels *k = pk_training_table(g_isa.load(std::memory_order_relaxed));
-    if (w.dtype == api.aoti_torch_dtype_float32()) {
-        update = k->training_update_f32;
-    } else if (w.dtype == api.aoti_torch_dtype_float16()) {
-        update = k->training_update_f16;
-        elem = 2;
-    } else if (w.dtype == api.aoti_torch_dtype_bfloat16()) {
-        update = k->training_update_bf16;
-        elem = 2;
-    } else {
-        fail("perfkernels: weight must be float32, float16 or bfloat16; got " + dtype_name(w.dtype));
+    const size_t F = weights.size();
+    auto same = [&](size_t n, const char *what, bool may_be_empty) {
+        if (n != F && !(may_be_empty && n == 0))
+            fail(std::string("perfkernels: ") + what + " needs one entry per table (" +
+                 std::to_string(F) + ")" + (may_be_empty ? " or none" : "") + "; got " +
+                 std::to_string(n));
+    };
+    same(indices.size(), "indices", false);
+    same(offsets.size(), "offsets", false);
+    same(mean.size(), "mean", false);
+    same(padding.size(), "padding_idx", false);
+    same(grads.size(), "grad_outputs", false);
+    same(states.size(), "states", true);
+    same(states2.size(), "states2", true);
+    same(steps.size(), "steps", true);
+    same(seeds.size(), "seeds", false);
+    const Tensor none;
+    std::vector<TableStep> s(F);
+    for (size_t f = 0; f < F; f++) {
+        const std::string n = "[" + std::to_string(f) + "]";
+        if (padding[f] < -1)
+            fail("perfkernels: padding_idx" + n + " = " + std::to_string(padding[f]) +
+                 " must be -1 (none) or a row");
+        prepare_step(s[f], weights[f], indices[f], offsets[f], none, mean[f] ? "mean" : "sum",
+                     include_last,
+                     padding[f] < 0 ? std::nullopt : std::optional<int64_t>(padding[f]),
+                     grads[f], o, states.empty() ? none : states[f],
+                     states2.empty() ? none : states2[f],
+                     steps.empty() ? std::nullopt : std::optional<int64_t>(steps[f]), seeds[f], n);
     }
-    check_in_place(w, "weight", elem);
-    const int64_t rows = w.size[0], dim = w.size[1];
-
-    std::vector<View> states;
-    if (adam) {
-        if (!step)
-            fail("perfkernels: optimizer '" + optimizer + "' needs step, the table's step count "
-                 "including this update (1 for the first)");
-        if (*step < 1)
-            fail("perfkernels: step = " + std::to_string(*step) + " must be >= 1 (the count "
-                 "including this update)");
-        if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
-            fail("perfkernels: betas = (" + std::to_string(beta1) + ", " + std::to_string(beta2) +
-                 ") must each be in [0, 1)");
-        if (opt.eps <= 0)
-            fail("perfkernels: eps = " + std::to_string(eps) + " must be > 0 for optimizer '" +
-                 optimizer + "'");
-        pk_sparse_optim_adam(&opt, lr, weight_decay, *step, beta1, beta2, optimizer == "adamw");
-        states.push_back(state_view(state, "state (m)", optimizer, true, rows, dim));
-        states.push_back(state_view(state2, "state2 (v)", optimizer, optimizer != "rowwise_adam",
-                                    rows, dim));
-    } else {
-        if (step) fail("perfkernels: step is an option of the Adam family; optimizer '" + optimizer +
-                       "' keeps no step count");
-        if (state2) fail("perfkernels: optimizer '" + optimizer + "' keeps one state: state2 must be None");
-        if (opt.optimizer == PK_OPT_SGD) {
-            if (state) fail("perfkernels: optimizer 'sgd' keeps no state without momentum: state must be None");
-        } else {
-            states.push_back(state_view(state, "state", optimizer,
-                                        optimizer != "rowwise_adagrad", rows, dim));
-        }
+    for (size_t f = 0; f < F; f++) {
+        const int64_t bad = first_bad_index(s[f].b, s[f].rows);
+        if (bad >= 0) index_error(s[f].b.indices, bad, s[f].rows);
     }
-    for (size_t i = 0; i < states.size(); i++) {
-        if (overlap(states[i], 4, w, elem)) fail("perfkernels: the optimizer state shares memory with weight");
-        for (size_t j = 0; j < i; j++)
-            if (overlap(states[i], 4, states[j], 4)) fail("perfkernels: state and state2 share memory");
-    }
-    if (!states.empty()) {
-        opt.state = reinterpret_cast<float *>(states[0].data);
-        opt.state_stride = states[0].stride[0];
-    }
-    if (states.size() > 1) {
-        opt.state2 = reinterpret_cast<float *>(states[1].data);
-        opt.state2_stride = states[1].stride[0];
-    }
-    opt.stochastic_rounding = stochastic && elem == 2 ? 1 : 0;
-    opt.seed = (uint64_t)seed;
-
-    Bags b;
-    prepare(b, a.indices, a.offsets, a.psw, a.mode, a.include_last_offset, a.padding_idx, rows);
-    const View g = view(grad_output, "grad_output", 2);
-    if (g.dtype != api.aoti_torch_dtype_float32())
-        fail("perfkernels: grad_output must be float32; got " + dtype_name(g.dtype));
-    if (g.size[0] != b.bags.num_bags || g.size[1] != dim)
-        fail("perfkernels: grad_output has shape [" + std::to_string(g.size[0]) + ", " +
-             std::to_string(g.size[1]) + "]; expected [" + std::to_string(b.bags.num_bags) + ", " +
-             std::to_string(dim) + "] ([num_bags, D])");
-    bool shared = overlap(g, 4, w, elem);
-    for (const View &s : states) shared = shared || overlap(g, 4, s, 4);
-    /* rows of unit stride are read where they are (a slice of the gradient of a concatenation,
-     * as DLRM's backward gives each table, costs no copy); else, or when it shares memory with
-     * what is written, a contiguous copy */
-    std::vector<float> grad_copy;
-    const float *grad = reinterpret_cast<const float *>(g.data);
-    int64_t grad_stride = g.size[0] <= 1 ? dim : g.stride[0];
-    if (shared || !(dim <= 1 || g.stride[1] == 1) || grad_stride < 0) {
-        const float *c = contiguous<float>(g, grad_copy);
-        if (grad_copy.empty()) grad_copy.assign(c, c + numel(g));
-        grad = grad_copy.data();
-        grad_stride = dim;
-    }
-    if (!pk_training_fits(rows, b.bags.n_indices, b.bags.num_bags))
-        fail("perfkernels: " + std::to_string(b.bags.n_indices) + " indices into a table of " +
-             std::to_string(rows) + " rows: the row and entry numbers need more than 64 bits");
-
-    pk_training_call call;
-    call.bags = &b.bags;
-    call.rows = rows;
-    call.grad = grad;
-    call.grad_stride = grad_stride;
-    call.table = w.data;
-    call.dim = dim;
-    call.row_stride = rows <= 1 ? dim : w.stride[0];
-    call.update = update;
-    call.opt = &opt;
-    pk_training_plan plan;
-    pk_training_plan_call(&call, torch_threads(), &plan);
-    int64_t bad = 0;
-    const pk_status s = pk_training_run(&call, &plan, training_workspace(plan.workspace_bytes),
-                                        &g_pool, &bad);
-    if (s == PK_ERR_INDEX) index_error(b.indices, bad, rows);
-    if (s != PK_OK) fail("perfkernels: the fused optimizer step failed with status " + std::to_string((int)s));
+    for (size_t f = 0; f < F; f++) run_step(s[f]);
 }
 
 /* ------------------------------------------------------------------ registration */
@@ -1696,6 +1824,13 @@ const Op OPS[] = {
      "float eps, float weight_decay, int? step, float beta1, float beta2, float momentum, "
      "bool nesterov, bool stochastic_rounding, int seed) -> ()",
      guarded<embedding_bag_backward_update>},
+    {"embedding_bags_backward_update",
+     "embedding_bags_backward_update(Tensor(a!)[] weights, Tensor[] indices, Tensor[] offsets, "
+     "SymInt[] mean, bool include_last_offset, SymInt[] padding_idx, Tensor[] grad_outputs, "
+     "str optimizer, Tensor(b!)[] states, Tensor(c!)[] states2, float lr, float eps, "
+     "float weight_decay, SymInt[] steps, float beta1, float beta2, float momentum, "
+     "bool nesterov, bool stochastic_rounding, SymInt[] seeds) -> ()",
+     guarded<embedding_bags_backward_update>},
 };
 
 /* Defines the ops and registers their CPU kernels when the library is loaded; the libraries
