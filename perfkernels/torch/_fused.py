@@ -269,29 +269,34 @@ class FusedOptimizer:
         psw = b.per_sample_weights
         if psw is not None and psw.dtype is not torch.float32:
             psw = psw.float()
-        # grad mode off for the in-place update of a leaf that requires grad: a backward pass
-        # (where the step runs, but with create_graph=True) already has it off, and then no
-        # torch.no_grad() is entered (it cost more than the op call itself, per table and step)
-        grad_mode = torch.is_grad_enabled()
-        if grad_mode:
-            torch._C._set_grad_enabled(False)
-        try:
-            fused_step_op(weight, b.indices, b.offsets, psw, b.mode, b.include_last_offset,
-                          b.padding_idx, grad, self.name, m1, m2, self.lr, self.eps,
-                          self.weight_decay, t, self.betas[0], self.betas[1], self.momentum,
-                          self.nesterov, self.stochastic_rounding,
-                          seed)   # reproducible runs; a new seed every step
-        except RuntimeError as exc:
-            bad_index = native_index_error(exc)
-            if bad_index is not None:
-                raise bad_index from None
-            raise
-        finally:
-            if grad_mode:
-                torch._C._set_grad_enabled(True)
+        _in_place(fused_step_op, weight, b.indices, b.offsets, psw, b.mode,
+                  b.include_last_offset, b.padding_idx, grad, self.name, m1, m2, self.lr,
+                  self.eps, self.weight_decay, t, self.betas[0], self.betas[1], self.momentum,
+                  self.nesterov, self.stochastic_rounding,
+                  seed)   # reproducible runs; a new seed every step
         if step is not None:
             with torch.no_grad():
                 step.fill_(t)     # counted once the update is done
+
+
+def _in_place(op, *args) -> None:
+    """Call a step op with grad mode off (the in-place update of a leaf that requires grad); a
+    bad index raises torch's IndexError.  A backward pass (where steps run, but with
+    create_graph=True) already has grad mode off, and then no torch.no_grad() is entered (it
+    cost more than the op call itself, per table and step)."""
+    grad_mode = torch.is_grad_enabled()
+    if grad_mode:
+        torch._C._set_grad_enabled(False)
+    try:
+        op(*args)
+    except RuntimeError as exc:
+        bad_index = native_index_error(exc)
+        if bad_index is not None:
+            raise bad_index from None
+        raise
+    finally:
+        if grad_mode:
+            torch._C._set_grad_enabled(True)
 
 
 #: The steps queued by each running backward pass (by graph task id), taken by the pass's one
@@ -374,22 +379,10 @@ def _step_batch(rows: list) -> None:
     if states and len(states) != len(rows):
         raise RuntimeError(f"fused optimizer {opt0.name!r}: some tables lack their momentum1 "
                            "buffer")
-    grad_mode = torch.is_grad_enabled()
-    if grad_mode:
-        torch._C._set_grad_enabled(False)
-    try:
-        fused_steps_op(weights, indices, offsets, mean, rows[0][0][-1], padding, grads,
-                       opt0.name, states, states2, opt0.lr, opt0.eps, opt0.weight_decay, steps,
-                       opt0.betas[0], opt0.betas[1], opt0.momentum, opt0.nesterov,
-                       opt0.stochastic_rounding, seeds)
-    except RuntimeError as exc:
-        bad_index = native_index_error(exc)
-        if bad_index is not None:
-            raise bad_index from None
-        raise
-    finally:
-        if grad_mode:
-            torch._C._set_grad_enabled(True)
+    _in_place(fused_steps_op, weights, indices, offsets, mean, rows[0][0][-1], padding, grads,
+              opt0.name, states, states2, opt0.lr, opt0.eps, opt0.weight_decay, steps,
+              opt0.betas[0], opt0.betas[1], opt0.momentum, opt0.nesterov,
+              opt0.stochastic_rounding, seeds)
     if counted:
         with torch.no_grad():
             for step, t in counted.values():
