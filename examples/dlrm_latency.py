@@ -22,6 +22,7 @@ draws p50 against batch size.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import sys
@@ -119,6 +120,7 @@ def run_latency(args: argparse.Namespace) -> dict:
     dim = args.dim or 16
     bag_size = args.bag_size or 1
     max_rows = args.max_rows or 1_000_000
+    grad = bool(getattr(args, "grad_on", False))
     stock = ref.kaggle_model(max_rows, dim=dim, seed=args.seed).eval()
     rows = [e.num_embeddings for e in stock.emb_l]
     compile_ = not args.no_compile
@@ -127,9 +129,10 @@ def run_latency(args: argparse.Namespace) -> dict:
     print(f"reference DLRM (facebookresearch DLRM_Net's operations), {len(rows)} tables x {dim} "
           f"(max {max(rows):,} rows), bottom MLP 13-512-256-64-{dim}, top MLP "
           f"{stock.top_l[0].in_features}-512-256-1, dot interaction, {bag_size} index per table "
-          f"and sample; inference; torch threads {torch.get_num_threads()}")
-    result: dict = {"threads": torch.get_num_threads(), "batches": {}}
-    with torch.inference_mode():
+          f"and sample; inference ({'grad mode on, as a loop without no_grad runs it' if grad else 'inference mode'}); "
+          f"torch threads {torch.get_num_threads()}")
+    result: dict = {"threads": torch.get_num_threads(), "batches": {}, "grad": grad}
+    with (contextlib.nullcontext() if grad else torch.inference_mode()):
         columns, notes = build_columns(stock, inputs[batches[0]][0], compile_)
         result["columns"], result["notes"] = list(columns), notes
         for note in notes:
@@ -143,7 +146,7 @@ def run_latency(args: argparse.Namespace) -> dict:
             diffs = {}
             for n, m in columns.items():
                 got = [m(*x) for x in inputs[b]]           # also the compile, before timing
-                diffs[n] = max(float((g - w).abs().max()) for g, w in zip(got, want))
+                diffs[n] = max(float((g - w).detach().abs().max()) for g, w in zip(got, want))
             t = time_batch(columns, inputs[b], args.rounds, args.warmup, args.budget)
             # speed-up: the median over rounds of stock's time / the column's time in that round
             # (the columns of a round ran back to back, so machine drift cancels)
@@ -326,5 +329,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time training steps (forward, backward, --fused-optimizer sgd or "
                         "adagrad, default sgd, at --lr) instead of forwards: stock with torch's "
                         "sparse optimizer against convert() and optimize() with it fused")
+    g.add_argument("--grad-on", action="store_true",
+                   help="time the forwards with grad mode on (the model in eval mode, no "
+                        "torch.no_grad(): what an inference loop that never turns gradients off "
+                        "runs) instead of under torch.inference_mode()")
     g.add_argument("--no-compile", action="store_true",
                    help="leave out the torch.compile columns (they compile per batch size)")

@@ -125,3 +125,14 @@ def test_train_step_mode_table(capsys):
         for col in result["columns"]:
             assert stats[col]["samples"] == 4 and stats[col]["p50"] > 0
     assert "dense only" in capsys.readouterr().out
+
+
+def test_latency_mode_grad_on():
+    """``--latency --grad-on``: the forwards with grad mode on predict as stock does."""
+    dlrm = load("dlrm")
+    result = dlrm.run(dlrm.parse_args([
+        "--latency", "--grad-on", "--max-rows", "200", "--batches", "2", "--rounds", "3",
+        "--warmup", "1", "--distinct", "2", "--no-compile"]))
+    assert result["grad"] is True
+    for col in result["columns"]:
+        assert result["batches"][2][col]["max_pred_diff"] <= 1e-5
