@@ -320,3 +320,26 @@ def test_one_call_sees_edits_between_calls():
                             for k in keys])
         again = pkt.KeyedJaggedTensor(keys, values, lengths=lengths)
         torch.testing.assert_close(conv(again).values(), conv(kjt).values(), rtol=0, atol=0)
+
+
+def test_from_files_pooling_per_table(tmp_path):
+    """``pooling={table: mode}``: each table pools as its entry says; a dict that misses a
+    table or names another is refused."""
+    floats = _tables(_collection())
+    files = {}
+    for name, *_ in TABLES:
+        files[name] = str(tmp_path / f"{name}.pkt")
+        T.save_table(files[name], floats[name].numpy())
+    pooling = {n: p for n, _, _, _, p in TABLES}
+    assert set(pooling.values()) == {"sum", "mean"}      # the test needs both
+    loaded = pkt.EmbeddingBagCollection.from_files(
+        files, feature_names={"user": ["user", "friend"]}, pooling=pooling)
+    assert [c.pooling for c in loaded.embedding_bag_configs()] == [p for *_, p in TABLES]
+    kjt = _kjt(seed=4)
+    want = _reference(floats, {}, kjt, tables=TABLES)
+    torch.testing.assert_close(loaded(kjt).values().double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"missing \['geo'\]"):
+        pkt.EmbeddingBagCollection.from_files(
+            files, pooling={n: p for n, p in pooling.items() if n != "geo"})
+    with pytest.raises(ValueError, match=r"extra \['other'\]"):
+        pkt.EmbeddingBagCollection.from_files(files, pooling={**pooling, "other": "sum"})

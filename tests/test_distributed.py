@@ -185,9 +185,11 @@ def assert_close(actual, expected, what: str, rtol=1e-5, atol=1e-6):
 
 # ------------------------------------------------------------------------- the workers
 
-def check_forward(world: int, rank: int, weighted: bool) -> None:
+def check_forward(world: int, rank: int, weighted: bool, directory: Path = None) -> None:
     """Every sharding type x every format: outputs equal the single-process result, the same
-    bits on a second run; a feature empty on the last rank; uneven batch slices."""
+    bits on a second run; a feature empty on the last rank; uneven batch slices; (unweighted)
+    the export of the whole tables, in one file and (with ``directory``) as table files that a
+    collection maps."""
     tables = make_tables(FORMATS)
     plan = hand_plan(tables, world)
     full = reference_weights(tables)
@@ -223,6 +225,39 @@ def check_forward(world: int, rank: int, weighted: bool) -> None:
                 else:
                     whole = full[t.name].to(t.data_type)
                 assert torch.equal(got, whole), f"export of {t.name}"
+        if directory is not None:
+            check_table_files(ebc, tables, full, exported, directory / f"files_{world}", world,
+                              rank)
+
+
+def check_table_files(ebc, tables, full, exported, directory: Path, world: int,
+                      rank: int) -> None:
+    """export_table_files: on rank 0 a table file per table holding what export_tables gave,
+    a manifest, and a collection mapped from them that answers the global batch as the
+    float64 reference does; None on the other ranks."""
+    import json
+    files = pkd.export_table_files(ebc, directory)
+    if rank != 0:
+        assert files is None
+        return
+    assert set(files["files"]) == {t.name for t in tables}
+    manifest = json.loads((directory / "tables.json").read_text())
+    assert manifest["files"] == {t.name: f"{t.name}.pkt" for t in tables}
+    serving = EmbeddingBagCollection.from_files(files["files"],
+                                                feature_names=files["feature_names"],
+                                                pooling=files["pooling"])
+    for t in tables:
+        bag = serving.embedding_bags[t.name]
+        rows = bag.packed_weight if isinstance(t.data_type, int) else bag.weight
+        assert torch.equal(rows, exported["state_dict"][f"embedding_bags.{t.name}.weight"]), \
+            f"table file of {t.name}"
+        assert bag.mode == t.pooling, t.name
+    batch = 5
+    keys, values, lengths, _ = global_batch(tables, batch, seed=11)
+    with torch.no_grad():
+        out = serving(local_kjt(keys, values, lengths, None, 0, batch)).values()
+    assert_close(out, reference_pooled(tables, full, keys, values, lengths, None),
+                 "the collection over the exported table files", rtol=2e-5, atol=2e-6)
 
 
 def _unsharded(tables, full: dict, weighted: bool = False, fused=None):
@@ -464,7 +499,7 @@ def worker(scenario: str, rank: int, world: int, directory: Path) -> None:
                             timeout=datetime.timedelta(seconds=timeout))
     try:
         if scenario == "main":
-            check_forward(world, rank, weighted=False)
+            check_forward(world, rank, weighted=False, directory=directory)
             check_forward(world, rank, weighted=True)
             check_refusals(world, rank)
             check_no_table_rank(world, rank)

@@ -308,10 +308,11 @@ class EmbeddingBagCollection(torch.nn.Module):
                                  for f, t, _ in self._feature_table]
 
     @classmethod
-    def from_files(cls, files: Any, *, feature_names: Optional[Any] = None, pooling: str = "sum",
+    def from_files(cls, files: Any, *, feature_names: Optional[Any] = None, pooling: Any = "sum",
                    is_weighted: bool = False) -> "EmbeddingBagCollection":
         """A collection over table files of :mod:`perfkernels.tables` (``{table name: path}``,
-        in order; ``feature_names``: ``{table name: [feature, ...]}``, default the table's name),
+        in order; ``feature_names``: ``{table name: [feature, ...]}``, default the table's name;
+        ``pooling``: ``"sum"`` / ``"mean"``, or ``{table name: pooling}``),
         each mapped copy-on-write and shared between processes, as :meth:`EmbeddingBag.from_file`
         (float tables) and :meth:`QuantizedEmbeddingBag.from_file` (8/4/2-bit rows) map them;
         rows, D and format come from the files, and formats may be mixed.  Nothing is read or

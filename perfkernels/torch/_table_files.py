@@ -13,7 +13,7 @@ file, so a server saves the path rather than the table.
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -72,35 +72,45 @@ def float_bag_from_file(cls, path, *, dtype=None, dim: Optional[int] = None,
 
 
 def collection_from_files(cls, files, *, bag_cls, quantized_cls, config_cls,
-                          feature_names=None, pooling: str = "sum", is_weighted: bool = False):
+                          feature_names=None, pooling="sum", is_weighted: bool = False):
     """An ``EmbeddingBagCollection`` whose tables are the table files ``files`` (``{table name:
     path}``, in order): a float table mapped as :func:`float_bag_from_file` maps it, a quantized
     one as :func:`quantized_bag_from_file`; its config's rows, D and format read from the file
     (a quantized table's ``data_type`` is ``"INT8"``, ``"INT4"`` or ``"INT2"``).
     ``feature_names``: ``{table name: [feature, ...]}`` (default: each table is one feature of its
-    name).  ``bag_cls`` / ``quantized_cls`` / ``config_cls``: the float and quantized table
-    modules and the config class (passed in, so that this module imports none of them)."""
+    name; ``pooling``: one for every table, or ``{table name: pooling}``).  ``bag_cls`` /
+    ``quantized_cls`` / ``config_cls``: the float and quantized table modules and the config
+    class (passed in, so that this module imports none of them)."""
     feature_names = dict(feature_names or {})
     unknown = set(feature_names) - set(files)
     if unknown:
         raise ValueError(f"feature_names names tables that files lacks: {sorted(unknown)}")
+    if isinstance(pooling, Mapping):
+        missing = set(files) - set(pooling)
+        if missing or set(pooling) - set(files):
+            raise ValueError(f"pooling must name every table of files and no other; missing "
+                             f"{sorted(missing)}, extra {sorted(set(pooling) - set(files))}")
+        modes = dict(pooling)
+    else:
+        modes = {name: pooling for name in files}
     configs, bags = [], {}
     for name, path in files.items():
+        mode = modes[name]
         if isinstance(_tables.read_table_header(path).fmt, int):
-            bag = quantized_bag_from_file(quantized_cls, path, mode=pooling,
+            bag = quantized_bag_from_file(quantized_cls, path, mode=mode,
                                           include_last_offset=True)
             data_type = f"INT{bag.bits}"
         else:
-            bag = float_bag_from_file(bag_cls, path, mode=pooling, include_last_offset=True)
+            bag = float_bag_from_file(bag_cls, path, mode=mode, include_last_offset=True)
             bag.output_dtype = torch.float32
             data_type = bag.weight.dtype
         bags[name] = bag
         configs.append(config_cls(bag.num_embeddings, bag.embedding_dim, name=name,
                                   feature_names=list(feature_names.get(name, [name])),
-                                  pooling=pooling, data_type=data_type))
+                                  pooling=mode, data_type=data_type))
     # built on one-row stand-ins (nothing the size of the tables is allocated), then swapped
     stand_ins = [config_cls(1, c.embedding_dim, name=c.name,
-                            feature_names=c.feature_names, pooling=pooling)
+                            feature_names=c.feature_names, pooling=c.pooling)
                  for c in configs]
     new = cls(stand_ins, is_weighted=is_weighted, placement="keep")
     for name, bag in bags.items():

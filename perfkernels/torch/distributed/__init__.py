@@ -23,7 +23,8 @@ rest of the model).
 * :class:`ShardedEmbeddingCollection`: the same for the unpooled
   :class:`perfkernels.torch.EmbeddingCollection` (``{feature: JaggedTensor}``, one row per ID);
 * :func:`save_checkpoint` / :func:`load_checkpoint` (``torch.distributed.checkpoint``, with
-  resharding) and :func:`export_tables` (one file of full tables for serving);
+  resharding), :func:`export_tables` (one file of full tables for serving) and
+  :func:`export_table_files` (a table file per table, for servers that map them);
 * :func:`check_peers` (gloo's monitored barrier) and :class:`CollectiveError`, what a collective
   raises when another rank failed, died or timed out.
 
@@ -34,12 +35,12 @@ from ._plan import (DATA_PARALLEL, ROW_WISE, SHARDING_TYPES, TABLE_ROW_WISE, TAB
                     ShardingPlan, Table, TableSharding, plan)
 from ._sharded import ShardedEmbeddingBagCollection, initial_rows
 from ._sharded_sequence import ShardedEmbeddingCollection
-from ._checkpoint import export_tables, load_checkpoint, save_checkpoint
+from ._checkpoint import export_table_files, export_tables, load_checkpoint, save_checkpoint
 
 __all__ = [
     "plan", "ShardingPlan", "TableSharding", "Table", "SHARDING_TYPES",
     "TABLE_WISE", "ROW_WISE", "TABLE_ROW_WISE", "DATA_PARALLEL",
     "ShardedEmbeddingBagCollection", "ShardedEmbeddingCollection", "initial_rows",
-    "save_checkpoint", "load_checkpoint", "export_tables",
+    "save_checkpoint", "load_checkpoint", "export_tables", "export_table_files",
     "check_peers", "CollectiveError",
 ]

@@ -52,16 +52,73 @@ def export_tables(module: _ShardedTables, path: Optional[PathLike] = None,
     the memory of the whole model (no optimizer state is exported).  A sharded
     ``EmbeddingCollection``'s keys are ``embeddings.<table>.weight``, its unsharded
     collection's."""
-    g = module._group
     tables: dict = {}
     formats: dict = {}
+    for t, full in _gathered(module, dst):
+        formats[t.name] = f"{t.bits}-bit" if t.bits else str(t.dtype).replace("torch.", "")
+        if full is not None:
+            tables[f"{module._shards_attr}.{t.name}.weight"] = full
+    if module._group.rank != dst:
+        return None
+    result = {"state_dict": tables, "formats": formats}
+    if path is not None:
+        torch.save(result, os.fspath(path))
+    return result
+
+
+def export_table_files(module: _ShardedTables, directory: PathLike,
+                       dst: int = 0) -> Optional[dict]:
+    """Gather every table whole on rank ``dst``, one at a time, and write each there as a table
+    file ``directory/<table>.pkt`` (packed rows stay packed; written atomically, see
+    :func:`perfkernels.tables.save_table`), so that a server maps the tables instead of loading
+    a checkpoint into memory::
+
+        out = pkd.export_table_files(ebc, "/data/tables")           # every rank calls it
+        serving = EmbeddingBagCollection.from_files(out["files"],    # on rank dst, or later
+                                                    feature_names=out["feature_names"],
+                                                    pooling=out["pooling"])
+
+    Returns, on ``dst``, ``{"files": {table: path}, "feature_names": {table: [feature, ...]},
+    "pooling": {table: "sum" | "mean"}}``, also written as ``directory/tables.json`` (file names
+    relative to it); None elsewhere.  ``dst`` holds one whole table at a time, not the model;
+    no optimizer state is written.  A sharded :class:`ShardedEmbeddingCollection`'s tables are
+    written too (pooling ``"none"``: map each with :func:`perfkernels.tables.load_table`)."""
+    import json
+
+    from ... import tables as _tables
+    directory = os.fspath(directory)
+    mine = module._group.rank == dst
+    if mine:
+        os.makedirs(directory, exist_ok=True)
+    files: dict = {}
+    for t, full in _gathered(module, dst):
+        if full is None:
+            continue
+        path = os.path.join(directory, f"{t.name}.pkt")
+        _tables.save_table(path, full, bits=t.bits or None, dim=t.dim if t.bits else None)
+        files[t.name] = path
+    if not mine:
+        return None
+    manifest = {"files": files,
+                "feature_names": {t.name: list(t.features) for t in module._tables},
+                "pooling": {t.name: t.mode for t in module._tables}}
+    tmp = os.path.join(directory, f".tables.json.{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump({**manifest, "files": {k: os.path.basename(v) for k, v in files.items()}},
+                  f, indent=1)
+    os.replace(tmp, os.path.join(directory, "tables.json"))
+    return manifest
+
+
+def _gathered(module: _ShardedTables, dst: int):
+    """Each table of ``module`` as ``(info, whole table on dst or None)``, one at a time (one
+    ``all_to_all_single`` each for a sharded table); every rank iterates it to the end."""
+    g = module._group
     for t in module._tables:
         local = module._shards[t.name].weight.detach()
-        formats[t.name] = f"{t.bits}-bit" if t.bits else str(t.dtype).replace("torch.", "")
         s = t.sharding
         if s.sharding_type == DATA_PARALLEL:
-            if g.rank == dst:
-                tables[f"{module._shards_attr}.{t.name}.weight"] = local.clone()
+            yield t, (local.clone() if g.rank == dst else None)
             continue
         as_bytes = local.contiguous().view(torch.uint8).reshape(-1)
         send_splits = [as_bytes.numel() if r == dst else 0 for r in range(g.size)]
@@ -73,17 +130,11 @@ def export_tables(module: _ShardedTables, path: Optional[PathLike] = None,
         got = g.all_to_all(as_bytes, send_splits, recv_splits,
                            f"gathering table {t.name!r} on rank {dst}")
         if g.rank != dst:
+            yield t, None
             continue
         blocks = dict(zip(range(g.size), got.split(recv_splits)))
         ordered = [blocks[r] for r in s.ranks]          # ranks in row order
-        full = torch.cat(ordered).view(local.dtype).reshape(t.rows, *local.shape[1:])
-        tables[f"{module._shards_attr}.{t.name}.weight"] = full
-    if g.rank != dst:
-        return None
-    result = {"state_dict": tables, "formats": formats}
-    if path is not None:
-        torch.save(result, os.fspath(path))
-    return result
+        yield t, torch.cat(ordered).view(local.dtype).reshape(t.rows, *local.shape[1:])
 
 
 def _row_bytes_of(local: torch.Tensor) -> int:
