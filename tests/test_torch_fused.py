@@ -368,3 +368,34 @@ def test_table_used_twice_in_a_pass_steps_twice_in_order():
     assert int(a.step) == 2 and int(other.step) == 1
     assert torch.equal(a.weight, b.weight) and torch.equal(a.momentum2, b.momentum2)
     assert torch.equal(other.weight, other_b.weight)
+
+
+def test_backward_passes_on_two_threads_step_their_own_tables():
+    """Two threads training their own fused tables at once: each pass steps its own tables (the
+    steps queued per pass do not mix), as the same steps run one thread after the other."""
+    import threading
+    gen = torch.Generator().manual_seed(8)
+    data = [[(*_bags(gen, 60, 5, 4), torch.randn(5, 6, generator=gen)) for _ in range(30)]
+            for _ in range(2)]
+
+    def make():
+        torch.manual_seed(1)
+        return [pt.EmbeddingBag(60, 6, mode="sum", fused_optimizer=("adagrad", {"lr": 0.1}))
+                for _ in range(3)]
+
+    def train(tables, batches):
+        for ix, off, g in batches:
+            sum((t(ix, off) * g).sum() for t in tables).backward()
+    alone = [make(), make()]
+    for tables, batches in zip(alone, data):
+        train(tables, batches)
+    together = [make(), make()]
+    threads = [threading.Thread(target=train, args=(tables, batches))
+               for tables, batches in zip(together, data)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    for a, b in zip(alone, together):
+        for x, y in zip(a, b):
+            assert torch.equal(x.weight, y.weight) and torch.equal(x.momentum1, y.momentum1)

@@ -313,7 +313,7 @@ def _pending_rows() -> list:
     rows = _PENDING.get(task)
     if rows is None:
         if len(_PENDING) >= _PENDING_LIMIT:     # passes that failed before their end
-            del _PENDING[min(_PENDING)]
+            _PENDING.pop(min(_PENDING), None)
         rows = _PENDING[task] = []
         torch.autograd.Variable._execution_engine.queue_callback(lambda: _run_pending(task))
     return rows
