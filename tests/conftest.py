@@ -25,6 +25,10 @@ if os.environ.get("PERFKERNELS_EMULATE_AVX512") == "1":
     import avx512 as _avx512_emulation
     _avx512_emulation.install()
 
+# On an Arm CPU a plain convert() keeps torch's kernels (no route of ours timed there yet); the
+# tests check our modules, so they ask for the swap (tests/test_torch_layer.py checks the default).
+os.environ.setdefault("PERFKERNELS_ARM_CONVERT", "1")
+
 ALL_ISAS = _dispatch.ISAS
 
 

@@ -648,3 +648,35 @@ def test_torchrec_collection_converts_and_our_collection_takes_its_inputs(torchr
     ours = pt.EmbeddingBagCollection(tables)
     ours.load_state_dict(ebc.state_dict())
     torch.testing.assert_close(ours(kjt).values(), want)
+
+
+def test_arm_keeps_torch_kernels_unless_asked(monkeypatch):
+    """On an Arm CPU a plain convert() leaves every embedding module to torch (no route of ours
+    has been timed there), saying why; PERFKERNELS_ARM_CONVERT=1 swaps as on x86, and bits= /
+    dtype= (storage only ours provides) convert as asked."""
+    import platform
+
+    from perfkernels.torch import _convert
+    model = torch.nn.ModuleDict({"bag": torch.nn.EmbeddingBag(50, 4, mode="sum"),
+                                 "emb": torch.nn.Embedding(50, 4),
+                                 "lin": torch.nn.Linear(4, 1)})
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.delenv("PERFKERNELS_ARM_CONVERT", raising=False)
+    assert _convert.arm_unmeasured()
+    kept = pt.convert(model)
+    assert type(kept["bag"]) is torch.nn.EmbeddingBag and type(kept["emb"]) is torch.nn.Embedding
+    report = pt.last_report()
+    assert not report.swapped
+    assert {name for name, *_ in report.skipped} == {"bag", "emb"}
+    assert all("Arm" in reason for *_, reason in report.skipped)
+    quantized = pt.convert(model, bits=8)
+    assert isinstance(quantized["bag"], pt.QuantizedEmbeddingBag)
+    half = pt.convert(model, dtype=torch.float16)
+    assert isinstance(half["bag"], pt.EmbeddingBag)
+    monkeypatch.setenv("PERFKERNELS_ARM_CONVERT", "1")
+    assert not _convert.arm_unmeasured()
+    swapped = pt.convert(model)
+    assert isinstance(swapped["bag"], pt.EmbeddingBag) and isinstance(swapped["emb"], pt.Embedding)
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.delenv("PERFKERNELS_ARM_CONVERT")
+    assert not _convert.arm_unmeasured()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import copy
 import gc
 import logging
+import os
+import platform
 import warnings
 from dataclasses import dataclass, field
 from typing import Optional
@@ -286,12 +288,44 @@ def _quantized_bag_class() -> type:
 _QuantizedTorchEmbeddingBag = None
 
 
+#: Why convert() leaves the embedding modules to torch on an Arm CPU (see arm_unmeasured)
+ARM_REASON = ("on an Arm CPU no route of ours has been timed against PyTorch's own kernels yet, "
+              "so torch's stays (PERFKERNELS_ARM_CONVERT=1 swaps anyway; dtype= and bits= "
+              "convert as asked)")
+
+#: TorchRec's collections that convert() swaps whole
+_TORCHREC_COLLECTIONS = ("EmbeddingBagCollection", "EmbeddingCollection")
+
+
+def arm_unmeasured() -> bool:
+    """Whether this is an Arm CPU (aarch64), where convert() keeps torch's kernels for a plain
+    conversion: perfkernels' Arm levels are tested under emulation but no route has been timed
+    against PyTorch's own Arm kernels (its SVE embedding bag among them), and a conversion must
+    not make a model slower.  ``PERFKERNELS_ARM_CONVERT=1`` swaps as on x86; ``dtype=`` and
+    ``bits=`` (storage only our modules provide) always convert."""
+    return (platform.machine().lower() in ("aarch64", "arm64")
+            and os.environ.get("PERFKERNELS_ARM_CONVERT", "") != "1")
+
+
+def _swaps_a_kernel(module: torch.nn.Module) -> bool:
+    """Whether convert() would swap ``module`` for a module of ours running our kernels."""
+    cls = type(module)
+    if cls.__module__.startswith("torchrec."):
+        return cls.__name__ in _TORCHREC_COLLECTIONS
+    return cls in (torch.nn.EmbeddingBag, torch.nn.Embedding, _torch_ao_embedding_bag(),
+                   _torch_ao_embedding())
+
+
 def _swap_one(name: str, module: torch.nn.Module, dtype: Optional[torch.dtype],
               bits: Optional[int], report: ConversionReport, placement: str = "auto"
               ) -> Optional[torch.nn.Module]:
     """Our replacement for one module, or None (with the reason in the report) to leave it."""
     from ._quantized import QuantizedEmbeddingBag
     kind = type(module).__name__
+    if (bits is None and dtype in (None, torch.float32) and _swaps_a_kernel(module)
+            and arm_unmeasured()):
+        report.skipped.append((name, kind, ARM_REASON))
+        return None
     if type(module).__module__.startswith("torchrec."):   # TorchRec's collections, whole
         from ._torchrec_convert import swap as swap_torchrec
         return swap_torchrec(name, module, bits, report)
@@ -521,7 +555,8 @@ def convert(model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None,
                 new = swap(full, child)
                 if new is not None:
                     setattr(parent, child_name, new)
-    if any(type(m).__module__.startswith("torchrec.") for m in model.modules()):
+    if (any(type(m).__module__.startswith("torchrec.") for m in model.modules())
+            and not (bits is None and dtype in (None, torch.float32) and arm_unmeasured())):
         from ._torchrec_convert import convert_float_collections
         model = convert_float_collections(model, report)
     swap.warn_replaced(model, original, memo)
