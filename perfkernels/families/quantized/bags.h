@@ -10,18 +10,22 @@
 
 #define BLOCK_VECS (V_REGS / 2) /* any D: output vectors held in registers per pass */
 /* A specialised D keeps up to SPEC_VECS_PACKED vectors in one pass: 16 where there are 32
- * registers (AVX-512: D = 256 in one pass).  In AVX2's 16 registers 8-bit and 4-bit rows take 8
- * (D = 128 and 256 in 2 and 4 passes over the bag, the later ones reading rows the first brought
- * to L1), and no accumulator leaves the registers.  A pass of 16 cannot: with the row's scale and
- * the code being widened it needs 18 registers.  8-bit rows were as fast in passes of 8 on bags of
- * 20 rows and faster on bags of one; 4-bit rows measured 10-15% faster in one pass of 16 with
- * spills (12 stack accesses a row) than in passes of 8, on an AVX2-only AMD EPYC (Zen 3), bags of
- * 40 rows of an L3-resident table. */
+ * registers (AVX-512: D = 256 in one pass).  In AVX2's 16 registers 8-bit rows take 8 (D = 128
+ * and 256 in 2 and 4 passes over the bag, the later ones reading rows the first brought to L1),
+ * and no accumulator leaves the registers.  A pass of 16 cannot: with the row's scale and the code
+ * being widened it needs 18 registers.  8-bit rows were as fast in passes of 8 on bags of 20 rows
+ * and faster on bags of one.  4-bit rows take passes of 16 (SPEC_VECS_Q4) on every level: on an
+ * AVX2-only AMD EPYC (Zen 3) one pass of 16 with spills (12 stack accesses a row) took 0.83x the
+ * time of two passes of 8 at D = 128 (bags of 40 rows of an L3-resident table; 0.88x weighted,
+ * 0.91x at D = 256 and on a 4M-row table), the kernels of both builds called alternately. */
 #if V_REGS > 16
 #define SPEC_VECS_PACKED 16
 #else
 #define SPEC_VECS_PACKED 8
 #endif
+/* 4-bit rows: passes of 16 everywhere (on AVX2 D = 128 in one pass, its spills notwithstanding:
+ * a second pass would read every index, trailer and prefetch of the bag again) */
+#define SPEC_VECS_Q4 16
 
 /* Sum bag b over output columns [d0, d0 + VL*nv + tail): the bag loop's pass over packed rows of
  * `bits` bits, prefetching rows ahead (near, or far into L2) when `prefetch` (the first pass). */
@@ -52,7 +56,8 @@ PK_INLINE pk_status bags_loop(const pk_bags *g, const void *packed, int64_t rows
     const pk_bag_table t = pk_bag_table_of(packed, rows, (size_t)row_bytes, (size_t)codes_bytes);
     for (int64_t b = 0; b < g->num_bags; b++) {
         if (D) {
-            const int nv = D / VL < SPEC_VECS_PACKED ? D / VL : SPEC_VECS_PACKED;
+            const int spec = bits == 4 ? SPEC_VECS_Q4 : SPEC_VECS_PACKED;
+            const int nv = D / VL < spec ? D / VL : spec;
             for (int d0 = 0; d0 < D; d0 += VL * nv)
                 if (bag_block(bits, nv, 0, v_tail_of(0), index_64, weighted, far, g, &t, b, d0,
                               d0 == 0, bad_pos) != PK_OK)
