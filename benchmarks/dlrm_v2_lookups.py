@@ -1,8 +1,8 @@
 """The embedding stage of DLRM-v2 alone: one ``perfkernels.embedding_bags_multi`` call for the
 26 tables against torch's own bag op table by table, on the same tables (docs/production-scale.md),
-and ``perfkernels.torch.EmbeddingBagCollection.from_files`` over the same table files called on a
-KeyedJaggedTensor (made per sample, as a server makes it) as a torch model calls it
-(``--module``).
+and the example's ``perfkernels.torch.EmbeddingBagCollection`` over the same tables called on a
+KeyedJaggedTensor (made per sample, as a server makes it) as a torch model calls it (the
+``module`` route).
 
     python examples/dlrm_v2.py --scale 1 --tables-dir /data/dlrm --samples 1    # build once
     python benchmarks/dlrm_v2_lookups.py --scale 1 --tables-dir /data/dlrm --threads 1,2
@@ -46,28 +46,17 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="passes over the samples")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--module", action="store_true",
-                   help="also the torch layer's EmbeddingBagCollection over the table files "
-                        "(needs --tables-dir)")
+                   help="(kept for old command lines: the module route always runs)")
     args = p.parse_args(argv)
-    if args.module and args.tables_dir is None:
-        p.error("--module needs --tables-dir (the collection maps the table files)")
+    import perfkernels.torch as pkt
     rows = datasets.dlrm_v2_rows(args.scale)
     fmts = dlrm_v2.table_formats(args.bits, datasets.DLRM_V2_ROWS)
-    tabs = dlrm_v2.build_or_map_tables(rows, fmts, args.seed, args.tables_dir)
-    model = dlrm_v2.DLRMv2(tabs, fmts)
     gen = datasets.CriteoLike(rows, exponent=1.05, seed=args.seed)
+    model = dlrm_v2.DLRMv2(dlrm_v2.build_or_map_collection(rows, fmts, args.seed, args.tables_dir,
+                                                           gen.keys))
+    tabs, ebc, keys = model.tables, model.sparse, model.keys
     samples = list(gen.samples(args.samples))
-    routes = ["ours", "torch"]
-    if args.module:
-        import perfkernels.torch as pkt
-        files = {f"t{i}": os.path.join(args.tables_dir, name) for i, name in enumerate(sorted(
-            (n for n in os.listdir(args.tables_dir) if n.endswith(".pkt")),
-            key=lambda n: int(n.split("_")[0][1:])))}
-        ebc = pkt.EmbeddingBagCollection.from_files(files)
-        assert [c.num_embeddings for c in ebc.embedding_bag_configs()] == list(rows), \
-            f"{args.tables_dir} holds other tables than these"
-        keys = list(files)
-        routes.append("module")
+    routes = ["ours", "torch", "module"]
     pairs = sum(s.batch_size for s in samples)
     print(f"DLRM-v2 at 1/{args.scale:g} size, tables {args.bits}: {sum(rows):,} rows, "
           f"{sum(t.nbytes for t in tabs) / 2**30:.2f} GiB; {args.samples} samples, {pairs} pairs "
@@ -93,7 +82,7 @@ def main(argv=None) -> int:
                             kjt = pkt.KeyedJaggedTensor(keys, values, lengths=lengths)
                             ebc(kjt).values()
                     else:
-                        model.torch_lookups(values, lengths, x)
+                        torch.cat(model.torch_lookups(values, lengths), 1, out=x[:, dlrm_v2.DIM:])
                     times[route].append(time.perf_counter() - t)
         med = {k: float(np.median(v)) for k, v in times.items()}
         tot = {k: float(np.sum(v)) for k, v in times.items()}
@@ -103,7 +92,7 @@ def main(argv=None) -> int:
               f"{med['torch'] / med['ours']:.2f}x by the median, "
               f"{tot['torch'] / tot['ours']:.2f}x in total")
         if "module" in med:
-            print(f"   the module (EmbeddingBagCollection.from_files on a KeyedJaggedTensor): "
+            print(f"   the module (EmbeddingBagCollection on a KeyedJaggedTensor): "
                   f"median {1e3 * med['module']:.2f} ms ({pairs * args.rounds / tot['module']:,.0f}"
                   f" pairs/s): {med['torch'] / med['module']:.2f}x torch's bags by the median, "
                   f"{tot['torch'] / tot['module']:.2f}x in total; "

@@ -49,7 +49,7 @@ _SERVER = textwrap.dedent("""
     rows = datasets.dlrm_v2_rows(ex.scale)
     fmts = dlrm_v2.table_formats(ex.bits, datasets.DLRM_V2_ROWS)
     for i, (r, f) in enumerate(zip(rows, fmts)):
-        path = os.path.join(ex.tables_dir, f"t{i}_{r}x{dlrm_v2.DIM}_{f}_seed{ex.seed + i}.pkt")
+        path = dlrm_v2.table_path(ex.tables_dir, i, r, f, ex.seed)
         if not os.path.exists(path):
             sys.exit(f"error: {path} is missing: build the tables first with "
                      f"examples/dlrm_v2.py --scale {ex.scale:g} --bits {ex.bits} "
@@ -59,15 +59,17 @@ _SERVER = textwrap.dedent("""
         torch.set_num_threads(args["threads"])
     t_import = time.time() - T0
     torch.manual_seed(ex.seed)
-    tabs = dlrm_v2.build_or_map_tables(rows, fmts, ex.seed, ex.tables_dir, progress=False)
-    t_mapped = time.time() - T0
-    model = dlrm_v2.DLRMv2(tabs, fmts).eval()
     gen = datasets.CriteoLike(rows, exponent=ex.exponent, seed=ex.seed)
+    sparse = dlrm_v2.build_or_map_collection(rows, fmts, ex.seed, ex.tables_dir, gen.keys,
+                                             progress=False)
+    t_mapped = time.time() - T0
+    model = dlrm_v2.DLRMv2(sparse).eval()
+    tabs = model.tables
     lat = []
     with torch.inference_mode():
         for i, s in enumerate(gen.samples(args["samples"])):
             t = time.perf_counter()
-            model(*(torch.from_numpy(a) for a in (s.dense, s.values, s.lengths)))
+            model(torch.from_numpy(s.dense), s.to_kjt(torchrec=False))
             lat.append(time.perf_counter() - t)
             if i == 0:
                 t_first = time.time() - T0

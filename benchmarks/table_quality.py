@@ -304,13 +304,13 @@ def full_size_logit_errors(args: argparse.Namespace) -> dict:
     for spec in args.formats:
         fmts = mix_formats(spec, full)
         tabs = convert_tables(compact, fmts)
+        sparse = ex.collection_of(tabs, fmts, sampled.keys)
         if model is None:
-            model = ex.DLRMv2(tabs, fmts).eval()
-        model.tables = tabs                       # the same dense part for every format
-        model.bits = [f if isinstance(f, int) else None for f in fmts]
+            model = ex.DLRMv2(sparse).eval()
+        model.sparse = sparse                     # the same dense part for every format
         with torch.no_grad():
-            z = model(*(torch.from_numpy(a) for a in (sampled.dense, sampled.values,
-                                                      sampled.lengths))).reshape(-1).numpy()
+            z = model(torch.from_numpy(sampled.dense),
+                      sampled.to_kjt(torchrec=False)).reshape(-1).numpy()
         ref = z if ref is None else ref
         out["formats"][spec] = {"logit_mean_abs_err": float(np.mean(np.abs(z - ref))),
                                 "logit_max_abs_err": float(np.max(np.abs(z - ref))),

@@ -15,10 +15,13 @@ The tables never exist in float32: each is built block by block from a seeded in
     the six big tables (a million rows and more at full size) in 4-bit rows, the others in 8-bit.
 
 With ``--tables-dir DIR`` the tables are table files there (built on the first run, mapped by
-every later one, shared between processes). The lookups of all 26 tables are one
-:func:`perfkernels.embedding_bags_multi` call that writes the pooled rows straight into their
-columns of the cross network's input.  Inputs are :class:`perfkernels.datasets.CriteoLike`
-samples (power-law IDs, MLPerf's multi-hot bags, 100-700 pairs a sample).
+every later one, shared between processes). The model is written as a TorchRec user writes it:
+``forward(dense, features)``, the sparse features a ``KeyedJaggedTensor`` looked up by a
+:class:`perfkernels.torch.EmbeddingBagCollection` over the 26 tables (one call for all of them),
+the pooled rows concatenated with the bottom MLP's output into the cross network's input;
+:func:`perfkernels.torch.optimize` makes the lookups and that concatenation one op.  Inputs are
+:class:`perfkernels.datasets.CriteoLike` samples (power-law IDs, MLPerf's multi-hot bags,
+100-700 pairs a sample).
 
 The dense part (bottom MLP, cross network, top MLP) is torch's, run as ``--dense``: ``eager``
 (float32), ``compiled`` (float32, ``torch.compile`` by Inductor with freezing:
@@ -49,6 +52,7 @@ from torch import nn
 
 import perfkernels as pk
 from perfkernels import datasets, tables
+from perfkernels.torch import KeyedJaggedTensor
 
 DIM = 128
 BOTTOM = (512, 256, DIM)
@@ -72,9 +76,10 @@ def table_formats(spec: str, full_rows: Sequence[int]) -> list:
 
 
 def build_or_map_tables(rows: Sequence[int], fmts: Sequence, seed: int,
-                        tables_dir: Optional[str], progress: Optional[bool] = None) -> list:
-    """The 26 tables: built in memory, or table files in ``tables_dir`` (built once, then
-    mapped read-only)."""
+                        tables_dir: Optional[str], progress: Optional[bool] = None,
+                        load: bool = True) -> list:
+    """The 26 tables as NumPy arrays: built in memory, or table files in ``tables_dir`` (built
+    once, then mapped read-only; ``load=False``: only build the missing files)."""
     sources = {f"t{i}": tables.SeededInit(r, DIM, seed=seed + i, dist="uniform")
                for i, r in enumerate(rows)}
     if tables_dir is None:
@@ -83,9 +88,12 @@ def build_or_map_tables(rows: Sequence[int], fmts: Sequence, seed: int,
     os.makedirs(tables_dir, exist_ok=True)
     out = []
     for (name, src), fmt in zip(sources.items(), fmts):
-        path = os.path.join(tables_dir, f"{name}_{src.rows}x{DIM}_{fmt}_seed{src.seed}.pkt")
+        path = table_path(tables_dir, len(out), src.rows, fmt, seed)
         if not os.path.exists(path):
             tables.build_table_file(path, src, fmt, progress=progress)
+        if not load:
+            out.append(path)
+            continue
         # populate: map every page now (0.4 s for the full-size tables in the page cache), so
         # that no answer pays a page fault for a row it touches first
         out.append(tables.load_table(path, fmt=fmt, rows=src.rows, dim=DIM, populate=True))
@@ -120,24 +128,99 @@ class LowRankCrossNet(nn.Module):
         return x
 
 
-class DLRMv2(nn.Module):
-    """The model; ``tables`` are NumPy tables (packed uint8 rows or float), looked up by one
-    :func:`perfkernels.embedding_bags_multi` call into the cross network's input."""
+def table_path(tables_dir: str, i: int, rows: int, fmt, seed: int) -> str:
+    """Where table ``i`` of ``rows`` rows in format ``fmt`` lives in ``tables_dir``."""
+    return os.path.join(tables_dir, f"t{i}_{rows}x{DIM}_{fmt}_seed{seed + i}.pkt")
 
-    def __init__(self, tables_: Sequence[np.ndarray], fmts: Sequence, dense: int = 13) -> None:
+
+def collection_of(tabs: Sequence[np.ndarray], fmts: Sequence, keys: Sequence[str]):
+    """An :class:`perfkernels.torch.EmbeddingBagCollection` over NumPy tables in memory (used in
+    place), table ``t<i>`` read by feature ``keys[i]``."""
+    from perfkernels.torch import EmbeddingBagCollection
+    names = [f"t{i}" for i in range(len(tabs))]
+    return EmbeddingBagCollection.from_tables(
+        dict(zip(names, tabs)), feature_names={n: [k] for n, k in zip(names, keys)},
+        bits={n: f for n, f in zip(names, fmts) if isinstance(f, int)},
+        dims={n: DIM for n, f in zip(names, fmts) if isinstance(f, int)})
+
+
+def build_or_map_collection(rows: Sequence[int], fmts: Sequence, seed: int,
+                            tables_dir: Optional[str], keys: Sequence[str],
+                            progress: Optional[bool] = None):
+    """The 26 tables as a :class:`perfkernels.torch.EmbeddingBagCollection` (table ``t<i>``
+    read by feature ``keys[i]``): built in memory (:meth:`~perfkernels.torch.
+    EmbeddingBagCollection.from_tables`), or table files in ``tables_dir``, built once, then
+    mapped by every later run and shared between processes (:meth:`~perfkernels.torch.
+    EmbeddingBagCollection.from_files`, every page mapped at load so that no answer pays a page
+    fault)."""
+    from perfkernels.torch import EmbeddingBagCollection
+    if tables_dir is None:
+        return collection_of(build_or_map_tables(rows, fmts, seed, None, progress=progress),
+                             fmts, keys)
+    names = [f"t{i}" for i in range(len(rows))]
+    features = {n: [k] for n, k in zip(names, keys)}
+    build_or_map_tables(rows, fmts, seed, tables_dir, progress=progress, load=False)
+    files = {n: table_path(tables_dir, i, r, f, seed)
+             for i, (n, r, f) in enumerate(zip(names, rows, fmts))}
+    return EmbeddingBagCollection.from_files(files, feature_names=features, populate=True)
+
+
+def _weight(bag) -> torch.Tensor:
+    """A table module's table: its packed rows (8/4/2-bit) or its float weight."""
+    return bag.packed_weight if getattr(bag, "bits", None) else bag.weight.detach()
+
+
+class DLRMv2(nn.Module):
+    """The model, written as the MLPerf reference and TorchRec's ``DLRM_DCN`` are: ``forward(
+    dense, features)`` with the sparse features a ``KeyedJaggedTensor``, looked up by an
+    :class:`perfkernels.torch.EmbeddingBagCollection` (``sparse``), whose pooled rows and the
+    bottom MLP's output are concatenated into the cross network's input.  ``optimize(model)``
+    turns the lookups and that concatenation into one op that writes each table's pooled rows
+    into their columns of the cross network's input."""
+
+    def __init__(self, sparse, dense: int = 13) -> None:
         super().__init__()
-        self.tables = list(tables_)
-        self.bits = [f if isinstance(f, int) else None for f in fmts]
-        self.dims = [DIM] * len(self.tables)
+        self.sparse = sparse
+        self.keys = [f for cfg in sparse.embedding_bag_configs() for f in cfg.feature_names]
         self.bottom = mlp(BOTTOM, dense)
-        self.cross = LowRankCrossNet((len(self.tables) + 1) * DIM, CROSS_LAYERS, CROSS_RANK)
-        self.top = mlp(TOP, (len(self.tables) + 1) * DIM, last_relu=False)
+        self.cross = LowRankCrossNet((len(self.keys) + 1) * DIM, CROSS_LAYERS, CROSS_RANK)
+        self.top = mlp(TOP, (len(self.keys) + 1) * DIM, last_relu=False)
         self.lookup_s = 0.0
         self.dense_kind = "eager"
         self._bottom, self._over = self.bottom, nn.Sequential(self.cross, self.top)
-        #: ``"ours"``: one embedding_bags_multi call; ``"torch"``: torch's own bag op per table
+        #: ``"ours"``: the collection; ``"torch"``: torch's own bag op per table
         self.lookups = "ours"
-        self._torch_tables: Optional[list] = None
+
+    @property
+    def tables(self) -> list:
+        """Each table as a NumPy array over the collection's memory (packed uint8 rows, or
+        float rows), in feature order."""
+        out = []
+        for bag in self.sparse.embedding_bags.values():
+            w = _weight(bag)
+            if w.dtype == torch.bfloat16:
+                import ml_dtypes
+                out.append(w.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+            else:
+                out.append(w.numpy())
+        return out
+
+    @property
+    def bits(self) -> list:
+        """Each table's bits (8/4/2), or None for a float table."""
+        return [getattr(b, "bits", None) for b in self.sparse.embedding_bags.values()]
+
+    @property
+    def dims(self) -> list:
+        return [b.embedding_dim for b in self.sparse.embedding_bags.values()]
+
+    def forward(self, dense: torch.Tensor, features) -> torch.Tensor:
+        """Logits ``[B, 1]`` of dense features ``[B, 13]`` and sparse ``features`` (a
+        KeyedJaggedTensor, ours or TorchRec's)."""
+        x = self.bottom(dense)
+        pooled = self.sparse(features).values()
+        c = torch.cat([x.unsqueeze(1), pooled.view(x.shape[0], -1, DIM)], 1)
+        return self.top(self.cross(c.flatten(1)))
 
     def set_dense(self, kind: str, calibration: Sequence = ()) -> None:
         """Run the dense part (bottom MLP; cross network + top MLP) as ``kind``: ``"eager"``
@@ -165,49 +248,46 @@ class DLRMv2(nn.Module):
 
     def interaction_input(self, dense: torch.Tensor, values: torch.Tensor,
                           lengths: torch.Tensor) -> torch.Tensor:
-        """``[B, 27 * 128]``: the bottom MLP's output, then each table's pooled rows."""
-        x = torch.empty(dense.shape[0], (len(self.tables) + 1) * DIM)
-        x[:, :DIM] = self._bottom(dense)
+        """``[B, 27 * 128]``: the bottom MLP's output (the current dense part's), then each
+        table's pooled rows (the current lookups', timed into ``lookup_s``)."""
+        x = self._bottom(dense)
         t = time.perf_counter()
         if self.lookups == "torch":
-            self.torch_lookups(values, lengths, x)
+            parts = self.torch_lookups(values, lengths)
         else:
-            pk.embedding_bags_multi(self.tables, values.numpy(), lengths=lengths.numpy(),
-                                    bits=self.bits, dims=self.dims, out=x[:, DIM:].numpy())
+            parts = [self.sparse(KeyedJaggedTensor(self.keys, values, lengths=lengths)).values()]
         self.lookup_s += time.perf_counter() - t
-        return x
+        return torch.cat([x] + parts, 1)          # one copy of the pooled rows, either way
 
-    def torch_lookups(self, values: torch.Tensor, lengths: torch.Tensor,
-                      x: torch.Tensor) -> None:
+    def run_sample(self, dense: torch.Tensor, values: torch.Tensor,
+                   lengths: torch.Tensor) -> torch.Tensor:
+        """Logits of one sample through the current dense part and lookups (what the timing
+        runs; ``forward`` is the model as a user writes it)."""
+        return self._over(self.interaction_input(dense, values, lengths))
+
+    def torch_lookups(self, values: torch.Tensor, lengths: torch.Tensor) -> list:
         """The same lookups as a user writes them with torch alone: per table, torch's own bag
-        op on the same (mapped) table (``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_
-        rowwise_offsets`` for packed rows, ``F.embedding_bag`` for float rows), its pooled rows
-        copied into their columns."""
-        if self._torch_tables is None:
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")      # a read-only mapping: torch only reads it
-                self._torch_tables = [torch.from_numpy(np.asarray(t)) for t in self.tables]
+        op on the same table tensors (``torch.ops.quantized.embedding_bag_{byte,4bit,2bit}_
+        rowwise_offsets`` for packed rows, ``F.embedding_bag`` for float rows): each table's
+        pooled rows ``[B, 128]``, in order."""
         ops = {8: torch.ops.quantized.embedding_bag_byte_rowwise_offsets,
                4: torch.ops.quantized.embedding_bag_4bit_rowwise_offsets,
                2: torch.ops.quantized.embedding_bag_2bit_rowwise_offsets}
-        batch = x.shape[0]
+        bags = list(self.sparse.embedding_bags.values())
+        batch = lengths.numel() // len(bags)
         offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
         torch.cumsum(lengths, 0, out=offsets[1:])
-        for i, (w, bits) in enumerate(zip(self._torch_tables, self.bits)):
+        out = []
+        for i, bag in enumerate(bags):
             offs = offsets[i * batch:(i + 1) * batch + 1]
             ids = values[int(offs[0]):int(offs[-1])]
             offs = offs - offs[0]
+            w, bits = _weight(bag), getattr(bag, "bits", None)
             if bits:
-                pooled = ops[bits](w, ids, offs, mode=0, include_last_offset=True)
+                out.append(ops[bits](w, ids, offs, mode=0, include_last_offset=True))
             else:
-                pooled = nn.functional.embedding_bag(ids, w, offs[:-1], mode="sum").float()
-            x[:, DIM * (i + 1):DIM * (i + 2)] = pooled
-
-    def forward(self, dense: torch.Tensor, values: torch.Tensor,
-                lengths: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, 1]``."""
-        return self._over(self.interaction_input(dense, values, lengths))
+                out.append(nn.functional.embedding_bag(ids, w, offs[:-1], mode="sum").float())
+        return out
 
 
 def torchrec_twin(model: DLRMv2, keys: Sequence[str]):
@@ -290,7 +370,8 @@ def time_samples(model: DLRMv2, gen: datasets.CriteoLike, count: int,
         warm = gen.batch(128, index=10 ** 6)
         for bottom, over, lookups in parts.values():
             model._bottom, model._over, model.lookups = bottom, over, lookups
-            model(*(torch.from_numpy(a) for a in (warm.dense, warm.values, warm.lengths)))
+            model.run_sample(*(torch.from_numpy(a)
+                               for a in (warm.dense, warm.values, warm.lengths)))
         order = list(parts.items())
         for i, sample in enumerate(gen.samples(count)):
             dense = torch.from_numpy(sample.dense)
@@ -304,7 +385,7 @@ def time_samples(model: DLRMv2, gen: datasets.CriteoLike, count: int,
                 model._bottom, model._over, model.lookups = bottom, over, lookups
                 model.lookup_s = 0.0
                 t = time.perf_counter()
-                logits = model(dense, values, lengths)
+                logits = model.run_sample(dense, values, lengths)
                 stats[k]["lat"].append(time.perf_counter() - t)
                 stats[k]["lookup"] += model.lookup_s
                 stats[k]["preds"].append((sample, logits))
@@ -336,12 +417,12 @@ def run(args: argparse.Namespace) -> dict:
     rows = datasets.dlrm_v2_rows(args.scale)
     fmts = table_formats(args.bits, datasets.DLRM_V2_ROWS)
     torch.manual_seed(args.seed)
-    t = time.perf_counter()
-    tabs = build_or_map_tables(rows, fmts, args.seed, args.tables_dir)
-    result = {"rows": sum(rows), "table_bytes": sum(t.nbytes for t in tabs),
-              "tables_s": time.perf_counter() - t, "runs": []}
-    model = DLRMv2(tabs, fmts).eval()
     gen = datasets.CriteoLike(rows, exponent=args.exponent, seed=args.seed)
+    t = time.perf_counter()
+    sparse = build_or_map_collection(rows, fmts, args.seed, args.tables_dir, gen.keys)
+    model = DLRMv2(sparse).eval()
+    result = {"rows": sum(rows), "table_bytes": sum(t.nbytes for t in model.tables),
+              "tables_s": time.perf_counter() - t, "runs": []}
     calib = [gen.batch(256, index=10 ** 6 + 1 + i) for i in range(args.calibration)]
     calib = [tuple(torch.from_numpy(a) for a in (b.dense, b.values, b.lengths)) for b in calib]
     threads = [int(n) for n in str(args.threads).split(",")] if args.threads else [None]

@@ -343,3 +343,72 @@ def test_from_files_pooling_per_table(tmp_path):
             files, pooling={n: p for n, p in pooling.items() if n != "geo"})
     with pytest.raises(ValueError, match=r"extra \['other'\]"):
         pkt.EmbeddingBagCollection.from_files(files, pooling={**pooling, "other": "sum"})
+
+
+@pytest.mark.parametrize("as_numpy", [True, False])
+def test_from_tables_uses_the_tables_in_place(as_numpy):
+    """from_tables: packed rows and float tables of every dtype, mixed, used where they are (no
+    copy), answering as the float64 reference; the per-table pooling and features taken."""
+    floats = _tables(_collection(seed=4))
+    item = _packed(floats["item"], 4).numpy()
+    user = floats["user"].numpy().astype(np.float16)
+    geo = floats["geo"].numpy()
+    given = {"item": item, "user": user, "geo": geo}
+    if not as_numpy:
+        given = {k: torch.from_numpy(v) for k, v in given.items()}
+    ebc = pkt.EmbeddingBagCollection.from_tables(
+        given, bits={"item": 4}, dims={"item": 17}, feature_names={"user": ["user", "friend"]},
+        pooling={"item": "sum", "user": "sum", "geo": "mean"})
+    assert [c.data_type for c in ebc.embedding_bag_configs()] == ["INT4", torch.float16,
+                                                                   torch.float32]
+    assert ebc.embedding_bags["item"].packed_weight.data_ptr() == \
+        (item.ctypes.data if as_numpy else given["item"].data_ptr())
+    assert ebc.embedding_bags["geo"].weight.data_ptr() == \
+        (geo.ctypes.data if as_numpy else given["geo"].data_ptr())
+    kjt = _kjt(seed=11)
+    want_floats = dict(floats, user=torch.from_numpy(user.astype(np.float32)))
+    with torch.no_grad():
+        got = ebc(kjt).values()
+    torch.testing.assert_close(got.double(), _reference(want_floats, {"item": 4}, kjt),
+                               rtol=1e-5, atol=1e-5)
+    # an edit of the caller's table is what the next lookup reads (the same memory)
+    geo[:] = 0
+    with torch.no_grad():
+        again = ebc(kjt).values()
+    assert float(again[:, -9:].abs().max()) == 0.0 and torch.equal(again[:, :-9], got[:, :-9])
+
+
+def test_from_tables_bfloat16_table():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    w = np.random.default_rng(0).standard_normal((30, 7)).astype(ml_dtypes.bfloat16)
+    ebc = pkt.EmbeddingBagCollection.from_tables({"t": w})
+    kjt = pkt.KeyedJaggedTensor(["t"], torch.tensor([1, 2, 29]), lengths=torch.tensor([2, 1]))
+    want = np.stack([w[[1, 2]].astype(np.float64).sum(0), w[29].astype(np.float64)])
+    with torch.no_grad():
+        got = ebc(kjt).values()
+    assert got.dtype == torch.float32
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_from_tables_refuses_what_it_cannot_use():
+    w = np.ones((10, 4), np.float32)
+    packed = pk.quantize_rowwise(w, bits=8)
+    ro = w.copy()
+    ro.flags.writeable = False
+    cases = [
+        ({"t": ro}, {}, ValueError, "read-only"),
+        ({"t": packed}, {}, ValueError, "give its bits"),
+        ({"t": w}, {"bits": {"t": 8}}, ValueError, "not packed"),
+        ({"t": w}, {"bits": {"u": 8}}, ValueError, r"\['u'\]"),
+        ({"t": w.astype(np.float64)}, {}, TypeError, "float64"),
+        ({"t": np.ones(4, np.float32)}, {}, ValueError, "2-D"),
+        ({"t": [[1.0]]}, {}, TypeError, "list"),
+        ([w], {}, TypeError, "map table names"),
+        ({"t": w}, {"feature_names": {"u": ["u"]}}, ValueError, r"\['u'\]"),
+        ({"t": w}, {"pooling": {"u": "sum"}}, ValueError, "pooling must name"),
+        ({"t": w}, {"dims": {"t": 5}}, ValueError, "D = 5"),
+        ({"t": w}, {"dims": {"u": 4}}, ValueError, r"dims names tables .*\['u'\]"),
+    ]
+    for tables, kwargs, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            pkt.EmbeddingBagCollection.from_tables(tables, **kwargs)

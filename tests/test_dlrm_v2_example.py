@@ -40,11 +40,17 @@ def test_lookups_into_the_cross_input_match_torch(tmp_path, bits):
     import torch.nn.functional as F
     rows = datasets.dlrm_v2_rows(20_000)
     fmts = ex.table_formats(bits, datasets.DLRM_V2_ROWS)
-    tabs = ex.build_or_map_tables(rows, fmts, 0, str(tmp_path))
-    again = ex.build_or_map_tables(rows, fmts, 0, str(tmp_path))     # mapped from the files
-    assert all(np.array_equal(a, b) for a, b in zip(tabs, again))
-    model = ex.DLRMv2(again, fmts).eval()
-    b = datasets.CriteoLike(rows, seed=1).batch(7)
+    gen = datasets.CriteoLike(rows, seed=1)
+    tabs = ex.build_or_map_tables(rows, fmts, 0, None, progress=False)      # in memory
+    mapped = ex.build_or_map_collection(rows, fmts, 0, str(tmp_path), gen.keys)   # files
+    in_memory = ex.build_or_map_collection(rows, fmts, 0, None, gen.keys, progress=False)
+    for ebc in (mapped, in_memory):
+        model = ex.DLRMv2(ebc).eval()
+        assert model.keys == gen.keys
+        assert all(np.array_equal(a, b) for a, b in zip(tabs, model.tables))
+    model = ex.DLRMv2(mapped).eval()
+    assert model.bits == [f if isinstance(f, int) else None for f in fmts]
+    b = gen.batch(7)
     dense, values, lengths = (torch.from_numpy(a) for a in (b.dense, b.values, b.lengths))
     with torch.no_grad():
         x = model.interaction_input(dense, values, lengths)
@@ -62,8 +68,38 @@ def test_lookups_into_the_cross_input_match_torch(tmp_path, bits):
                 want = F.embedding_bag(v, w, offs[:-1], mode="sum")
             torch.testing.assert_close(x[:, 128 * (f + 1):128 * (f + 2)], want,
                                        rtol=1e-5, atol=1e-5)
-        logits = model(dense, values, lengths)
+        logits = model.run_sample(dense, values, lengths)
+        # the model as a user calls it: forward(dense, KeyedJaggedTensor)
+        torch.testing.assert_close(model(dense, b.to_kjt(torchrec=False)), logits)
     assert logits.shape == (7, 1) and torch.isfinite(logits).all()
+
+
+def test_optimize_fuses_the_lookups_into_the_cross_input(tmp_path):
+    """optimize() on the example's model: the collection's lookups and the concatenation become
+    one op, and the logits stay those of the eager model."""
+    ex = _example()
+    import perfkernels.torch as pkt
+    from perfkernels import datasets
+    rows = datasets.dlrm_v2_rows(20_000)
+    fmts = ex.table_formats("4:big,8:small", datasets.DLRM_V2_ROWS)
+    gen = datasets.CriteoLike(rows, seed=2)
+    model = ex.DLRMv2(ex.build_or_map_collection(rows, fmts, 0, str(tmp_path), gen.keys)).eval()
+    fast = pkt.optimize(model)
+    for batch in (9, 1):
+        b = gen.batch(batch, index=batch)
+        dense, kjt = torch.from_numpy(b.dense), b.to_kjt(torchrec=False)
+        with torch.no_grad():
+            torch.testing.assert_close(fast(dense, kjt), model(dense, kjt),
+                                       rtol=1e-5, atol=1e-5)
+    report = str(pkt.last_optimize_report())           # of the captures the calls made
+    assert "DCN concatenation" in report, report
+    # an ID past its table: refused as the eager model refuses it, by both
+    b = gen.batch(4, index=4)
+    b.values[5] = rows[0] + 3
+    dense, kjt = torch.from_numpy(b.dense), b.to_kjt(torchrec=False)
+    for m in (model, fast):
+        with torch.no_grad(), pytest.raises(IndexError, match=str(rows[0] + 3)):
+            m(dense, kjt)
 
 
 @pytest.mark.slow            # TorchRec's import and its model take tens of seconds
@@ -80,7 +116,8 @@ def test_set_dense_refuses_unknown_kinds():
     from perfkernels import datasets
     rows = datasets.dlrm_v2_rows(20_000)
     fmts = ex.table_formats("8", datasets.DLRM_V2_ROWS)
-    model = ex.DLRMv2(ex.build_or_map_tables(rows, fmts, 0, None, progress=False), fmts).eval()
+    keys = datasets.CriteoLike(rows).keys
+    model = ex.DLRMv2(ex.build_or_map_collection(rows, fmts, 0, None, keys, progress=False)).eval()
     with pytest.raises(ValueError, match="eager, compiled or int8"):
         model.set_dense("fp8")
     with pytest.raises(ValueError, match="calibration"):
@@ -120,8 +157,9 @@ def test_torch_bags_route_gives_the_same_model(tmp_path):
     from perfkernels import datasets
     rows = datasets.dlrm_v2_rows(20_000)
     fmts = ex.table_formats("4:big,8:small", datasets.DLRM_V2_ROWS)
-    model = ex.DLRMv2(ex.build_or_map_tables(rows, fmts, 0, str(tmp_path)), fmts).eval()
-    b = datasets.CriteoLike(rows, seed=3).batch(5)
+    gen = datasets.CriteoLike(rows, seed=3)
+    model = ex.DLRMv2(ex.build_or_map_collection(rows, fmts, 0, str(tmp_path), gen.keys)).eval()
+    b = gen.batch(5)
     dense, values, lengths = (torch.from_numpy(a) for a in (b.dense, b.values, b.lengths))
     with torch.no_grad():
         mine = model.interaction_input(dense, values, lengths)

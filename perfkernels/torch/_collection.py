@@ -309,14 +309,17 @@ class EmbeddingBagCollection(torch.nn.Module):
 
     @classmethod
     def from_files(cls, files: Any, *, feature_names: Optional[Any] = None, pooling: Any = "sum",
-                   is_weighted: bool = False) -> "EmbeddingBagCollection":
+                   is_weighted: bool = False, populate: bool = False
+                   ) -> "EmbeddingBagCollection":
         """A collection over table files of :mod:`perfkernels.tables` (``{table name: path}``,
         in order; ``feature_names``: ``{table name: [feature, ...]}``, default the table's name;
         ``pooling``: ``"sum"`` / ``"mean"``, or ``{table name: pooling}``),
         each mapped copy-on-write and shared between processes, as :meth:`EmbeddingBag.from_file`
         (float tables) and :meth:`QuantizedEmbeddingBag.from_file` (8/4/2-bit rows) map them;
         rows, D and format come from the files, and formats may be mixed.  Nothing is read or
-        copied now, so a collection of 13 GiB of 4-bit tables is ready in milliseconds.
+        copied now, so a collection of 13 GiB of 4-bit tables is ready in milliseconds;
+        ``populate=True`` maps every page now instead (reading what the page cache lacks), so
+        that no lookup pays a page fault later (:func:`perfkernels.tables.load_table`).
 
         Examples
         --------
@@ -335,7 +338,41 @@ class EmbeddingBagCollection(torch.nn.Module):
         return collection_from_files(cls, files, bag_cls=EmbeddingBag,
                                      quantized_cls=QuantizedEmbeddingBag,
                                      config_cls=EmbeddingBagConfig, feature_names=feature_names,
-                                     pooling=pooling, is_weighted=is_weighted)
+                                     pooling=pooling, is_weighted=is_weighted,
+                                     populate=populate)
+
+    @classmethod
+    def from_tables(cls, tables: Any, *, bits: Any = None, dims: Optional[Any] = None,
+                    feature_names: Optional[Any] = None, pooling: Any = "sum",
+                    is_weighted: bool = False) -> "EmbeddingBagCollection":
+        """A collection over tables already in memory (``{table name: table}``, in order), each
+        used in place, never copied: float32 / float16 / bfloat16 ``[rows, D]`` arrays or tensors
+        (the float tables are the modules' weights), or packed 8/4/2-bit rows (uint8, as
+        :func:`perfkernels.quantize_rowwise` and :func:`perfkernels.tables.build_tables` return
+        them; ``bits``: one value for every packed table, or ``{table name: bits}``; ``dims``:
+        ``{table name: D}`` where the row's bytes leave D open, an odd D of 4-bit rows).  Formats
+        may be mixed.  ``feature_names`` and ``pooling`` as for :meth:`from_files`.  A read-only
+        array (a read-only mapping) is refused: map table files with :meth:`from_files`.
+
+        Examples
+        --------
+        >>> import numpy as np, torch, perfkernels as pk, perfkernels.torch as pkt
+        >>> item = pk.quantize_rowwise(np.ones((100, 8), np.float32), bits=4)
+        >>> user = np.full((50, 4), 0.5, np.float32)
+        >>> ebc = pkt.EmbeddingBagCollection.from_tables({"item": item, "user": user},
+        ...                                              bits={"item": 4})
+        >>> kjt = pkt.KeyedJaggedTensor(["item", "user"], torch.tensor([1, 2, 3, 7]),
+        ...                             lengths=torch.tensor([2, 0, 1, 1]))
+        >>> ebc(kjt).values().detach()[:, [0, 8]]     # item's first column, then user's
+        tensor([[2.0000, 0.5000],
+                [0.0000, 0.5000]])
+        """
+        from ._table_files import collection_from_tables
+        return collection_from_tables(cls, tables, bag_cls=EmbeddingBag,
+                                      quantized_cls=QuantizedEmbeddingBag,
+                                      config_cls=EmbeddingBagConfig, bits=bits, dims=dims,
+                                      feature_names=feature_names, pooling=pooling,
+                                      is_weighted=is_weighted)
 
     def is_weighted(self) -> bool:
         return self._is_weighted

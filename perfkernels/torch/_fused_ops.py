@@ -279,6 +279,29 @@ def collection_interaction(dense, weights, values, offsets, num_keys, features, 
                  tables, interaction, pairs, self_interaction, mean, padding_idx, group)
 
 
+def packed_collection_cat(dense, weights, bits, dims, values, offsets, num_keys, features,
+                          tables, mean, padding_idx, group):
+    """``cat([dense, <the collection's pooled rows>], 1)`` for a collection whose tables may be
+    packed 8/4/2-bit rows (``bits[t]``, 0 for a float table; inference only, as the packed
+    collection op): in an eager call the KJT split per output slot and one fused lookup that
+    writes every slot's pooled rows into its columns; under torch.compile / torch.export /
+    torch.jit.trace, the registered packed collection op and the concatenation."""
+    if not _route.capturing() and not _needs_grad(dense, weights):
+        try:
+            idx, offs = _split_kjt(values, offsets, num_keys, features)
+        except FusedInputError:
+            idx = None
+        if idx is not None:
+            return embedding_bags_interaction(
+                dense, [weights[t] for t in tables], idx, offs, True, "cat", "dlrm", False,
+                [mean[t] for t in tables], [padding_idx[t] for t in tables],
+                [bits[t] for t in tables], [dims[t] for t in tables], group)
+    pooled = torch.ops.perfkernels.embedding_bag_collection_packed.default(
+        weights, bits, dims, values, offsets, None, num_keys, features, tables, mean,
+        padding_idx)
+    return torch.cat([dense, pooled], 1)
+
+
 # --------------------------------------------------------------------------- autograd
 
 def _pooled(weights, indices, offsets, include_last, mean, padding_idx, bits=None,

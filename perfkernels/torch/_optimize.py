@@ -794,24 +794,40 @@ class _Capture:
                              "[B, F + 1, D]", done, embs + also)
 
     def _dcn_collection(self, graph, cat, x, ebc, width, report, index, done) -> bool:
-        """_dcn_cat's collection form: the collection's F lookups into [B, (F + 1) * D]."""
-        (weights, values, offsets, psw, num_keys, features, tables, mean, pads) = \
-            (list(ebc.args) + [None] * 9)[:9]
+        """_dcn_cat's collection form: the collection's F lookups into [B, (F + 1) * D]; a
+        collection with packed 8/4/2-bit tables (inference only) the same way."""
+        packed = ebc.target is torch.ops.perfkernels.embedding_bag_collection_packed.default
+        args = list(ebc.args) + [None] * 11
+        if packed:
+            (weights, bits, dims, values, offsets, psw, num_keys, features, tables, mean,
+             pads) = args[:11]
+        else:
+            (weights, values, offsets, psw, num_keys, features, tables, mean, pads) = args[:9]
+            bits = dims = None
         if psw is not None:
             report.not_fused.append((index, cat.name, "weighted features"))
             return False
-        if any(self.fqn_module.get(w) is None or getattr(self.fqn_module[w], "weight", None)
-               is None or self.fqn_module[w].weight.shape[1] != width for w in weights):
+        if packed:
+            if any(self.fqn_module.get(w) is None or d != width for w, d in zip(weights, dims)):
+                return False
+        elif any(self.fqn_module.get(w) is None or getattr(self.fqn_module[w], "weight", None)
+                 is None or self.fqn_module[w].weight.shape[1] != width for w in weights):
             return False
         mods = []
         for w in weights:
             m = self.fqn_module.get(w)
             mods.append(m if isinstance(m, EmbeddingBag) else None)
         gid = _fused_ops.register_group(mods)
-        args = (x, list(weights), values, offsets, num_keys, list(features), list(tables),
-                "cat", "dlrm", False, list(mean), list(pads), gid)
+        if packed:
+            target = _fused_ops.packed_collection_cat
+            args = (x, list(weights), list(bits), list(dims), values, offsets, num_keys,
+                    list(features), list(tables), list(mean), list(pads), gid)
+        else:
+            target = _fused_ops.collection_interaction
+            args = (x, list(weights), values, offsets, num_keys, list(features), list(tables),
+                    "cat", "dlrm", False, list(mean), list(pads), gid)
         with graph.inserting_before(cat):
-            fused = graph.call_function(_fused_ops.collection_interaction, args)
+            fused = graph.call_function(target, args)
         fused.meta = {}
         return self._replace(graph, cat, _aten.unflatten.int,
                              (fused, 1, [len(features) + 1, width]), report, index,
@@ -919,7 +935,8 @@ class _Capture:
             return None
         src = node.args[0]
         targets = (torch.ops.perfkernels.embedding_bag_collection.default,
-                   torch.ops.perfkernels.embedding_bag_collection_inference.default)
+                   torch.ops.perfkernels.embedding_bag_collection_inference.default,
+                   torch.ops.perfkernels.embedding_bag_collection_packed.default)
         if src.target in targets:
             return src
         if src.target is not _aten.cat.default:
