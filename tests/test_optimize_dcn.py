@@ -228,3 +228,39 @@ def test_collection_dcn_compile_and_export():
     assert sum(1 for n in ep.graph.nodes if n.target is fused) == 1
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(*inputs), stock(*inputs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_packed_collection_dcn_fuses_and_matches(bits):
+    """A collection of packed tables (``optimize(bits=)`` quantizes as ``convert(bits=)``): its
+    lookups and the DCN concatenation become one op in eager calls, answering as the converted
+    model's unfused collection; compiled and exported, the packed collection op and the
+    concatenation."""
+    stock = CollectionDCN().eval()
+    converted = pkt.convert(copy.deepcopy(stock), bits=bits)
+    opt = pkt.optimize(copy.deepcopy(stock), kjt_inputs(6), bits=bits)
+    fused, report = fused_report()
+    assert len(fused) == 1 and "DCN" in fused[0], str(report)
+    graphs = [c.gm.graph for c in opt.__dict__["_perfkernels_optimize"].ordered]
+    assert all(sum(n.target is _fused_ops.packed_collection_cat for n in g.nodes) == 1
+               for g in graphs)
+    for batch in (1, 6, 40):
+        inputs = kjt_inputs(batch, batch)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(*inputs), converted(*inputs), rtol=1e-5, atol=1e-5)
+    inputs = kjt_inputs(8)
+    compiled = torch.compile(opt, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), converted(*inputs), rtol=1e-5, atol=1e-5)
+        ep = torch.export.export(opt, inputs, strict=False)
+        torch.testing.assert_close(ep.module()(*inputs), converted(*inputs), rtol=1e-5,
+                                   atol=1e-5)
+    # an out-of-range ID: refused as the converted model refuses it
+    dense, kjt = kjt_inputs(4, 5)
+    values = kjt.values().clone()
+    values[0] = 10 ** 6
+    bad = KeyedJaggedTensor(kjt.keys(), values, lengths=kjt.lengths())
+    with torch.no_grad():
+        for model in (converted, opt):
+            with pytest.raises(IndexError, match=str(10 ** 6)):
+                model(dense, bad)
