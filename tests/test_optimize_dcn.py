@@ -248,6 +248,15 @@ def test_packed_collection_dcn_fuses_and_matches(bits):
         inputs = kjt_inputs(batch, batch)
         with torch.no_grad():
             torch.testing.assert_close(opt(*inputs), converted(*inputs), rtol=1e-5, atol=1e-5)
+    # grad mode on (a serving loop without no_grad, or training the dense part): the same
+    # logits, and the dense part's gradients
+    inputs = kjt_inputs(7, 3)
+    for model in (converted, opt):
+        model.zero_grad()
+        model(*inputs).square().sum().backward()
+    for (name, a), b in zip(converted.named_parameters(), opt.parameters()):
+        assert b.grad is not None, name
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6, msg=name)
     inputs = kjt_inputs(8)
     compiled = torch.compile(opt, backend="eager", fullgraph=True)
     with torch.no_grad():

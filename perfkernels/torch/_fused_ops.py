@@ -284,9 +284,11 @@ def packed_collection_cat(dense, weights, bits, dims, values, offsets, num_keys,
     """``cat([dense, <the collection's pooled rows>], 1)`` for a collection whose tables may be
     packed 8/4/2-bit rows (``bits[t]``, 0 for a float table; inference only, as the packed
     collection op): in an eager call the KJT split per output slot and one fused lookup that
-    writes every slot's pooled rows into its columns; under torch.compile / torch.export /
-    torch.jit.trace, the registered packed collection op and the concatenation."""
-    if not _route.capturing() and not _needs_grad(dense, weights):
+    writes every slot's pooled rows into its columns (with grad on, the gradient of ``dense``
+    and of a float table beside the packed ones as :func:`embedding_bags_interaction` gives
+    them); under torch.compile / torch.export / torch.jit.trace, the registered packed
+    collection op and the concatenation."""
+    if not _route.capturing():
         try:
             idx, offs = _split_kjt(values, offsets, num_keys, features)
         except FusedInputError:
