@@ -9,7 +9,7 @@ Every variant runs in one process on ``--threads`` threads, interleaved round by
 times every variant on the same batch, in a rotated order); printed: p50 per variant and the median
 of the per-round ratios stock / variant.  The tables' rows are DLRM-v2's capped at ``--max-rows``.
 
-    python benchmarks/optimize_dcn.py [--batch 1 2048] [--rounds 40] [--max-rows 20000]
+    python benchmarks/optimize_dcn.py [--batch 1 2048] [--rounds 40] [--max-rows 20000] [--bits 4]
 """
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ def parse_args(argv=None):
     p.add_argument("--max-rows", type=int, default=20_000)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--compile", action="store_true", help="also torch.compile(stock)")
+    p.add_argument("--bits", type=int, choices=[8, 4, 2], default=None,
+                   help="convert() and optimize() with row-wise quantized tables of these bits "
+                        "(checked against each other; stock stays float32)")
     return p.parse_args(argv)
 
 
@@ -101,20 +104,24 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     perfkernels.set_num_threads(args.threads)
     stock = build(args.max_rows)
-    variants = {"stock": stock, "convert": pkt.convert(copy.deepcopy(stock)),
-                "optimize": pkt.optimize(copy.deepcopy(stock))}
+    kw = {} if args.bits is None else {"bits": args.bits}
+    variants = {"stock": stock, "convert": pkt.convert(copy.deepcopy(stock), **kw),
+                "optimize": pkt.optimize(copy.deepcopy(stock), **kw)}
     if args.compile:
         variants["compile(stock)"] = torch.compile(stock)
-    print(f"threads {args.threads}, rows capped at {args.max_rows}, inference (no_grad)")
+    tables = "float32" if args.bits is None else f"{args.bits}-bit rows (stock: float32)"
+    print(f"threads {args.threads}, rows capped at {args.max_rows}, tables {tables}, inference "
+          f"(no_grad)")
     for batch in args.batch:
         rounds = max(3, args.rounds if batch <= 64 else args.rounds // 8)
         x = inputs(stock, batch, 0)
         with torch.no_grad():
-            want = stock(*x)
+            want = stock(*x) if args.bits is None else variants["convert"](*x)
             for name, m in variants.items():          # warm up, capture, check
                 for _ in range(2):
                     got = m(*x)
-                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=name)
+                if args.bits is None or name != "stock":
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=name)
         if batch == args.batch[0]:
             print(pkt.last_optimize_report())
         times = {n: [] for n in variants}
