@@ -263,7 +263,11 @@ def test_bad_and_edge_inputs_get_torch_answer(default_dtype, case, grad):
         assert got_exc is None, f"module, {name}: torch accepts, ours raised {got_exc!r}"
         torch.testing.assert_close(got, want, msg=f"module, {name}")
         if grad and want.numel():
-            want.sum().backward()
+            _, want_bexc = _outcome(lambda: want.sum().backward())
+            if want_bexc is not None:
+                # torch 2.13 on aarch64: the backward of a negative offset inside the offsets
+                # raises IndexError in torch's own kernel (on x86-64 it gives a gradient)
+                pytest.skip(f"torch's own backward raised {want_bexc!r}: no gradient to compare")
             got.sum().backward()
             ix, off = args
             # torch 2.13 gives the indices past a short last offset (include_last_offset) an

@@ -229,7 +229,9 @@ def test_max_norm_renormalises_looked_up_rows(impl, norm_type):
     out = mod(idx)
     same(out[1], out[2])
     norms = out.detach().norm(p=norm_type, dim=1)
-    assert bool((norms <= 1.0).all())
+    # the row scaled by max_norm / (norm + 1e-7) can have a norm a float32 rounding above 1.0
+    # when summed again (aarch64, norm_type 1: torch's own module too)
+    assert bool((norms <= 1.0 + 1e-6).all())
     torch.testing.assert_close(norms, torch.ones(4), rtol=1e-6, atol=0)
     untouched = [r for r in range(22) if r not in (2, 6, 8)]
     same(mod.weight.detach()[untouched], before[untouched])

@@ -5,6 +5,9 @@ perfkernels.reference (written from the formulas); awkward dims; the bag options
 errors that write nothing; the profiler; torch.compile; and that it runs with no perfkernels
 Python loaded.  The modules' fused optimizers step through this op (tests/test_torch_fused*.py
 check them against torch.optim)."""
+import os
+import shutil
+
 import numpy as np
 import pytest
 
@@ -334,6 +337,8 @@ def test_modules_step_through_the_op_and_the_profiler_sees_it(rng):
     assert int(bag.step) == 1
 
 
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
+                    reason="torch.compile's inductor compiles C++: no $CXX or g++ on PATH")
 def test_under_torch_compile(rng):
     """A compiled function that steps a table: the op in the graph (functionalised), the same
     update as the eager call."""
