@@ -358,7 +358,7 @@ def _evict_caches() -> None:
 
 def time_samples(model: DLRMv2, gen: datasets.CriteoLike, count: int,
                  parts: Optional[dict] = None) -> dict:
-    """Run ``count`` MLPerf-style samples (one warm-up first) through each dense part of
+    """Run ``count`` MLPerf-style samples (warm-up batches first) through each dense part of
     ``parts`` (``{name: (bottom, over)}``, from :meth:`DLRMv2.set_dense`; default: the current
     one; each ``(bottom, over, lookups)``), the parts taking turns on each sample (interleaved, so that a load on the machine falls
     on all alike).  ``{name: result}``, per part: pairs/s, p50/p99 ms a sample, the lookups'
@@ -367,11 +367,14 @@ def time_samples(model: DLRMv2, gen: datasets.CriteoLike, count: int,
     stats = {k: {"lat": [], "lookup": 0.0, "preds": []} for k in parts}
     pairs = 0
     with torch.inference_mode():
-        warm = gen.batch(128, index=10 ** 6)
-        for bottom, over, lookups in parts.values():
-            model._bottom, model._over, model.lookups = bottom, over, lookups
-            model.run_sample(*(torch.from_numpy(a)
-                               for a in (warm.dense, warm.values, warm.lengths)))
+        # warm-up: a server's steady state, not its first calls (compiled parts compile, and
+        # the output pools of both routes hold blocks for batches across the samples' sizes)
+        for size in (128, 256, 384, 512, 640, 768):
+            warm = gen.batch(size, index=10 ** 6 + size)
+            for bottom, over, lookups in parts.values():
+                model._bottom, model._over, model.lookups = bottom, over, lookups
+                model.run_sample(*(torch.from_numpy(a)
+                                   for a in (warm.dense, warm.values, warm.lengths)))
         order = list(parts.items())
         for i, sample in enumerate(gen.samples(count)):
             dense = torch.from_numpy(sample.dense)

@@ -372,3 +372,56 @@ def test_steady_state_loop_makes_no_page_faults(case, malloc):
     per_call = float(p.stdout.split()[-1])
     # without the pool: ~500 (lstm: two 1 MiB outputs) or ~500 (a 2 MiB output) faults per call
     assert per_call < 5, f"{case}: {per_call} minor page faults per call"
+
+
+def test_a_larger_idle_block_serves_a_smaller_request_cut_to_its_class():
+    """A request whose class has no idle block takes a mapped block of up to twice its size,
+    its tail given back (no new mapping to fault in): outputs whose size varies call to call
+    (a server's batches) are served from the pool from the first calls."""
+    pk.release_memory()
+    a = _memory.empty((3 << 18,), np.float32)            # 3 MiB
+    addr = a.ctypes.data
+    a[:] = 1
+    del a
+    gc.collect()
+    s0 = pk.pool_stats()
+    small = 5 << 17                                       # 2.5 MiB: two classes below
+    b = _memory.empty((small,), np.float32)
+    assert b.ctypes.data == addr                          # the idle block, not a new one
+    s1 = pk.pool_stats()
+    assert s1["hits"] == s0["hits"] + 1 and s1["misses"] == s0["misses"]
+    assert s1["cached_blocks"] == s0["cached_blocks"] - 1
+    cap = _memory._class_size(small * 4)
+    assert s1["live_bytes"] == s0["live_bytes"] + cap
+    assert s1["released_bytes"] == s0["released_bytes"] + (_memory._class_size(3 << 20) - cap)
+    b[:] = 2                                              # all of it is still ours
+    assert float(b.sum()) == 2.0 * small
+    del b
+    gc.collect()
+    s2 = pk.pool_stats()
+    assert s2["cached_bytes"] == s1["cached_bytes"] + cap   # back, at its new class's size
+    c = _memory.empty((small,), np.float32)
+    assert c.ctypes.data == addr
+    del c
+    # more than twice the size: not cut, a new block
+    d = _memory.empty((1 << 17,), np.float32)             # 512 KiB
+    assert d.ctypes.data != addr
+
+
+def test_varying_sizes_reuse_blocks_without_page_faults():
+    """Outputs of sizes that vary call to call, largest first: after the first, no page faults
+    (each smaller one cut from the idle block)."""
+    import resource
+    pk.release_memory()
+    sizes = [int(s) for s in np.linspace(9 << 20, 5 << 20, 12)]  # bytes, decreasing
+    a = _memory.empty((sizes[0] // 4,), np.float32)
+    a[:] = 0
+    del a
+    gc.collect()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for s in sizes[1:]:
+        x = _memory.empty((s // 4,), np.float32)
+        x[:] = 1
+        del x
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < 50, f"{faults} page faults for {len(sizes) - 1} reused outputs"

@@ -176,17 +176,33 @@ void *pk_pool_get(size_t bytes) {
     }
     pthread_mutex_lock(&P.lock);
     node *n = P.heads[cls];
+    size_t trim = 0;
+    if (!n && cap >= PK_POOL_MMAP_MIN) {
+        /* No idle block of this class: a mapped block of up to twice the size (the next
+         * classes) is cut to this one's capacity, its tail unmapped, rather than a new mapping
+         * whose every page faults when first written (outputs whose size varies call to call,
+         * a server's batches, would otherwise miss until each class had a block of its own).
+         * The capacities of mapped classes are multiples of the page size. */
+        for (int c = cls + 1; c <= cls + (1 << STEPS_LOG2) && c < N_CLASSES && !n; c++)
+            n = P.heads[c];
+        if (n)
+            trim = n->size - cap;
+    }
     if (n) {
         unlink_node(n);
         P.stats.hits += 1;
+        P.stats.released_bytes += trim;
     } else {
         P.stats.misses += 1;
     }
     P.stats.live_bytes += cap;
     P.stats.live_blocks += 1;
     pthread_mutex_unlock(&P.lock);
-    if (n)
+    if (n) {
+        if (trim)
+            munmap((char *)n + cap, trim);
         return n;
+    }
     void *p = system_alloc(cap);
     if (p == NULL) {                 /* out of memory: give the idle blocks back, try once more */
         pk_pool_release();
