@@ -9,7 +9,9 @@
  * Blocks come in size classes (multiples of 64 bytes up to 4 KiB, then 8 classes per power of
  * two, at most 12.5% over the request), are aligned to 64 bytes (blocks of PK_POOL_MMAP_MIN bytes
  * and more are whole pages of their own mapping), and are kept on a per-class free list, most
- * recently freed first.  The bytes held idle are bounded by the limit: a block that would exceed
+ * recently freed first; a mapped request whose class has no idle block takes one of the next
+ * eight classes' (up to twice its size), its tail unmapped.  The bytes held idle are bounded by
+ * the limit: a block that would exceed
  * it evicts the least recently freed blocks first (a block larger than the limit is not kept).
  * Thread-safe (one mutex, held for a few list operations); after fork() the child's pool is valid
  * (the lock is taken around fork and the child's copy released).  Linked into the
