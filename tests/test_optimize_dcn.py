@@ -115,7 +115,10 @@ def fused_report():
     return [what for _, _, what in report.fused], report
 
 
-def check_grads(stock, opt, inputs):
+def check_grads(stock, opt, inputs,
+                eager=(_fused_ops.embedding_bags_interaction, _fused_ops.collection_interaction)):
+    """Both models' parameter gradients equal, and every capture of ``opt`` calls one of the
+    ``eager`` fused functions once."""
     for model in (stock, opt):
         model.zero_grad()
         model(*inputs).square().sum().backward()
@@ -123,7 +126,6 @@ def check_grads(stock, opt, inputs):
         assert b.grad is not None, name
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6, msg=name)
     graphs = [c.gm.graph for c in opt.__dict__["_perfkernels_optimize"].ordered]
-    eager = (_fused_ops.embedding_bags_interaction, _fused_ops.collection_interaction)
     assert graphs and all(sum(n.target in eager for n in g.nodes) == 1 for g in graphs)
 
 
@@ -241,22 +243,13 @@ def test_packed_collection_dcn_fuses_and_matches(bits):
     opt = pkt.optimize(copy.deepcopy(stock), kjt_inputs(6), bits=bits)
     fused, report = fused_report()
     assert len(fused) == 1 and "DCN" in fused[0], str(report)
-    graphs = [c.gm.graph for c in opt.__dict__["_perfkernels_optimize"].ordered]
-    assert all(sum(n.target is _fused_ops.packed_collection_cat for n in g.nodes) == 1
-               for g in graphs)
     for batch in (1, 6, 40):
         inputs = kjt_inputs(batch, batch)
         with torch.no_grad():
             torch.testing.assert_close(opt(*inputs), converted(*inputs), rtol=1e-5, atol=1e-5)
-    # grad mode on (a serving loop without no_grad, or training the dense part): the same
-    # logits, and the dense part's gradients
-    inputs = kjt_inputs(7, 3)
-    for model in (converted, opt):
-        model.zero_grad()
-        model(*inputs).square().sum().backward()
-    for (name, a), b in zip(converted.named_parameters(), opt.parameters()):
-        assert b.grad is not None, name
-        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6, msg=name)
+    # grad mode on (a serving loop without no_grad, or training the dense part): the dense
+    # part's gradients as the unfused model's
+    check_grads(converted, opt, kjt_inputs(7, 3), eager=(_fused_ops.packed_collection_cat,))
     inputs = kjt_inputs(8)
     compiled = torch.compile(opt, backend="eager", fullgraph=True)
     with torch.no_grad():
