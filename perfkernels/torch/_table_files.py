@@ -110,11 +110,16 @@ def _collection_of(cls, bags: dict, *, config_cls, feature_names, modes: dict,
     return new
 
 
+def _check_names(what: str, given, names) -> None:
+    """A ``{table name: ...}`` argument ``what`` may name only the tables given."""
+    unknown = set(given) - set(names) if isinstance(given, Mapping) else set()
+    if unknown:
+        raise ValueError(f"{what} names tables that are not given: {sorted(unknown)}")
+
+
 def _check_feature_names(feature_names, names) -> dict:
     feature_names = dict(feature_names or {})
-    unknown = set(feature_names) - set(names)
-    if unknown:
-        raise ValueError(f"feature_names names tables that are not given: {sorted(unknown)}")
+    _check_names("feature_names", feature_names, names)
     return feature_names
 
 
@@ -173,10 +178,8 @@ def collection_from_tables(cls, tables, *, bag_cls, quantized_cls, config_cls, b
         raise TypeError(f"tables must map table names to tables; got {type(tables).__name__}")
     feature_names = _check_feature_names(feature_names, tables)
     modes = _pooling_modes(tables, pooling)
-    for what, given in (("bits", bits), ("dims", dims)):
-        unknown = set(given) - set(tables) if isinstance(given, Mapping) else set()
-        if unknown:
-            raise ValueError(f"{what} names tables that are not given: {sorted(unknown)}")
+    _check_names("bits", bits, tables)
+    _check_names("dims", dims, tables)
     if dims is not None and not isinstance(dims, Mapping):
         raise TypeError(f"dims must map table names to D; got {type(dims).__name__}")
     dims = dims or {}
